@@ -1,0 +1,53 @@
+"""Outputs that appear whole or not at all.
+
+A stage writes into a hidden temporary sibling of its output directory and swaps it into place only when
+everything is written, so an interrupted or failed run leaves the previous output exactly as it was.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from specbuild.errors import SpecbuildError
+
+MANIFEST = "manifest.json"
+
+
+def check_replaceable(final: Path) -> None:
+    """Refuse to replace anything specbuild did not write: a file, or a non-empty foreign directory."""
+    if not final.exists():
+        return
+    if not final.is_dir():
+        raise SpecbuildError(f"{final}: output path exists and is not a directory", hint="choose another output")
+    if any(final.iterdir()) and not (final / MANIFEST).is_file():
+        raise SpecbuildError(
+            f"{final}: output directory exists, is not empty and was not written by specbuild "
+            f"(no {MANIFEST}); refusing to replace it",
+            hint="choose another output directory, or remove this one yourself",
+        )
+
+
+@contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yield a temporary directory that replaces `final` when the block finishes without error."""
+    check_replaceable(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    except OSError as err:
+        raise SpecbuildError(f"{final.parent}: cannot create the output directory ({err.strerror})") from err
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)

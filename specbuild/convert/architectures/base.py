@@ -1,0 +1,133 @@
+"""The contract every architecture module fulfils, and the registry that finds it.
+
+An architecture reads the HF `config.json`, says which HF tensors (with shapes) the checkpoint must hold,
+which TensorRT-LLM tensors (with shapes) each rank must get, how each output is pulled from its sources,
+and what the TensorRT-LLM `config.json` contains. The shared driver in `specbuild.convert.pipeline` does the
+rest; a new family is one small module with a `@register`ed class.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from specbuild import __version__
+from specbuild.convert.mapping import Rule, Shape
+from specbuild.convert.sharding import Rank
+from specbuild.errors import CheckpointError
+
+REGISTRY: dict[str, type[Architecture]] = {}
+
+
+def register(cls: type[Architecture]) -> type[Architecture]:
+    for name in cls.hf_architectures:
+        REGISTRY[name] = cls
+    return cls
+
+
+def architecture_for(config: dict[str, Any], config_path: Path) -> Architecture:
+    """Instantiate the registered architecture named by `architectures[0]` of an HF config."""
+    names = config.get("architectures") or []
+    name = names[0] if names else None
+    if name not in REGISTRY:
+        raise CheckpointError(
+            f"{config_path}: architecture {name!r} is not supported",
+            hint=f"supported: {', '.join(sorted(REGISTRY))}",
+        )
+    return REGISTRY[name](config, config_path)
+
+
+class Architecture:
+    """Base class: config parsing helpers and the hooks subclasses fill in."""
+
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+    #: HF tensors that may be present and are deliberately not converted (regexes).
+    ignored_patterns: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: dict[str, Any], config_path: Path) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.hf_architecture: str = config["architectures"][0]
+
+    # -- config helpers -------------------------------------------------------------------------------------
+    def field(self, *names: str, default: Any = ..., kind: Callable[[Any], Any] = int) -> Any:
+        """The first of `names` present in config.json, converted by `kind`; a clear error if required."""
+        for name in names:
+            if self.config.get(name) is not None:
+                try:
+                    return kind(self.config[name])
+                except (TypeError, ValueError) as err:
+                    raise CheckpointError(
+                        f"{self.config_path}: field {name!r} has an invalid value {self.config[name]!r}"
+                    ) from err
+        if default is ...:
+            raise CheckpointError(f"{self.config_path}: required field {names[0]!r} is missing")
+        return default
+
+    @property
+    def num_layers(self) -> int:
+        raise NotImplementedError
+
+    def source_dtype_name(self) -> str | None:
+        """The checkpoint's declared dtype (transformers 5 writes `dtype`, 4.x `torch_dtype`)."""
+        value = self.config.get("dtype") or self.config.get("torch_dtype")
+        return str(value) if value else None
+
+    def is_ignored(self, name: str) -> bool:
+        return any(re.fullmatch(p, name) for p in self.ignored_patterns)
+
+    def bind_sources(self, names: set[str]) -> None:
+        """Adapt to naming variants seen in the checkpoint's tensor names (default: none)."""
+
+    # -- hooks -----------------------------------------------------------------------------------------------
+    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
+        """Reasons the tp x pp grid cannot hold this model (empty when it can)."""
+        problems = []
+        if pp_size > self.num_layers:
+            problems.append(f"pp_size {pp_size} exceeds num_hidden_layers {self.num_layers}")
+        return problems
+
+    def source_shapes(self) -> dict[str, Shape]:
+        """Every HF tensor the config implies, with its shape."""
+        raise NotImplementedError
+
+    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
+        """The TensorRT-LLM model definition: every tensor one rank must hold, in write order."""
+        raise NotImplementedError
+
+    def rules(self, rank: Rank) -> dict[str, Rule]:
+        """How each of this rank's tensors is pulled from HF tensors."""
+        raise NotImplementedError
+
+    def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
+        """The TensorRT-LLM `config.json` (fields per shared/reference/tensorrt-llm.md §1.2)."""
+        raise NotImplementedError
+
+    # -- shared config pieces --------------------------------------------------------------------------------
+    @staticmethod
+    def common_config(dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
+        """Fields every TensorRT-LLM `PretrainedConfig` carries, with 1.x defaults written out."""
+        return {
+            "producer": {"name": "specbuild", "version": __version__},
+            "dtype": dtype,
+            "logits_dtype": "float32",
+            "runtime_defaults": None,
+            # A 1.x Mapping accepts only constructor kwargs; this minimal set is always safe (§1.2).
+            "mapping": {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size},
+            "quantization": {
+                "quant_algo": None,
+                "kv_cache_quant_algo": None,
+                "group_size": 128,
+                "smoothquant_val": 0.5,
+                "clamp_val": None,
+                "use_meta_recipe": False,
+                "has_zero_point": False,
+                "pre_quant_scale": False,
+                "exclude_modules": None,
+            },
+            "use_parallel_embedding": False,
+            "embedding_sharding_dim": 0,
+            "qk_layernorm": False,
+        }

@@ -1,0 +1,166 @@
+"""GPT-2: HF `GPT2LMHeadModel` -> TensorRT-LLM `GPTForCausalLM` (gpt_variant gpt2).
+
+Mapping per shared/reference/tensorrt-llm.md §1.6 (TensorRT-LLM `gpt/convert.py`): HF GPT-2 uses Conv1D
+layers whose weights are stored (in, out), so every linear weight is transposed; the fused `c_attn` is
+split into Q, K, V rows which are TP-split separately; row-parallel biases are not split; learned position
+embeddings; the lm_head is always the (tied) token embedding.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, ClassVar
+
+import torch
+
+from specbuild.convert.architectures.base import Architecture, register
+from specbuild.convert.architectures.llama import split_padded
+from specbuild.convert.mapping import Rule, Shape
+from specbuild.convert.sharding import Rank, fuse_qkv, padded_vocab, split
+
+
+def transposed(tensor: torch.Tensor, rank: Rank, dim: int | None) -> torch.Tensor:
+    """Conv1D (in, out) -> Linear (out, in), then this rank's part along `dim` (None: whole)."""
+    tensor = tensor.t()
+    return tensor if dim is None else split(tensor, rank, dim)
+
+
+def conv1d_qkv(tensor: torch.Tensor, rank: Rank, hidden: int, heads: int) -> torch.Tensor:
+    """Split `c_attn` (weight (H, 3H) or bias (3H,)) into Q, K, V and fuse this rank's parts."""
+    fused = tensor.t() if tensor.dim() == 2 else tensor
+    q, k, v = torch.split(fused, hidden, dim=0)
+    return fuse_qkv(q, k, v, rank, num_kv_heads=heads)
+
+
+@register
+class GPT2(Architecture):
+    hf_architectures: ClassVar[tuple[str, ...]] = ("GPT2LMHeadModel",)
+    # Causal-mask buffers saved by older transformers, and the tied lm_head copy some files carry.
+    ignored_patterns: ClassVar[tuple[str, ...]] = (
+        r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)",
+        r"lm_head\.weight",
+    )
+
+    def __init__(self, config: dict[str, Any], config_path: Any) -> None:
+        super().__init__(config, config_path)
+        self.hidden = self.field("n_embd", "hidden_size")
+        self.layers = self.field("n_layer", "num_hidden_layers")
+        self.heads = self.field("n_head", "num_attention_heads")
+        self.inner = self.field("n_inner", default=4 * self.hidden)
+        self.vocab = self.field("vocab_size")
+        self.positions = self.field("n_positions", "max_position_embeddings")
+        self.prefix = "transformer."
+
+    def bind_sources(self, names: set[str]) -> None:
+        # The original OpenAI checkpoints on the Hub store names without the `transformer.` prefix.
+        if "transformer.wte.weight" not in names and "wte.weight" in names:
+            self.prefix = ""
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers
+
+    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
+        problems = super().parallelism_problems(tp_size, pp_size)
+        if self.heads % tp_size:
+            problems.append(f"tp_size {tp_size} does not divide n_head {self.heads}")
+        if self.inner % tp_size:
+            problems.append(f"tp_size {tp_size} does not divide the MLP size {self.inner}")
+        return problems
+
+    def source_shapes(self) -> dict[str, Shape]:
+        h, p = self.hidden, self.prefix
+        shapes: dict[str, Shape] = {p + "wte.weight": (self.vocab, h), p + "wpe.weight": (self.positions, h)}
+        for layer in range(self.layers):
+            b = f"{p}h.{layer}."
+            for norm in ("ln_1", "ln_2"):
+                shapes[b + f"{norm}.weight"] = (h,)
+                shapes[b + f"{norm}.bias"] = (h,)
+            for name, (rows, cols) in (("attn.c_attn", (h, 3 * h)), ("attn.c_proj", (h, h)),
+                                       ("mlp.c_fc", (h, self.inner)), ("mlp.c_proj", (self.inner, h))):
+                shapes[b + f"{name}.weight"] = (rows, cols)
+                shapes[b + f"{name}.bias"] = (cols,)
+        shapes[p + "ln_f.weight"] = (h,)
+        shapes[p + "ln_f.bias"] = (h,)
+        return shapes
+
+    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
+        tp, h = rank.tp_size, self.hidden
+        shapes: dict[str, Shape] = {}
+        if rank.is_first_stage:
+            shapes["transformer.vocab_embedding.weight"] = (self.vocab, h)
+            shapes["transformer.position_embedding.weight"] = (self.positions, h)
+        for i in range(len(rank.layers)):
+            b = f"transformer.layers.{i}."
+            for norm in ("input_layernorm", "post_layernorm"):
+                shapes[b + f"{norm}.weight"] = (h,)
+                shapes[b + f"{norm}.bias"] = (h,)
+            shapes[b + "attention.qkv.weight"] = (3 * h // tp, h)
+            shapes[b + "attention.qkv.bias"] = (3 * h // tp,)
+            shapes[b + "attention.dense.weight"] = (h, h // tp)
+            shapes[b + "attention.dense.bias"] = (h,)
+            shapes[b + "mlp.fc.weight"] = (self.inner // tp, h)
+            shapes[b + "mlp.fc.bias"] = (self.inner // tp,)
+            shapes[b + "mlp.proj.weight"] = (h, self.inner // tp)
+            shapes[b + "mlp.proj.bias"] = (h,)
+        if rank.is_last_stage:
+            shapes["transformer.ln_f.weight"] = (h,)
+            shapes["transformer.ln_f.bias"] = (h,)
+            shapes["lm_head.weight"] = (padded_vocab(self.vocab, tp) // tp, h)
+        return shapes
+
+    def rules(self, rank: Rank) -> dict[str, Rule]:
+        p = self.prefix
+        qkv = partial(conv1d_qkv, rank=rank, hidden=self.hidden, heads=self.heads)
+        column = partial(split, rank=rank, dim=0)
+        rules: dict[str, Rule] = {}
+        if rank.is_first_stage:
+            rules["transformer.vocab_embedding.weight"] = Rule((p + "wte.weight",))
+            rules["transformer.position_embedding.weight"] = Rule((p + "wpe.weight",))
+        for i, layer in enumerate(rank.layers):
+            src, dst = f"{p}h.{layer}.", f"transformer.layers.{i}."
+            for hf, trt in (("ln_1", "input_layernorm"), ("ln_2", "post_layernorm")):
+                rules[dst + f"{trt}.weight"] = Rule((src + f"{hf}.weight",))
+                rules[dst + f"{trt}.bias"] = Rule((src + f"{hf}.bias",))
+            rules[dst + "attention.qkv.weight"] = Rule((src + "attn.c_attn.weight",), qkv)
+            rules[dst + "attention.qkv.bias"] = Rule((src + "attn.c_attn.bias",), qkv)
+            rules[dst + "attention.dense.weight"] = Rule(
+                (src + "attn.c_proj.weight",), partial(transposed, rank=rank, dim=1)
+            )
+            rules[dst + "attention.dense.bias"] = Rule((src + "attn.c_proj.bias",))
+            rules[dst + "mlp.fc.weight"] = Rule((src + "mlp.c_fc.weight",), partial(transposed, rank=rank, dim=0))
+            rules[dst + "mlp.fc.bias"] = Rule((src + "mlp.c_fc.bias",), column)
+            rules[dst + "mlp.proj.weight"] = Rule(
+                (src + "mlp.c_proj.weight",), partial(transposed, rank=rank, dim=1)
+            )
+            rules[dst + "mlp.proj.bias"] = Rule((src + "mlp.c_proj.bias",))
+        if rank.is_last_stage:
+            rules["transformer.ln_f.weight"] = Rule((p + "ln_f.weight",))
+            rules["transformer.ln_f.bias"] = Rule((p + "ln_f.bias",))
+            rules["lm_head.weight"] = Rule(
+                (p + "wte.weight",), partial(split_padded, rank=rank, rows=padded_vocab(self.vocab, rank.tp_size))
+            )
+        return rules
+
+    def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
+        return {
+            "architecture": self.hf_architecture,
+            **self.common_config(dtype, tp_size, pp_size),
+            "gpt_variant": "gpt2",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.heads,
+            "head_size": self.hidden // self.heads,
+            "intermediate_size": self.inner,
+            "hidden_act": self.field("activation_function", default="gelu_new", kind=str),
+            "norm_epsilon": self.field("layer_norm_epsilon", default=1e-5, kind=float),
+            "position_embedding_type": "learned_absolute",
+            "max_position_embeddings": self.positions,
+            "bias": True,
+            "q_scaling": 1.0,
+            "apply_query_key_layer_scaling": False,
+            "rotary_pct": 0.0,
+            "tie_word_embeddings": True,
+        }

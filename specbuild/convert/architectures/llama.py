@@ -1,0 +1,218 @@
+"""LLaMA-family decoders (Llama, Mistral; Qwen2 subclasses this): HF -> TensorRT-LLM `LLaMAForCausalLM`.
+
+Mapping per shared/reference/tensorrt-llm.md §1.4 (TensorRT-LLM `llama/convert.py` and the 1.x unified
+loader): note `mlp.fc` <- `gate_proj` (the activated branch) and `mlp.gate` <- `up_proj`; `attention.dense`
+and `mlp.proj` are row-parallel (split on dim 1); the lm_head is vocab-padded then split on dim 0.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, ClassVar
+
+import torch
+
+from specbuild.convert.architectures.base import Architecture, register
+from specbuild.convert.mapping import Rule, Shape, identity
+from specbuild.convert.sharding import Rank, fuse_qkv, pad_rows, padded_vocab, split
+
+
+def split_padded(tensor: torch.Tensor, rank: Rank, rows: int) -> torch.Tensor:
+    """Vocab-pad to `rows`, then take this rank's dim-0 part (lm_head)."""
+    return split(pad_rows(tensor, rows), rank, 0)
+
+
+@register
+class Llama(Architecture):
+    """Llama 1/2/3.x and anything with the same tensor names and gated-SiLU MLP."""
+
+    hf_architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM",)
+    # Older checkpoints store RoPE inverse frequencies; TensorRT-LLM recomputes them from rotary_base.
+    ignored_patterns: ClassVar[tuple[str, ...]] = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+
+    def __init__(self, config: dict[str, Any], config_path: Any) -> None:
+        super().__init__(config, config_path)
+        self.hidden = self.field("hidden_size")
+        self.layers = self.field("num_hidden_layers")
+        self.heads = self.field("num_attention_heads")
+        self.kv_heads = self.field("num_key_value_heads", default=self.heads)
+        self.head_dim = self.field("head_dim", default=self.hidden // self.heads)
+        self.intermediate = self.field("intermediate_size")
+        self.vocab = self.field("vocab_size")
+        self.tied = bool(config.get("tie_word_embeddings", False))
+
+    # -- hooks subclasses override ---------------------------------------------------------------------------
+    @property
+    def qkv_bias(self) -> bool:
+        return bool(self.config.get("attention_bias", False))
+
+    @property
+    def dense_bias(self) -> bool:
+        return bool(self.config.get("attention_bias", False))
+
+    @property
+    def mlp_bias(self) -> bool:
+        return bool(self.config.get("mlp_bias", False))
+
+    def family_config(self) -> dict[str, Any]:
+        """Fields of TensorRT-LLM's `LLaMAConfig` beyond the common ones (written with their 1.x defaults)."""
+        return {
+            "mlp_bias": self.mlp_bias,
+            "attn_bias": self.qkv_bias,
+            "residual_mlp": False,
+            "disable_weight_only_quant_plugin": False,
+            "remove_duplicated_kv_heads": False,
+            "fc_after_embed": False,
+            "use_input_layernorm_in_first_layer": True,
+            "use_last_layernorm": True,
+            "layer_idx_offset": 0,
+            "embedding_multiplier": 1.0,
+            "attention_multiplier": 1.0,
+            "residual_multiplier": 1.0,
+            "output_multiplier_scale": 1.0,
+        }
+
+    # -- shapes ------------------------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.layers
+
+    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
+        problems = super().parallelism_problems(tp_size, pp_size)
+        if self.heads % tp_size:
+            problems.append(f"tp_size {tp_size} does not divide num_attention_heads {self.heads}")
+        if self.kv_heads % tp_size and tp_size % self.kv_heads:
+            problems.append(
+                f"tp_size {tp_size} and num_key_value_heads {self.kv_heads}: one must divide the other"
+            )
+        if self.intermediate % tp_size:
+            problems.append(f"tp_size {tp_size} does not divide intermediate_size {self.intermediate}")
+        return problems
+
+    def source_shapes(self) -> dict[str, Shape]:
+        h, q, kv, inter = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        shapes: dict[str, Shape] = {"model.embed_tokens.weight": (self.vocab, h)}
+        for layer in range(self.layers):
+            p = f"model.layers.{layer}."
+            shapes[p + "input_layernorm.weight"] = (h,)
+            for proj, rows in (("q", q), ("k", kv), ("v", kv)):
+                shapes[p + f"self_attn.{proj}_proj.weight"] = (rows, h)
+                if self.qkv_bias:
+                    shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
+            shapes[p + "self_attn.o_proj.weight"] = (h, q)
+            if self.dense_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
+            shapes[p + "post_attention_layernorm.weight"] = (h,)
+            for proj, shape in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter))):
+                shapes[p + f"mlp.{proj}_proj.weight"] = shape
+                if self.mlp_bias:
+                    shapes[p + f"mlp.{proj}_proj.bias"] = shape[:1]
+        shapes["model.norm.weight"] = (h,)
+        if not self.tied:
+            shapes["lm_head.weight"] = (self.vocab, h)
+        return shapes
+
+    def is_ignored(self, name: str) -> bool:
+        # A tied checkpoint may still carry a copy of the embedding as lm_head; the embedding is used.
+        return super().is_ignored(name) or (self.tied and name == "lm_head.weight")
+
+    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
+        tp, h = rank.tp_size, self.hidden
+        kv_heads = max(self.kv_heads, tp)  # after repeating KV heads for kv < tp
+        qkv_rows = (self.heads + 2 * kv_heads) * self.head_dim // tp
+        inter = self.intermediate // tp
+        shapes: dict[str, Shape] = {}
+        if rank.is_first_stage:
+            shapes["transformer.vocab_embedding.weight"] = (self.vocab, h)
+        for i in range(len(rank.layers)):
+            p = f"transformer.layers.{i}."
+            shapes[p + "input_layernorm.weight"] = (h,)
+            shapes[p + "attention.qkv.weight"] = (qkv_rows, h)
+            if self.qkv_bias:
+                shapes[p + "attention.qkv.bias"] = (qkv_rows,)
+            shapes[p + "attention.dense.weight"] = (h, self.heads * self.head_dim // tp)
+            if self.dense_bias:
+                shapes[p + "attention.dense.bias"] = (h,)
+            shapes[p + "post_layernorm.weight"] = (h,)
+            for name, shape in (("fc", (inter, h)), ("gate", (inter, h)), ("proj", (h, inter))):
+                shapes[p + f"mlp.{name}.weight"] = shape
+                if self.mlp_bias:
+                    shapes[p + f"mlp.{name}.bias"] = shape[:1]
+        if rank.is_last_stage:
+            shapes["transformer.ln_f.weight"] = (h,)
+            shapes["lm_head.weight"] = (padded_vocab(self.vocab, tp) // tp, h)
+        return shapes
+
+    def rules(self, rank: Rank) -> dict[str, Rule]:
+        column = partial(split, rank=rank, dim=0)
+        row = partial(split, rank=rank, dim=1)
+        qkv = partial(fuse_qkv, rank=rank, num_kv_heads=self.kv_heads)
+        rules: dict[str, Rule] = {}
+        if rank.is_first_stage:
+            rules["transformer.vocab_embedding.weight"] = Rule(("model.embed_tokens.weight",))
+        for i, layer in enumerate(rank.layers):
+            src, dst = f"model.layers.{layer}.", f"transformer.layers.{i}."
+            rules[dst + "input_layernorm.weight"] = Rule((src + "input_layernorm.weight",))
+            rules[dst + "attention.qkv.weight"] = Rule(tuple(src + f"self_attn.{p}_proj.weight" for p in "qkv"), qkv)
+            if self.qkv_bias:
+                rules[dst + "attention.qkv.bias"] = Rule(tuple(src + f"self_attn.{p}_proj.bias" for p in "qkv"), qkv)
+            rules[dst + "attention.dense.weight"] = Rule((src + "self_attn.o_proj.weight",), row)
+            if self.dense_bias:  # row-parallel bias: added once after the all-reduce, so not split
+                rules[dst + "attention.dense.bias"] = Rule((src + "self_attn.o_proj.bias",), identity)
+            rules[dst + "post_layernorm.weight"] = Rule((src + "post_attention_layernorm.weight",))
+            for trt, hf, fn, bias_fn in (("fc", "gate", column, column), ("gate", "up", column, column),
+                                         ("proj", "down", row, identity)):
+                rules[dst + f"mlp.{trt}.weight"] = Rule((src + f"mlp.{hf}_proj.weight",), fn)
+                if self.mlp_bias:
+                    rules[dst + f"mlp.{trt}.bias"] = Rule((src + f"mlp.{hf}_proj.bias",), bias_fn)
+        if rank.is_last_stage:
+            rules["transformer.ln_f.weight"] = Rule(("model.norm.weight",))
+            head = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
+            rules["lm_head.weight"] = Rule(
+                (head,), partial(split_padded, rank=rank, rows=padded_vocab(self.vocab, rank.tp_size))
+            )
+        return rules
+
+    # -- config.json -------------------------------------------------------------------------------------------
+    def rope(self) -> tuple[float, dict[str, Any] | None]:
+        """rotary_base and rotary_scaling from either HF layout (top-level keys, or transformers 5's
+        `rope_parameters`), passing the scaling dict through unchanged as TensorRT-LLM does."""
+        params = self.config.get("rope_parameters") or {}
+        base = self.config.get("rope_theta", params.get("rope_theta", self.default_rope_theta))
+        scaling = self.config.get("rope_scaling")
+        if scaling is None and params.get("rope_type", "default") != "default":
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return float(base), scaling
+
+    default_rope_theta: ClassVar[float] = 10000.0
+
+    def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
+        rotary_base, rotary_scaling = self.rope()
+        config = {
+            "architecture": self.hf_architecture,
+            **self.common_config(dtype, tp_size, pp_size),
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_size": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "hidden_act": self.field("hidden_act", default="silu", kind=str),
+            "norm_epsilon": self.field("rms_norm_eps", default=1e-6, kind=float),
+            "position_embedding_type": "rope_gpt_neox",
+            "max_position_embeddings": self.field("max_position_embeddings", default=2048),
+            "rotary_embedding_dim": self.head_dim,
+            "rotary_base": rotary_base,
+            "rotary_scaling": rotary_scaling,
+            "tie_word_embeddings": self.tied,
+        }
+        config.update(self.family_config())
+        return config
+
+
+@register
+class Mistral(Llama):
+    """Mistral shares the LLaMA model class and tensor names in TensorRT-LLM (§1.3)."""
+
+    hf_architectures: ClassVar[tuple[str, ...]] = ("MistralForCausalLM",)

@@ -1,0 +1,227 @@
+"""The convert driver: plan and check everything, then stream tensors rank file by rank file.
+
+Order matters for the user: every check that can fail (directory, config, headers, shapes, parallelism,
+mapping coverage) runs before the output directory is touched; the output is written to a temporary
+directory and swapped in whole, with `manifest.json` last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from specbuild.atomic import atomic_directory, check_replaceable
+from specbuild.convert.architectures import Architecture, architecture_for
+from specbuild.convert.hf_checkpoint import HFCheckpoint
+from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
+from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
+from specbuild.convert.sharding import ranks
+from specbuild.errors import SpecbuildError
+from specbuild.manifest import (
+    fingerprint_files,
+    outputs_intact,
+    read_manifest,
+    same_inputs,
+    tool_versions,
+    write_manifest,
+)
+
+if TYPE_CHECKING:
+    from specbuild.spec import PipelineSpec
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ConvertRequest:
+    """One HF checkpoint to convert, and how."""
+
+    name: str
+    source: Path
+    output: Path
+    dtype: str = "auto"
+    tp_size: int = 1
+    pp_size: int = 1
+    allow_pickle: bool = False
+
+
+@dataclass
+class ConvertResult:
+    request: ConvertRequest
+    architecture: str
+    dtype: str
+    skipped: bool = False
+    dry_run: bool = False
+    seconds: float = 0.0
+    files: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        r = self.request
+        what = f"{r.name}: {self.architecture} {self.dtype} tp={r.tp_size} pp={r.pp_size}"
+        if self.skipped:
+            return f"{what} -> {r.output} is up to date (inputs and settings unchanged; --force redoes it)"
+        if self.dry_run:
+            return f"{what} -> {r.output} (dry run: nothing written)"
+        size = sum(self.files.values()) / 1e6
+        return f"{what} -> wrote {r.output} ({len(self.files)} files, {size:.1f} MB) in {self.seconds:.1f} s"
+
+
+def resolve_dtype(requested: str, arch: Architecture, checkpoint: HFCheckpoint) -> str:
+    """`auto` keeps the checkpoint's dtype, float32 becoming float16 (TensorRT-LLM converters' default)."""
+    if requested != "auto":
+        if requested not in DTYPES:
+            raise SpecbuildError(f"unknown dtype {requested!r}", hint=f"use auto or one of {', '.join(DTYPES)}")
+        return requested
+    declared = arch.source_dtype_name()
+    if declared not in DTYPES:
+        first = next(iter(checkpoint.infos.values()))
+        declared = next((k for k, v in DTYPES.items() if v == first.dtype), "float16")
+    return "float16" if declared == "float32" else declared
+
+
+@dataclass
+class ConversionPlan:
+    arch: Architecture
+    dtype: str
+    config: dict[str, Any]
+    rank_plans: list[RankPlan]
+
+
+def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint) -> ConversionPlan:
+    """All checks that need no tensor data; raises SpecbuildError naming what is wrong."""
+    arch = architecture_for(checkpoint.config, checkpoint.directory / "config.json")
+    arch.bind_sources(set(checkpoint.infos))
+    problems = arch.parallelism_problems(request.tp_size, request.pp_size)
+    if problems:
+        raise SpecbuildError(
+            f"{request.source}: cannot shard this model as tp={request.tp_size} pp={request.pp_size}: "
+            + "; ".join(problems),
+            hint="pick tp/pp that divide the model's head counts and sizes",
+        )
+    expected_sources = arch.source_shapes()
+    check_sources(str(request.source), checkpoint.infos, expected_sources, arch.is_ignored, "config.json")
+    plans = []
+    for rank in ranks(request.tp_size, request.pp_size, arch.num_layers):
+        plans.append(plan_rank(rank, arch.rules(rank), arch.target_shapes(rank), checkpoint.infos))
+    check_all_used(plans, expected_sources)
+    dtype = resolve_dtype(request.dtype, arch, checkpoint)
+    return ConversionPlan(arch, dtype, arch.trtllm_config(dtype, request.tp_size, request.pp_size), plans)
+
+
+def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
+    return {
+        "architecture": plan.arch.hf_architecture,
+        "dtype": plan.dtype,
+        "tp_size": request.tp_size,
+        "pp_size": request.pp_size,
+        "source": str(request.source.resolve()),
+    }
+
+
+def _write_rank(
+    checkpoint: HFCheckpoint, plan: RankPlan, dtype: torch.dtype, path: Path, progress: Progress
+) -> None:
+    layout = [(name, dtype, shape) for name, shape in plan.shapes.items()]
+    total = sum(dtype.itemsize * torch.Size(shape).numel() for _, _, shape in layout)
+    task = progress.add_task(plan.filename, total=total)
+    with StreamingSafetensorsWriter(path, layout, metadata={"format": "pt"}) as writer:
+        for name, rule in plan.rules.items():
+            sources = [checkpoint.tensor(s) for s in rule.sources]
+            out = rule.combine(*sources).to(dtype)
+            writer.write(name, out)
+            progress.advance(task, out.numel() * dtype.itemsize)
+            del out, sources
+            for source in rule.sources:
+                checkpoint.release(source)
+
+
+def _plan_table(request: ConvertRequest, plan: ConversionPlan) -> Table:
+    table = Table(title=f"{request.name}: {plan.arch.hf_architecture} -> {request.output}")
+    for column in ("file", "tensors", "MB", "layers"):
+        table.add_column(column)
+    itemsize = DTYPES[plan.dtype].itemsize
+    for rp in plan.rank_plans:
+        mb = sum(torch.Size(s).numel() for s in rp.shapes.values()) * itemsize / 1e6
+        layers = f"{rp.rank.layers.start}-{rp.rank.layers.stop - 1}" if len(rp.rank.layers) else "-"
+        table.add_row(rp.filename, str(len(rp.shapes)), f"{mb:.1f}", layers)
+    return table
+
+
+def convert_checkpoint(
+    request: ConvertRequest,
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    console: Console | None = None,
+) -> ConvertResult:
+    """Convert one HF checkpoint directory into a TensorRT-LLM checkpoint directory."""
+    console = console or Console(stderr=True)
+    checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
+    try:
+        plan = plan_conversion(request, checkpoint)
+        result = ConvertResult(request, plan.arch.hf_architecture, plan.dtype)
+        check_replaceable(request.output)
+        previous = read_manifest(request.output)
+        settings = _settings(request, plan)
+        if dry_run:
+            console.print(_plan_table(request, plan))
+            result.dry_run = True
+            return result
+        if previous and not force and previous.get("settings") == settings:
+            inputs = fingerprint_files(checkpoint.input_files, previous.get("inputs"))
+            if same_inputs(inputs, previous.get("inputs", {})) and outputs_intact(
+                request.output, previous.get("outputs", {})
+            ):
+                result.skipped = True
+                return result
+        start = time.perf_counter()
+        # Hash the inputs on a second thread while the main thread converts (hashlib releases the GIL).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            hashing = pool.submit(fingerprint_files, checkpoint.input_files, (previous or {}).get("inputs"))
+            with atomic_directory(request.output) as tmp:
+                (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
+                with Progress(
+                    TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                    console=console, transient=True,
+                ) as progress:
+                    for rank_plan in plan.rank_plans:
+                        _write_rank(checkpoint, rank_plan, DTYPES[plan.dtype], tmp / rank_plan.filename, progress)
+                result.files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+                write_manifest(
+                    tmp,
+                    {
+                        "stage": "convert",
+                        "settings": settings,
+                        "tools": tool_versions(),
+                        "inputs": hashing.result(),
+                        "outputs": result.files,
+                    },
+                )
+        result.seconds = time.perf_counter() - start
+        return result
+    finally:
+        checkpoint.close()
+
+
+def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
+    """The target and (when the spec has one) the draft, with the spec's dtype and parallelism."""
+    build = spec.build
+    roles = [("target", spec.target.model)]
+    if spec.draft is not None:
+        roles.append(("draft", spec.draft.model))
+    return [
+        ConvertRequest(
+            name=role, source=source, output=spec.checkpoint_dir(role), dtype=build.dtype,
+            tp_size=build.tp_size, pp_size=build.pp_size, allow_pickle=allow_pickle,
+        )
+        for role, source in roles
+    ]

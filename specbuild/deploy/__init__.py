@@ -1,0 +1,1 @@
+"""deploy stage (see shared/DESIGN.md); filled in by its own issue."""

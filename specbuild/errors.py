@@ -1,0 +1,25 @@
+"""User-facing errors.
+
+Every failure a user can cause (bad spec, bad checkpoint, bad flag) is raised as a `SpecbuildError` whose
+message names the file, field or tensor and says what to do. The CLI prints it without a traceback and
+exits non-zero; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class SpecbuildError(Exception):
+    """An error caused by the user's input, with a message that says what to fix."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message}\n  hint: {hint}")
+
+
+class SpecError(SpecbuildError):
+    """The pipeline spec is invalid."""
+
+
+class CheckpointError(SpecbuildError):
+    """An input checkpoint is missing, unreadable, or contradicts its own config."""

@@ -1,0 +1,1 @@
+"""runtime stage (see shared/DESIGN.md); filled in by its own issue."""
