@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from specbuild.errors import SpecbuildError
 
@@ -30,9 +31,9 @@ console = Console(stderr=True)
 
 
 def _fail(err: SpecbuildError) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {err.message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(err.message)}", highlight=False, soft_wrap=True)
     if err.hint:
-        console.print(f"[yellow]hint:[/] {err.hint}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]hint:[/] {escape(err.hint)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
 
 
@@ -72,8 +73,8 @@ def demo_models(
     out_dir: Annotated[Path, typer.Argument(help="Directory for the demo models (created).", metavar="DIR")],
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a complete copy is cached.")] = False,
 ) -> None:
-    """Create small demo models offline: a tokenizer, a trained Llama target and draft, and
-    untrained Qwen2, Mistral and GPT-2 checkpoints. Reuses a complete earlier build in DIR."""
+    """Create small demo models offline: a tokenizer, a trained Llama target and draft, and untrained Qwen2,
+    Mistral and GPT-2 checkpoints. A complete earlier build in DIR is reused."""
     from specbuild.demo_models import build_demo_models
 
     try:
@@ -81,7 +82,7 @@ def demo_models(
     except SpecbuildError as err:
         raise _fail(err) from None
     for name, path in built.items():
-        console.print(f"{name:10s} {path}")
+        console.print(f"{name:10s} {path}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -144,7 +145,7 @@ def convert(
             requests = requests_from_spec(load_spec(spec_path), allow_pickle=allow_pickle)
         for request in requests:
             result = convert_checkpoint(request, force=force, dry_run=dry_run, console=console)
-            console.print(result.summary(), highlight=False)
+            console.print(result.summary(), highlight=False, soft_wrap=True)
     except SpecbuildError as err:
         raise _fail(err) from None
 
