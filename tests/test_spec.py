@@ -1,0 +1,320 @@
+"""The pipeline spec: shipped specs and presets validate, and bad specs fail with field, file and line."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from specbuild.errors import SpecError
+from specbuild.spec import (
+    PipelineSpec,
+    SpecValidationError,
+    load_spec,
+    medusa_tree_problems,
+    starter_spec_text,
+    summarize_spec,
+    write_starter_spec,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+PRESETS = sorted((REPO / "configs" / "medusa_choices").glob("*.json"))
+
+MINIMAL = """\
+name: t
+target:
+  model: models/target
+build:
+  max_batch_size: 2
+  max_input_len: 32
+  max_output_len: 16
+"""
+
+
+def write(directory: Path, text: str, name: str = "pipeline.yaml") -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def line_of(path: Path, needle: str) -> int:
+    """1-based line of the first line containing `needle`, so tests do not hard-code line numbers."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return next(number for number, line in enumerate(lines, start=1) if needle in line)
+
+
+def spec_error(path: Path) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    return caught.value
+
+
+# --- shipped files ------------------------------------------------------------------------------------------
+
+
+def test_configs_exist() -> None:
+    names = {path.name for path in CONFIGS}
+    assert {"demo.yaml", "demo-medusa.yaml", "llama3.1-8b-llama3.2-1b.yaml", "vicuna-7b-medusa.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_shipped_config_validates(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.path == path
+    assert spec.target.model.is_absolute()
+    assert spec.target.trust_remote_code is False
+    if spec.speculative.mode == "draft_target":
+        assert spec.draft is not None and spec.medusa is None
+    if spec.speculative.mode == "medusa":
+        assert spec.medusa is not None and spec.draft is None
+        assert len(spec.medusa.resolved_choices()) == spec.max_draft_len > 0
+
+
+def test_demo_config_resolves_against_configs_dir() -> None:
+    spec = load_spec(REPO / "configs" / "demo.yaml")
+    assert spec.speculative.mode == "draft_target"
+    assert spec.target.model == REPO / "demo" / "models" / "target"
+    assert spec.draft is not None and spec.draft.model == REPO / "demo" / "models" / "draft"
+    assert spec.output_dir == REPO / "demo" / "build"
+    assert spec.checkpoint_dir("draft") == REPO / "demo" / "build" / "checkpoints" / "draft"
+    assert (spec.build.max_batch_size, spec.build.max_input_len, spec.build.max_output_len) == (4, 256, 64)
+
+
+def test_real_pair_quantizes_draft_to_fp8() -> None:
+    spec = load_spec(REPO / "configs" / "llama3.1-8b-llama3.2-1b.yaml")
+    assert spec.draft is not None and spec.draft.quantization.format == "fp8"
+    assert spec.build.dtype == "bfloat16" and spec.build.tp_size == 1
+
+
+def test_mc_sim_7b_63_preset_is_the_63_node_tree() -> None:
+    data = json.loads((REPO / "configs" / "medusa_choices" / "mc_sim_7b_63.json").read_text())
+    choices = data["choices"]
+    assert "FasterDecoding/Medusa" in data["source"]
+    assert len(choices) == 63
+    # Per-depth node counts of mc_sim_7b_63 as documented for TensorRT-LLM's default tree.
+    assert Counter(len(path) for path in choices) == {1: 10, 2: 28, 3: 23, 4: 2}
+    assert medusa_tree_problems(choices) == []
+    spec = load_spec(REPO / "configs" / "vicuna-7b-medusa.yaml")
+    assert spec.medusa is not None and spec.medusa.resolved_choices() == choices
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda path: path.name)
+def test_presets_are_valid_trees(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert data["source"]
+    assert medusa_tree_problems(data["choices"]) == []
+
+
+def test_starter_spec_validates(tmp_path: Path) -> None:
+    path = write_starter_spec(tmp_path / "pipeline.yaml")
+    assert path.read_text(encoding="utf-8") == starter_spec_text()
+    spec = load_spec(path)
+    assert spec.name == "my-pipeline"
+    assert spec.speculative.mode == "draft_target"
+    assert spec.output_dir == tmp_path / "build" / "my-pipeline"
+
+
+# --- located errors -----------------------------------------------------------------------------------------
+
+
+def test_unknown_key_names_key_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "  tp_sise: 2\n")
+    err = spec_error(path)
+    line = line_of(path, "tp_sise")
+    assert f"pipeline.yaml:{line}: build.tp_sise: unknown key (did you mean 'tp_size'?)" in err.message
+    assert err.hint is not None and "specbuild init" in err.hint
+
+
+def test_wrong_type_names_field_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("max_batch_size: 2", "max_batch_size: four"))
+    err = spec_error(path)
+    line = line_of(path, "max_batch_size")
+    assert f"pipeline.yaml:{line}: build.max_batch_size: must be an integer (got 'four')" in err.message
+
+
+def test_bool_is_not_an_integer(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("max_batch_size: 2", "max_batch_size: true"))
+    assert "build.max_batch_size: must be an integer (got true)" in spec_error(path).message
+
+
+def test_range_error_in_documented_format(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "  tp_size: 0\n")
+    line = line_of(path, "tp_size")
+    assert spec_error(path).message == f"{path}:{line}: build.tp_size: must be >= 1 (got 0)"
+
+
+def test_all_problems_reported_together(tmp_path: Path) -> None:
+    text = MINIMAL.replace("max_batch_size: 2", "max_batch_size: 0") + "  dtype: fp16\nextra: 1\n"
+    path = write(tmp_path, text)
+    err = spec_error(path)
+    assert isinstance(err, SpecValidationError)
+    assert [problem.field for problem in err.problems] == ["build.max_batch_size", "build.dtype", "extra"]
+    assert [problem.line for problem in err.problems] == [
+        line_of(path, "max_batch_size"), line_of(path, "dtype"), line_of(path, "extra")
+    ]
+    assert err.message.startswith(f"{path}: 3 problems")
+
+
+def test_missing_required_field_points_at_parent(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("  max_output_len: 16\n", ""))
+    err = spec_error(path)
+    assert f"pipeline.yaml:{line_of(path, 'build:')}: build.max_output_len: required" in err.message
+
+
+def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "  max_input_len: 64\n")
+    err = spec_error(path)
+    first, second = line_of(path, "max_input_len"), line_of(path, "max_input_len: 64")
+    assert f":{second}: build.max_input_len: duplicate key (first on line {first})" in err.message
+
+
+def test_draft_target_without_draft(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "speculative:\n  mode: draft_target\n")
+    err = spec_error(path)
+    line = line_of(path, "mode:")
+    assert f"pipeline.yaml:{line}: draft: required when speculative.mode is 'draft_target'" in err.message
+
+
+def test_medusa_mode_without_medusa(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "speculative:\n  mode: medusa\n")
+    assert "medusa: required when speculative.mode is 'medusa'" in spec_error(path).message
+
+
+def test_unused_draft_is_an_error_even_alongside_type_errors(tmp_path: Path) -> None:
+    text = MINIMAL.replace("max_input_len: 32", "max_input_len: x") + "draft:\n  model: d\n"
+    err = spec_error(write(tmp_path, text))
+    assert "build.max_input_len: must be an integer" in err.message
+    assert "draft: given, but speculative.mode is 'none'" in err.message
+
+
+def test_num_draft_tokens_bounds(tmp_path: Path) -> None:
+    base = MINIMAL + "draft:\n  model: d\nspeculative:\n  mode: draft_target\n"
+    assert load_spec(write(tmp_path, base + "  num_draft_tokens: 64\n")).max_draft_len == 64
+    for bad, expected in (("0", "must be >= 1"), ("65", "must be <= 64")):
+        path = write(tmp_path, base + f"  num_draft_tokens: {bad}\n")
+        assert f"speculative.num_draft_tokens: {expected} (got {bad})" in spec_error(path).message
+
+
+def test_medusa_tree_with_missing_prefix(tmp_path: Path) -> None:
+    medusa = "medusa:\n  heads: heads\n  choices: [[0], [1, 0], [0, 0]]\n"
+    path = write(tmp_path, MINIMAL + "speculative:\n  mode: medusa\n" + medusa)
+    err = spec_error(path)
+    line = line_of(path, "choices:")
+    assert f"pipeline.yaml:{line}: medusa.choices[1]: [1, 0]: prefix [1] is not listed" in err.message
+
+
+@pytest.mark.parametrize(
+    ("choices", "expected"),
+    [
+        ([[0], [0]], "listed twice"),
+        ([[0], [-1]], "must be >= 0"),
+        ([[0] * i for i in range(1, 18)], "depth 17 is more than 16"),
+        ([[]], "root"),
+        ([], "empty"),
+    ],
+)
+def test_medusa_tree_rules(choices: list[list[int]], expected: str) -> None:
+    assert any(expected in message for _, message in medusa_tree_problems(choices))
+
+
+def test_unknown_medusa_preset_lists_known_ones(tmp_path: Path) -> None:
+    text = MINIMAL + "speculative:\n  mode: medusa\nmedusa:\n  heads: heads\n  choices: mc_nope\n"
+    message = spec_error(write(tmp_path, text)).message
+    assert "medusa.choices: unknown tree preset 'mc_nope'" in message and "mc_sim_7b_63" in message
+
+
+def test_preset_next_to_spec_wins_and_is_validated(tmp_path: Path) -> None:
+    text = MINIMAL + "speculative:\n  mode: medusa\nmedusa:\n  heads: heads\n  choices: mc_sim_7b_63\n"
+    path = write(tmp_path, text)
+    (tmp_path / "medusa_choices").mkdir()
+    preset = tmp_path / "medusa_choices" / "mc_sim_7b_63.json"
+    preset.write_text(json.dumps({"source": "test", "choices": [[0], [0, 0]]}))
+    spec = load_spec(path)
+    assert spec.medusa is not None and spec.medusa.resolved_choices() == [[0], [0, 0]]
+    assert spec.medusa.choices_file == preset
+    preset.write_text(json.dumps([[0], [0, 1, 0]]))
+    assert "prefix [0, 1] is not listed" in spec_error(path).message
+
+
+# --- files and paths ----------------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    err = spec_error(tmp_path / "nope.yaml")
+    assert err.message.endswith("nope.yaml: no such file") and err.hint is not None
+
+
+def test_yaml_syntax_error_has_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: t\ntarget:\n  model: m\n   bad: [\n")
+    assert f"pipeline.yaml:{line_of(path, 'bad:')}: invalid YAML" in spec_error(path).message
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "", "just text\n"])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    assert "the spec must be a mapping" in spec_error(write(tmp_path, text)).message
+
+
+def test_relative_paths_resolve_against_spec_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = MINIMAL.replace("models/target", "../models/target") + (
+        "draft:\n  model: /abs/draft\n  quantization:\n    format: int4_awq\n    calib: {source: calib.txt}\n"
+        "speculative:\n  mode: draft_target\n"
+    )
+    path = write(tmp_path / "specs", text)
+    monkeypatch.chdir(tmp_path)  # not the spec's directory: relative paths must not follow the cwd
+    spec = load_spec(path)
+    assert spec.target.model == tmp_path / "models" / "target"
+    assert spec.draft is not None and spec.draft.model == Path("/abs/draft")
+    assert spec.draft.quantization.calib.source == tmp_path / "specs" / "calib.txt"
+    assert spec.output_dir == tmp_path / "specs" / "build" / "t"
+    assert spec.checkpoint_dir("target") == tmp_path / "specs" / "build" / "t" / "checkpoints" / "target"
+    assert spec.deploy.model_repository == spec.output_dir / "model_repository"
+    assert spec.deploy.triton_max_batch_size == spec.build.max_batch_size == 2
+
+
+def test_defaults(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL))
+    assert spec.speculative.mode == "none" and spec.max_draft_len == 0
+    build = spec.build
+    assert (build.dtype, build.tp_size, build.pp_size, build.backend) == ("auto", 1, 1, "auto")
+    assert spec.target.trust_remote_code is False
+    assert spec.draft is None and spec.medusa is None
+    with pytest.raises(ValueError, match="unknown checkpoint role"):
+        spec.checkpoint_dir("engine")
+
+
+def test_summary_shows_resolved_values(tmp_path: Path) -> None:
+    spec = load_spec(REPO / "configs" / "demo-medusa.yaml")
+    console = Console(record=True, width=200)
+    console.print(summarize_spec(spec))
+    text = console.export_text()
+    assert "demo-medusa" in text and "mc_sim_7b_top8: 8 nodes, depth 3" in text
+    assert str(REPO / "demo" / "models" / "medusa-heads") in text
+
+
+def test_model_validate_without_file_has_no_path() -> None:
+    data = {"name": "t", "target": {"model": "m"}, "build": {"max_batch_size": 1, "max_input_len": 1,
+                                                          "max_output_len": 1}}
+    spec = PipelineSpec.model_validate(data)
+    with pytest.raises(RuntimeError, match="not loaded from a file"):
+        _ = spec.path
+
+
+# --- starter ------------------------------------------------------------------------------------------------
+
+
+def test_write_starter_refuses_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("mine\n")
+    with pytest.raises(SpecError) as caught:
+        write_starter_spec(path)
+    assert str(path) in caught.value.message and "already exists" in caught.value.message
+    assert path.read_text() == "mine\n"
+    write_starter_spec(path, force=True)
+    assert path.read_text() == starter_spec_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["pipeline.yaml"]  # no temporary file left behind
