@@ -158,3 +158,29 @@ def test_streaming_writer_rejects_out_of_layout_tensors(tmp_path: Path) -> None:
         writer.write("b", torch.zeros(3, dtype=torch.float16))
     with pytest.raises(ValueError, match="2 tensors of the layout were not written"):
         StreamingSafetensorsWriter(tmp_path / "y.safetensors", layout).close()
+
+
+def test_convert_from_spec_writes_target_and_draft(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path / "models/target", "llama", num_hidden_layers=4)
+    make_checkpoint(tmp_path / "models/draft", "llama", seed=3, num_hidden_layers=1)
+    spec = tmp_path / "pipeline.yaml"
+    spec.write_text(
+        "name: t\noutput_dir: out\ntarget: {model: models/target}\ndraft: {model: models/draft}\n"
+        "speculative: {mode: draft_target, num_draft_tokens: 3}\n"
+        "build: {dtype: bfloat16, tp_size: 2, max_batch_size: 2, max_input_len: 32, max_output_len: 16}\n"
+    )
+    result = runner.invoke(app, ["convert", str(spec)])
+    assert result.exit_code == 0, result.output
+    for role, layers in (("target", 4), ("draft", 1)):
+        cfg = json.loads((tmp_path / f"out/checkpoints/{role}/config.json").read_text())
+        assert (cfg["num_hidden_layers"], cfg["dtype"], cfg["mapping"]["tp_size"]) == (layers, "bfloat16", 2)
+        assert (tmp_path / f"out/checkpoints/{role}/rank1.safetensors").is_file()
+    again = runner.invoke(app, ["convert", str(spec)])
+    assert again.output.count("is up to date") == 2
+
+
+def test_convert_needs_spec_or_model(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["convert"])
+    assert result.exit_code == 1 and "give either a pipeline spec or --model" in result.output
+    result = runner.invoke(app, ["convert", "--model", str(tmp_path)])
+    assert result.exit_code == 1 and "--model needs --output" in result.output
