@@ -7,13 +7,14 @@ stats); a file whose stat changed is hashed again, so touching a file without ch
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from specbuild import __version__
 from specbuild.atomic import MANIFEST
@@ -31,24 +32,33 @@ def tool_versions() -> dict[str, str | None]:
     return found
 
 
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+HASH = "xxh3_128"  # a content hash, not a security one: ~9 GB/s here against SHA-256's ~1.4 GB/s
+_CHUNK = 8 << 20
+
+
+def content_hash(path: Path) -> str:
+    digest = xxhash.xxh3_128()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as fh:
+        while n := fh.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
 
 
 def fingerprint_files(paths: Iterable[Path], previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """{path: {size, mtime_ns, sha256}}, reusing `previous` hashes for files whose stat is unchanged."""
+    """{path: {size, mtime_ns, xxh3_128}}, reusing `previous` hashes for files whose stat is unchanged."""
     previous = previous or {}
     result: dict[str, Any] = {}
     for path in paths:
         st = os.stat(path)
         key = str(path)
         old = previous.get(key)
-        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns:
-            digest = old["sha256"]
+        if old and old.get("size") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns and HASH in old:
+            digest = old[HASH]
         else:
-            digest = sha256_file(path)
-        result[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+            digest = content_hash(path)
+        result[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, HASH: digest}
     return result
 
 
@@ -66,7 +76,7 @@ def write_manifest(directory: Path, data: dict[str, Any]) -> None:
 
 def same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Equal file sets with equal content hashes (stat fields may differ)."""
-    return a.keys() == b.keys() and all(a[k]["sha256"] == b[k]["sha256"] for k in a)
+    return a.keys() == b.keys() and all(a[k].get(HASH) == b[k].get(HASH) for k in a)
 
 
 def outputs_intact(directory: Path, outputs: dict[str, int]) -> bool:

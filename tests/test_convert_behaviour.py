@@ -184,3 +184,22 @@ def test_convert_needs_spec_or_model(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "give either a pipeline spec or --model" in result.output
     result = runner.invoke(app, ["convert", "--model", str(tmp_path)])
     assert result.exit_code == 1 and "--model needs --output" in result.output
+
+
+def test_kernel_copy_and_its_fallback_give_the_same_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pass-through tensors are copied with copy_file_range; where the filesystem refuses (EXDEV, e.g.
+    across mounts on old kernels) the writer falls back to a plain write with the same bytes."""
+    import errno
+
+    src = make_checkpoint(tmp_path / "m", "llama")
+    convert(src, tmp_path / "fast")
+    calls = {"n": 0}
+
+    def refuse(*args: object, **kwargs: object) -> int:
+        calls["n"] += 1
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    convert(src, tmp_path / "slow")
+    assert calls["n"] > 0
+    assert (tmp_path / "fast/rank0.safetensors").read_bytes() == (tmp_path / "slow/rank0.safetensors").read_bytes()

@@ -163,16 +163,17 @@ def test_failure_while_writing_keeps_old_output(
     """An error half-way through a rank file (disk full, Ctrl-C) must not leave a half-written checkpoint."""
     out, before = previous_output
     src = make_checkpoint(tmp_path / "m", "llama", seed=2)
-    real_write = safetensors_writer.StreamingSafetensorsWriter.write
+    writer = safetensors_writer.StreamingSafetensorsWriter
+    real_check = writer._check_next  # runs before every tensor, copied or written
     calls = {"n": 0}
 
-    def failing_write(self, name, tensor):  # type: ignore[no-untyped-def]
+    def failing_check(self, *args):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 5:
             raise OSError(28, "No space left on device")
-        real_write(self, name, tensor)
+        real_check(self, *args)
 
-    monkeypatch.setattr(safetensors_writer.StreamingSafetensorsWriter, "write", failing_write)
+    monkeypatch.setattr(writer, "_check_next", failing_check)
     with pytest.raises(OSError, match="No space left"):
         runner.invoke(app, ["convert", "--model", str(src), "--output", str(out)], catch_exceptions=False)
     assert calls["n"] == 5

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from specbuild.convert.safetensors_format import FileSpan
 from specbuild.convert.safetensors_reader import MappedFile, TensorInfo, read_header
 from specbuild.errors import CheckpointError
 
@@ -141,6 +142,15 @@ class HFCheckpoint:
         if mapped is None:
             mapped = self._maps[info.path] = MappedFile(info.path)
         return mapped.tensor(info)
+
+    def span_of(self, tensor: torch.Tensor) -> FileSpan | None:
+        """Where `tensor`'s bytes lie in a weight file, when it is an untouched slice of one: the writer then
+        lets the kernel copy them instead of faulting them in through the memory map."""
+        for mapped in self._maps.values():
+            span = mapped.span_of(tensor)
+            if span is not None:
+                return span
+        return None
 
     def release(self, name: str) -> None:
         """Tell the OS this process is done with a tensor's pages."""

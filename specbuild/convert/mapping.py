@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbuild.convert.safetensors_reader import TensorInfo
-from specbuild.convert.sharding import Rank
+from specbuild.convert.sharding import Rank, RowBlocks
 from specbuild.errors import CheckpointError
 
 Shape = tuple[int, ...]
@@ -31,7 +31,7 @@ class Rule:
     """One output tensor: its HF sources, in argument order, and the pure function that combines them."""
 
     sources: tuple[str, ...]
-    combine: Callable[..., torch.Tensor] = identity
+    combine: Callable[..., torch.Tensor | RowBlocks] = identity
 
 
 @dataclass

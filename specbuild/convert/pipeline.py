@@ -24,7 +24,7 @@ from specbuild.convert.architectures import Architecture, architecture_for
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
-from specbuild.convert.sharding import ranks
+from specbuild.convert.sharding import RowBlocks, ranks
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
     fingerprint_files,
@@ -137,9 +137,12 @@ def _write_rank(
         for name, rule in plan.rules.items():
             sources = [checkpoint.tensor(s) for s in rule.sources]
             out = rule.combine(*sources).to(dtype)
-            writer.write(name, out)
-            progress.advance(task, out.numel() * dtype.itemsize)
-            del out, sources
+            blocks = out.blocks if isinstance(out, RowBlocks) else [out]
+            # A block that is still a slice of a source file is copied file to file; the rest is written.
+            pieces = [checkpoint.span_of(block) or block for block in blocks]
+            writer.write_pieces(name, dtype, plan.shapes[name], pieces)
+            progress.advance(task, out.shape.numel() * dtype.itemsize)
+            del out, blocks, pieces, sources
             for source in rule.sources:
                 checkpoint.release(source)
 

@@ -18,24 +18,8 @@ from pathlib import Path
 
 import torch
 
+from specbuild.convert.safetensors_format import DTYPES, FileSpan
 from specbuild.errors import CheckpointError
-
-# safetensors dtype codes <-> torch dtypes (https://github.com/huggingface/safetensors, format spec).
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-DTYPE_CODES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit
 _PAGE = mmap.PAGESIZE
@@ -126,14 +110,12 @@ class MappedFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            # ACCESS_COPY gives a writable (private) buffer, which torch.frombuffer wants, without
-            # ever writing to the file; pages stay file-backed until touched.
-            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
-        finally:
-            os.close(fd)
+        self.fd = os.open(path, os.O_RDONLY)  # kept open for kernel-side copies (see the writer)
+        size = os.fstat(self.fd).st_size
+        # ACCESS_COPY gives a writable (private) buffer, which torch.frombuffer wants, without ever
+        # writing to the file; pages stay file-backed until touched.
+        self._map = mmap.mmap(self.fd, size, access=mmap.ACCESS_COPY) if size else None
+        self._base: int | None = None
 
     def tensor(self, info: TensorInfo) -> torch.Tensor:
         if info.nbytes == 0 or self._map is None:
@@ -148,8 +130,23 @@ class MappedFile:
         start = info.begin - info.begin % _PAGE
         self._map.madvise(mmap.MADV_DONTNEED, start, info.end - start)
 
+    def span_of(self, tensor: torch.Tensor) -> FileSpan | None:
+        """Where `tensor`'s bytes lie in this file, if it is an untouched contiguous view of the map."""
+        if self._map is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return None
+        if self._base is None:
+            self._base = torch.frombuffer(self._map, dtype=torch.uint8, count=1).data_ptr()
+        offset = tensor.data_ptr() - self._base
+        nbytes = tensor.numel() * tensor.dtype.itemsize
+        if offset < 0 or offset + nbytes > len(self._map):
+            return None
+        return FileSpan(self.fd, offset, nbytes)
+
     def close(self) -> None:
         if self._map is not None:
             with contextlib.suppress(BufferError):  # a caller still holds a view; freed with it
                 self._map.close()
             self._map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -8,7 +8,9 @@ receives tensors in that order. Nothing but the tensor being written is held in 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,8 +18,10 @@ from types import TracebackType
 
 import torch
 
-from specbuild.convert.safetensors_reader import DTYPE_CODES
+from specbuild.convert.safetensors_format import DTYPE_CODES, FileSpan
 
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+_CHUNK = 16 << 20
 _ALIGN = 8  # header padded so the data section starts 8-byte aligned, as safetensors itself does
 
 
@@ -53,26 +57,60 @@ class StreamingSafetensorsWriter:
         self.data_bytes = offset
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % _ALIGN)
-        self._file = path.open("wb")
+        self._file = path.open("wb", buffering=0)  # unbuffered: copy_from shares the file position
         self._file.write(struct.pack("<Q", len(raw)))
         self._file.write(raw)
         self._next = 0
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Append the next tensor; it must be the one the layout names next, with its dtype and shape."""
+    def _check_next(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         if self._next >= len(self._order) or self._order[self._next] != name:
             want = self._order[self._next] if self._next < len(self._order) else "nothing"
             raise ValueError(f"{self.path}: expected tensor {want!r} next, got {name!r}")
-        dtype, shape = self._expect[name]
-        if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+        want_dtype, want_shape = self._expect[name]
+        if dtype != want_dtype or tuple(shape) != want_shape:
             raise ValueError(
-                f"{self.path}: tensor {name!r} is {tensor.dtype} {list(tensor.shape)}, "
-                f"the layout says {dtype} {list(shape)}"
+                f"{self.path}: tensor {name!r} is {dtype} {list(shape)}, "
+                f"the layout says {want_dtype} {list(want_shape)}"
             )
-        data = tensor.detach().contiguous().reshape(-1)
-        if data.numel():
-            self._file.write(memoryview(data.view(torch.uint8).numpy()))
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append the next tensor; it must be the one the layout names next, with its dtype and shape."""
+        self.write_pieces(name, tensor.dtype, tuple(tensor.shape), [tensor])
+
+    def write_pieces(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], pieces: Sequence[torch.Tensor | FileSpan]
+    ) -> None:
+        """Append the next tensor as consecutive byte pieces: tensors (written) or spans of another file
+        (copied inside the kernel with `copy_file_range`, as `cp` does, never entering this process)."""
+        self._check_next(name, dtype, shape)
+        expected = dtype.itemsize * torch.Size(shape).numel()
+        written = 0
+        for piece in pieces:
+            if isinstance(piece, FileSpan):
+                self._copy(piece)
+                written += piece.nbytes
+            else:
+                data = piece.detach().contiguous().reshape(-1)
+                if data.numel():
+                    self._file.write(memoryview(data.view(torch.uint8).numpy()))
+                written += data.numel() * data.dtype.itemsize
+        if written != expected:
+            raise ValueError(f"{self.path}: tensor {name!r} got {written} bytes, its layout needs {expected}")
         self._next += 1
+
+    def _copy(self, span: FileSpan) -> None:
+        offset, remaining = span.offset, span.nbytes
+        while remaining:
+            try:
+                copied = os.copy_file_range(span.fd, self._file.fileno(), remaining, offset)
+            except OSError as err:
+                if err.errno not in _NO_KERNEL_COPY:
+                    raise
+                copied = self._file.write(os.pread(span.fd, min(remaining, _CHUNK), offset))  # no kernel support
+            if copied == 0:
+                raise OSError(f"{self.path}: source file ended early while copying")
+            offset += copied
+            remaining -= copied
 
     def close(self) -> None:
         """Finish the file; fails if tensors of the layout were never written."""

@@ -68,22 +68,43 @@ def repeat_kv_heads(tensor: torch.Tensor, num_kv_heads: int, tp_size: int) -> to
     return expanded.reshape(-1, *tensor.shape[1:])
 
 
-def fuse_qkv(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Rank, num_kv_heads: int
-) -> torch.Tensor:
+class RowBlocks:
+    """A tensor kept as blocks to be concatenated along dim 0. Writing the blocks one after the other gives
+    the bytes of `torch.cat(blocks)` (row-major layout) without building it, so a block that is an untouched
+    slice of a source file can be copied file to file; it also lets plans work out shapes on `meta` tensors
+    without torch.cat (whose first meta call imports torch._dynamo, over a second per run)."""
+
+    def __init__(self, blocks: list[torch.Tensor]) -> None:
+        self.blocks = [b for b in blocks if b.shape[0]]
+        tail = {tuple(b.shape[1:]) for b in blocks}
+        if len(tail) != 1 or len({b.dtype for b in blocks}) != 1:
+            raise ValueError(f"blocks differ beyond dim 0: {[(tuple(b.shape), b.dtype) for b in blocks]}")
+        self.shape = torch.Size((sum(b.shape[0] for b in blocks), *tail.pop()))
+        self.dtype = blocks[0].dtype
+
+    def to(self, dtype: torch.dtype) -> RowBlocks:
+        return RowBlocks([b.to(dtype) for b in self.blocks])
+
+    def materialize(self) -> torch.Tensor:
+        return torch.cat(self.blocks, dim=0)
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Rank, num_kv_heads: int) -> RowBlocks:
     """This rank's fused QKV weight or bias: cat(split(q), split(k'), split(v')) along dim 0."""
     k = repeat_kv_heads(k, num_kv_heads, rank.tp_size)
     v = repeat_kv_heads(v, num_kv_heads, rank.tp_size)
-    return torch.cat([split(q, rank, 0), split(k, rank, 0), split(v, rank, 0)], dim=0)
+    return RowBlocks([split(q, rank, 0), split(k, rank, 0), split(v, rank, 0)])
 
 
 def padded_vocab(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // tp_size) * tp_size
 
 
-def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """Zero-pad dim 0 to `rows` (vocab padding of the lm_head)."""
-    missing = rows - tensor.shape[0]
-    if missing <= 0:
-        return tensor
-    return torch.cat([tensor, tensor.new_zeros((missing, *tensor.shape[1:]))], dim=0)
+def split_padded(tensor: torch.Tensor, rank: Rank, rows: int) -> RowBlocks:
+    """This rank's dim-0 part of `tensor` zero-padded to `rows` rows (the lm_head's vocab padding)."""
+    per_rank = rows // rank.tp_size
+    start = rank.tp_rank * per_rank
+    stop = start + per_rank
+    real = tensor[start:min(stop, tensor.shape[0])]
+    padding = tensor.new_zeros((max(0, stop - max(start, tensor.shape[0])), *tensor.shape[1:]))
+    return RowBlocks([real, padding])

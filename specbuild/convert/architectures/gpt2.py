@@ -14,9 +14,8 @@ from typing import Any, ClassVar
 import torch
 
 from specbuild.convert.architectures.base import Architecture, register
-from specbuild.convert.architectures.llama import split_padded
 from specbuild.convert.mapping import Rule, Shape
-from specbuild.convert.sharding import Rank, fuse_qkv, padded_vocab, split
+from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, padded_vocab, split, split_padded
 
 
 def transposed(tensor: torch.Tensor, rank: Rank, dim: int | None) -> torch.Tensor:
@@ -25,7 +24,7 @@ def transposed(tensor: torch.Tensor, rank: Rank, dim: int | None) -> torch.Tenso
     return tensor if dim is None else split(tensor, rank, dim)
 
 
-def conv1d_qkv(tensor: torch.Tensor, rank: Rank, hidden: int, heads: int) -> torch.Tensor:
+def conv1d_qkv(tensor: torch.Tensor, rank: Rank, hidden: int, heads: int) -> RowBlocks:
     """Split `c_attn` (weight (H, 3H) or bias (3H,)) into Q, K, V and fuse this rank's parts."""
     fused = tensor.t() if tensor.dim() == 2 else tensor
     q, k, v = torch.split(fused, hidden, dim=0)

@@ -10,16 +10,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, ClassVar
 
-import torch
-
 from specbuild.convert.architectures.base import Architecture, register
 from specbuild.convert.mapping import Rule, Shape, identity
-from specbuild.convert.sharding import Rank, fuse_qkv, pad_rows, padded_vocab, split
-
-
-def split_padded(tensor: torch.Tensor, rank: Rank, rows: int) -> torch.Tensor:
-    """Vocab-pad to `rows`, then take this rank's dim-0 part (lm_head)."""
-    return split(pad_rows(tensor, rows), rank, 0)
+from specbuild.convert.sharding import Rank, fuse_qkv, padded_vocab, split, split_padded
 
 
 @register
