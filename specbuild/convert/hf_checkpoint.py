@@ -117,14 +117,43 @@ class HFCheckpoint:
                 "torch.load(weights_only=True)",
             )
         for file in files:
-            try:
-                state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as err:  # torch raises many types for bad pickles
-                raise CheckpointError(f"{file}: cannot load pickle weights ({err})") from err
-            for name, tensor in state.items():
+            for name, tensor in self._load_pickle(file).items():
                 self._pickled[name] = tensor
                 self.infos[name] = TensorInfo(name, file, tensor.dtype, tuple(tensor.shape), 0, 0)
         self.weight_files = files
+
+    def include_safetensors(self, path: Path, prefix: str) -> list[str]:
+        """Add another safetensors file's tensors as sources named `prefix + name` (e.g. Medusa heads)."""
+        names = []
+        for name, info in read_header(path).items():
+            self.infos[prefix + name] = info
+            names.append(name)
+        self.weight_files.append(path)
+        return names
+
+    def include_pickle(self, path: Path, prefix: str, *, allow_pickle: bool) -> list[str]:
+        """Like include_safetensors for a torch.save file, only with the user's opt-in."""
+        if not allow_pickle:
+            raise CheckpointError(
+                f"{path}: is a pickle file; loading pickle can run arbitrary code, so it is off by default",
+                hint="convert it to safetensors, or pass --allow-pickle to load it with torch.load(weights_only=True)",
+            )
+        state = self._load_pickle(path)
+        for name, tensor in state.items():
+            self._pickled[prefix + name] = tensor
+            self.infos[prefix + name] = TensorInfo(prefix + name, path, tensor.dtype, tuple(tensor.shape), 0, 0)
+        self.weight_files.append(path)
+        return list(state)
+
+    @staticmethod
+    def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # torch raises many types for bad pickles
+            raise CheckpointError(f"{path}: cannot load pickle weights ({err})") from err
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise CheckpointError(f"{path}: expected a dict of tensors (a state dict)")
+        return state
 
     # -- access ---------------------------------------------------------------------------------------------
     @property

@@ -21,8 +21,10 @@ from rich.table import Table
 
 from specbuild.atomic import atomic_directory, check_replaceable
 from specbuild.convert.architectures import Architecture, architecture_for
+from specbuild.convert.architectures.llama import Llama
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
+from specbuild.convert.medusa import MedusaArchitecture, attach_heads
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
 from specbuild.convert.sharding import RowBlocks, ranks
 from specbuild.errors import SpecbuildError
@@ -52,6 +54,8 @@ class ConvertRequest:
     tp_size: int = 1
     pp_size: int = 1
     allow_pickle: bool = False
+    medusa_heads: Path | None = None  # FasterDecoding head directory: write a MedusaForCausalLM checkpoint
+    max_draft_len: int = 63  # Medusa: the tree's node count (TensorRT-LLM's default tree has 63)
 
 
 @dataclass
@@ -99,6 +103,8 @@ class ConversionPlan:
 def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint) -> ConversionPlan:
     """All checks that need no tensor data; raises SpecbuildError naming what is wrong."""
     arch = architecture_for(checkpoint.config, checkpoint.directory / "config.json")
+    if request.medusa_heads is not None:
+        arch = with_medusa_heads(arch, checkpoint, request)
     arch.bind_sources(set(checkpoint.infos))
     problems = arch.parallelism_problems(request.tp_size, request.pp_size)
     if problems:
@@ -117,13 +123,27 @@ def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint) -> Conver
     return ConversionPlan(arch, dtype, arch.trtllm_config(dtype, request.tp_size, request.pp_size), plans)
 
 
+def with_medusa_heads(arch: Architecture, checkpoint: HFCheckpoint, request: ConvertRequest) -> Architecture:
+    """Wrap a LLaMA-family base with the heads of `request.medusa_heads` (TensorRT-LLM's MedusaForCausalLM
+    takes LLaMA, Mistral and Qwen2 bases only)."""
+    assert request.medusa_heads is not None
+    if not isinstance(arch, Llama):
+        raise SpecbuildError(
+            f"{request.source}: Medusa heads need a LLaMA, Mistral or Qwen2 base, not {arch.hf_architecture}"
+        )
+    heads, layers = attach_heads(checkpoint, request.medusa_heads, allow_pickle=request.allow_pickle)
+    return MedusaArchitecture(arch, heads, layers, request.max_draft_len)
+
+
 def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
     return {
-        "architecture": plan.arch.hf_architecture,
+        "architecture": plan.config["architecture"],
         "dtype": plan.dtype,
         "tp_size": request.tp_size,
         "pp_size": request.pp_size,
         "source": str(request.source.resolve()),
+        "medusa_heads": str(request.medusa_heads.resolve()) if request.medusa_heads else None,
+        "max_draft_len": request.max_draft_len if request.medusa_heads else None,
     }
 
 
@@ -171,7 +191,7 @@ def convert_checkpoint(
     checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
     try:
         plan = plan_conversion(request, checkpoint)
-        result = ConvertResult(request, plan.arch.hf_architecture, plan.dtype)
+        result = ConvertResult(request, plan.config["architecture"], plan.dtype)
         check_replaceable(request.output)
         previous = read_manifest(request.output)
         settings = _settings(request, plan)
@@ -218,13 +238,15 @@ def convert_checkpoint(
 def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
     """The target and (when the spec has one) the draft, with the spec's dtype and parallelism."""
     build = spec.build
-    roles = [("target", spec.target.model)]
+    common = {"dtype": build.dtype, "tp_size": build.tp_size, "pp_size": build.pp_size, "allow_pickle": allow_pickle}
+    requests = [ConvertRequest("target", spec.target.model, spec.checkpoint_dir("target"), **common)]
     if spec.draft is not None:
-        roles.append(("draft", spec.draft.model))
-    return [
-        ConvertRequest(
-            name=role, source=source, output=spec.checkpoint_dir(role), dtype=build.dtype,
-            tp_size=build.tp_size, pp_size=build.pp_size, allow_pickle=allow_pickle,
+        requests.append(ConvertRequest("draft", spec.draft.model, spec.checkpoint_dir("draft"), **common))
+    if spec.medusa is not None:
+        requests.append(
+            ConvertRequest(
+                "medusa", spec.target.model, spec.checkpoint_dir("medusa"), medusa_heads=spec.medusa.heads,
+                max_draft_len=len(spec.medusa.resolved_choices()), **common,
+            )
         )
-        for role, source in roles
-    ]
+    return requests

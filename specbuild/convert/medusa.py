@@ -1,0 +1,146 @@
+"""Medusa heads (FasterDecoding format) + a LLaMA-family base -> one TensorRT-LLM `MedusaForCausalLM` checkpoint.
+
+Facts from shared/reference/tensorrt-llm.md §2.1-2.2 and modelopt-medusa.md §2.1: the head file is the state
+dict of `medusa_head` with keys `{h}.{l}.linear.weight|bias` (ResBlocks) and `{h}.{L}.weight` (the head's own
+vocabulary projection); published configs disagree with their files, so heads and layers are counted from the
+keys. Output names are `medusa_heads.{h}.medusa_layers.{l}.linear.{weight,bias}` and
+`medusa_heads.{h}.lm_head.weight`, all split on dim 0 under tensor parallelism with no vocab padding.
+
+The heads join the base checkpoint's tensors as sources named `medusa:<key>`, so the ordinary pull mapping,
+coverage check and streaming writer handle them; `MedusaArchitecture` wraps the base family's module.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from specbuild.convert.architectures.base import Architecture
+from specbuild.convert.hf_checkpoint import HFCheckpoint
+from specbuild.convert.mapping import Rule, Shape
+from specbuild.convert.sharding import Rank, split
+from specbuild.errors import CheckpointError
+
+PREFIX = "medusa:"
+HEADS_SAFETENSORS = "medusa_lm_head.safetensors"
+HEADS_PICKLE = "medusa_lm_head.pt"
+_KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
+
+
+def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: bool) -> tuple[int, int]:
+    """Add the head file's tensors to `checkpoint` as `medusa:` sources; return (heads, layers) counted
+    from the keys."""
+    safetensors, pickle = heads_dir / HEADS_SAFETENSORS, heads_dir / HEADS_PICKLE
+    if safetensors.is_file():
+        names = checkpoint.include_safetensors(safetensors, PREFIX)
+    elif pickle.is_file():
+        names = checkpoint.include_pickle(pickle, PREFIX, allow_pickle=allow_pickle)
+    elif not heads_dir.is_dir():
+        raise CheckpointError(f"{heads_dir}: Medusa heads directory does not exist")
+    else:
+        raise CheckpointError(f"{heads_dir}: no {HEADS_SAFETENSORS} (or {HEADS_PICKLE}) here")
+    return count_heads(names, heads_dir)
+
+
+def count_heads(names: list[str], where: Path) -> tuple[int, int]:
+    """(num_heads, num_layers) from keys like `2.0.linear.weight` / `2.1.weight`; every head must have the
+    same layers, a bias for every linear, and exactly one vocabulary projection after its last layer."""
+    parsed: dict[int, dict[int, set[str]]] = {}
+    for name in names:
+        match = _KEY.fullmatch(name)
+        if match is None:
+            raise CheckpointError(f"{where}: unexpected tensor {name!r} in the Medusa head file")
+        head, index, kind = int(match[1]), int(match[2]), match[3]
+        parsed.setdefault(head, {}).setdefault(index, set()).add(kind)
+    heads = sorted(parsed)
+    if not heads or heads != list(range(len(heads))):
+        raise CheckpointError(f"{where}: Medusa heads must be numbered 0..N-1 (found {heads})")
+    layouts = set()
+    for head in heads:
+        entries = parsed[head]
+        layers = len(entries) - 1
+        expected = {i: {"linear.weight", "linear.bias"} for i in range(layers)} | {layers: {"weight"}}
+        if entries != expected:
+            raise CheckpointError(
+                f"{where}: Medusa head {head} is not ResBlocks (linear.weight + linear.bias) followed by one "
+                f"vocabulary projection ({head}.{layers}.weight)"
+            )
+        layouts.add(layers)
+    if len(layouts) != 1:
+        raise CheckpointError(f"{where}: Medusa heads have different numbers of layers ({sorted(layouts)})")
+    return len(heads), layouts.pop()
+
+
+class MedusaArchitecture(Architecture):
+    """A LLaMA-family base plus Medusa heads; delegates everything about the base to its module."""
+
+    def __init__(self, base: Architecture, num_heads: int, head_layers: int, max_draft_len: int) -> None:
+        super().__init__(base.config, base.config_path)
+        self.base, self.num_heads, self.head_layers, self.max_draft_len = base, num_heads, head_layers, max_draft_len
+        self.hidden = base.field("hidden_size")
+        self.vocab = base.field("vocab_size")
+
+    @property
+    def num_layers(self) -> int:
+        """The base decoder's layers (what pipeline parallelism splits)."""
+        return self.base.num_layers
+
+    def source_dtype_name(self) -> str | None:
+        return self.base.source_dtype_name()
+
+    def is_ignored(self, name: str) -> bool:
+        return self.base.is_ignored(name)
+
+    def bind_sources(self, names: set[str]) -> None:
+        self.base.bind_sources(names)
+
+    def _heads(self) -> list[tuple[str, str, Shape]]:
+        """(source name, TensorRT-LLM name, full shape) per head tensor."""
+        h, layers = self.hidden, self.head_layers
+        items: list[tuple[str, str, Shape]] = []
+        for head in range(self.num_heads):
+            for layer in range(layers):
+                for kind, shape in (("weight", (h, h)), ("bias", (h,))):
+                    items.append((f"{PREFIX}{head}.{layer}.linear.{kind}",
+                                  f"medusa_heads.{head}.medusa_layers.{layer}.linear.{kind}", shape))
+            items.append((f"{PREFIX}{head}.{layers}.weight", f"medusa_heads.{head}.lm_head.weight", (self.vocab, h)))
+        return items
+
+    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
+        problems = self.base.parallelism_problems(tp_size, pp_size)
+        if self.vocab % tp_size:
+            problems.append(f"tp_size {tp_size} does not divide vocab_size {self.vocab} (Medusa heads are not padded)")
+        if self.hidden % tp_size:
+            problems.append(f"tp_size {tp_size} does not divide hidden_size {self.hidden}")
+        return problems
+
+    def source_shapes(self) -> dict[str, Shape]:
+        return {**self.base.source_shapes(), **{src: shape for src, _, shape in self._heads()}}
+
+    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
+        shapes = self.base.target_shapes(rank)
+        if rank.is_last_stage:
+            for _, dst, shape in self._heads():
+                shapes[dst] = (shape[0] // rank.tp_size, *shape[1:])
+        return shapes
+
+    def rules(self, rank: Rank) -> dict[str, Rule]:
+        rules = self.base.rules(rank)
+        if rank.is_last_stage:
+            column = partial(split, rank=rank, dim=0)
+            for src, dst, _ in self._heads():
+                rules[dst] = Rule((src,), column)
+        return rules
+
+    def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
+        config = self.base.trtllm_config(dtype, tp_size, pp_size)
+        config.update(
+            architecture="MedusaForCausalLM",
+            model_type=self.config.get("model_type", "llama"),
+            num_medusa_heads=self.num_heads,
+            num_medusa_layers=self.head_layers,
+            max_draft_len=self.max_draft_len,
+        )
+        return config
