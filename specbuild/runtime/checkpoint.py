@@ -1,0 +1,449 @@
+"""Read a TensorRT-LLM checkpoint back into full (unsharded) tensors, written from the format's documentation.
+
+The rules come from shared/reference/tensorrt-llm.md §1 and §2.2, not from `specbuild.convert` (nothing is
+imported from it), so that loading a converted checkpoint is an independent check of the converter:
+rank = pp_rank * tp_size + tp_rank; PP stages hold contiguous layer ranges (`torch.tensor_split`) under local
+indices; per rank the fused QKV is `[q_r; k_r; v_r]`, with KV heads repeated tp/num_kv times when there are
+fewer KV heads than ranks; `attention.dense` and `mlp.proj` are split on dim 1, `mlp.fc`/`mlp.gate` (weight
+and bias), `lm_head` and the Medusa heads on dim 0; the lm_head is zero-padded to a multiple of tp.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.rope import rope_scaling_problem
+
+LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+GPT2_FAMILY = ("GPT2LMHeadModel",)
+MEDUSA = ("MedusaForCausalLM",)
+SUPPORTED_ARCHITECTURES = LLAMA_FAMILY + GPT2_FAMILY + MEDUSA
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Fields of TensorRT-LLM configs whose non-default values change the model's math in ways this runtime does
+# not implement; refusing them beats silently computing something else.
+_DEFAULTS_REQUIRED: dict[str, Any] = {
+    "qk_layernorm": False,
+    "residual_mlp": False,
+    "fc_after_embed": False,
+    "remove_duplicated_kv_heads": False,
+    "use_input_layernorm_in_first_layer": True,
+    "use_last_layernorm": True,
+    "embedding_multiplier": 1.0,
+    "attention_multiplier": 1.0,
+    "residual_multiplier": 1.0,
+    "output_multiplier_scale": 1.0,
+    "use_logn_attn": False,
+    "apply_query_key_layer_scaling": False,
+    "inner_layernorm": False,
+}
+
+
+class RuntimeCheckpointError(SpecbuildError):
+    """A TensorRT-LLM checkpoint the reference runtime cannot load (missing file or tensor, wrong shape,
+    or a feature the runtime does not implement)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model as the TensorRT-LLM `config.json` describes it (only what the runtime needs)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    num_medusa_heads: int = 0
+    num_medusa_layers: int = 0
+    family: str = "llama"  # "llama" (RMSNorm, RoPE, gated MLP) or "gpt2" (LayerNorm, learned positions)
+    intermediate_size: int = 0
+    hidden_act: str = "silu"
+    norm_epsilon: float = 1e-5
+    rotary_base: float = 10000.0
+    rotary_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    rotary_dim: int = 0
+    qkv_bias: bool = False
+    dense_bias: bool = False
+    mlp_bias: bool = False
+    q_scaling: float = 1.0
+    tp_size: int = 1
+    pp_size: int = 1
+    dtype: str = "float32"
+    qwen_type: str | None = None
+    max_draft_len: int = 0
+    use_parallel_embedding: bool = False
+    embedding_sharding_dim: int = 0
+
+    @property
+    def attention_scale(self) -> float:
+        """TensorRT-LLM's softmax scale: 1 / (sqrt(head_size) * q_scaling)."""
+        return 1.0 / (self.head_dim**0.5 * self.q_scaling)
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any], path: Path) -> ModelConfig:
+        """Parse and check a TensorRT-LLM config; every refusal names `path` and the field."""
+        return _parse_config(config, path)
+
+
+# -- config parsing ------------------------------------------------------------------------------------------------
+def _field(config: dict[str, Any], path: Path, name: str, kind: Callable[[Any], Any], default: Any = ...) -> Any:
+    value = config.get(name)
+    if value is None:
+        if default is ...:
+            raise RuntimeCheckpointError(f"{path}: required field {name!r} is missing")
+        return default
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as err:
+        raise RuntimeCheckpointError(f"{path}: field {name!r} has an invalid value {value!r}") from err
+
+
+def _check_supported(config: dict[str, Any], path: Path) -> str:
+    architecture = config.get("architecture")
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise RuntimeCheckpointError(
+            f"{path}: architecture {architecture!r} is not supported by the reference runtime",
+            hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+        )
+    quant = config.get("quantization") or {}
+    for key in ("quant_algo", "kv_cache_quant_algo"):
+        if quant.get(key) is not None:
+            raise RuntimeCheckpointError(
+                f"{path}: quantized checkpoint (quantization.{key} = {quant[key]!r}) cannot be run by the "
+                "reference runtime yet; dequantization arrives with the quantization issue"
+            )
+    for name, default in _DEFAULTS_REQUIRED.items():
+        if config.get(name, default) not in (default, None):
+            raise RuntimeCheckpointError(
+                f"{path}: field {name!r} = {config[name]!r} is not supported by the reference runtime "
+                f"(only {default!r})"
+            )
+    if (config.get("moe") or {}).get("num_experts", 0):
+        raise RuntimeCheckpointError(f"{path}: mixture-of-experts checkpoints are not supported")
+    mapping = config.get("mapping") or {}
+    if mapping.get("cp_size", 1) != 1:
+        raise RuntimeCheckpointError(f"{path}: context parallelism (mapping.cp_size > 1) is not supported")
+    return architecture
+
+
+def _parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
+    architecture = _check_supported(config, path)
+    family = "gpt2" if architecture in GPT2_FAMILY else "llama"
+    hidden = _field(config, path, "hidden_size", int)
+    heads = _field(config, path, "num_attention_heads", int)
+    head_dim = _field(config, path, "head_size", int, hidden // heads)
+    expected_pe = "learned_absolute" if family == "gpt2" else "rope_gpt_neox"
+    pe = config.get("position_embedding_type", "learned_absolute")
+    if pe != expected_pe:
+        raise RuntimeCheckpointError(
+            f"{path}: position_embedding_type {pe!r} is not supported for {architecture} (expected {expected_pe!r})"
+        )
+    scaling = config.get("rotary_scaling") if family == "llama" else None
+    problem = rope_scaling_problem(scaling)
+    if problem:
+        raise RuntimeCheckpointError(f"{path}: rotary_scaling: {problem}")
+    qwen = architecture == "Qwen2ForCausalLM" or bool(config.get("qwen_type"))
+    attn_bias = _field(config, path, "attn_bias", bool, qwen)
+    gpt2_bias = _field(config, path, "bias", bool, True)  # GPTConfig.bias: every linear layer has one
+    mapping = config.get("mapping") or {}
+    tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+    if tp * pp != int(mapping.get("world_size", tp * pp)):
+        raise RuntimeCheckpointError(f"{path}: mapping.world_size {mapping['world_size']} != tp_size * pp_size")
+    medusa = architecture in MEDUSA
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=_field(config, path, "vocab_size", int),
+        hidden_size=hidden,
+        num_layers=_field(config, path, "num_hidden_layers", int),
+        num_heads=heads,
+        num_kv_heads=_field(config, path, "num_key_value_heads", int, heads),
+        head_dim=head_dim,
+        max_position_embeddings=_field(config, path, "max_position_embeddings", int, 2048),
+        num_medusa_heads=_field(config, path, "num_medusa_heads", int, 4) if medusa else 0,
+        num_medusa_layers=_field(config, path, "num_medusa_layers", int, 1) if medusa else 0,
+        family=family,
+        intermediate_size=_field(config, path, "intermediate_size", int, 4 * hidden),
+        hidden_act=_field(config, path, "hidden_act", str, "gelu"),
+        norm_epsilon=_field(config, path, "norm_epsilon", float, 1e-5),
+        rotary_base=_field(config, path, "rotary_base", float, 10000.0),
+        rotary_scaling=dict(scaling) if scaling else None,
+        rotary_dim=_field(config, path, "rotary_embedding_dim", int, head_dim) if family == "llama" else 0,
+        qkv_bias=gpt2_bias if family == "gpt2" else attn_bias,
+        # TensorRT-LLM's LLaMA attention uses attn_bias for dense too; QWen's passes dense_bias=False (§1.5).
+        dense_bias=gpt2_bias if family == "gpt2" else attn_bias and not qwen,
+        mlp_bias=gpt2_bias if family == "gpt2" else _field(config, path, "mlp_bias", bool, False),
+        q_scaling=_field(config, path, "q_scaling", float, 1.0),
+        tp_size=tp,
+        pp_size=pp,
+        dtype=_field(config, path, "dtype", str),
+        qwen_type=config.get("qwen_type"),
+        max_draft_len=_field(config, path, "max_draft_len", int, 0),
+        use_parallel_embedding=bool(config.get("use_parallel_embedding", False)),
+        embedding_sharding_dim=int(config.get("embedding_sharding_dim", 0)),
+    )
+
+
+# -- expected tensors ----------------------------------------------------------------------------------------------
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every full (merged, unpadded) tensor the model needs, with its shape."""
+    h, q_rows, kv_rows = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    inter, gpt2 = cfg.intermediate_size, cfg.family == "gpt2"
+    shapes: dict[str, tuple[int, ...]] = {"transformer.vocab_embedding.weight": (cfg.vocab_size, h)}
+    if gpt2:
+        shapes["transformer.position_embedding.weight"] = (cfg.max_position_embeddings, h)
+    for layer in range(cfg.num_layers):
+        p = f"transformer.layers.{layer}."
+        for norm in ("input_layernorm", "post_layernorm"):
+            shapes[p + f"{norm}.weight"] = (h,)
+            if gpt2:
+                shapes[p + f"{norm}.bias"] = (h,)
+        shapes[p + "attention.qkv.weight"] = (q_rows + 2 * kv_rows, h)
+        if cfg.qkv_bias:
+            shapes[p + "attention.qkv.bias"] = (q_rows + 2 * kv_rows,)
+        shapes[p + "attention.dense.weight"] = (h, q_rows)
+        if cfg.dense_bias:
+            shapes[p + "attention.dense.bias"] = (h,)
+        mlp = (("fc", (inter, h)), ("proj", (h, inter))) if gpt2 else (
+            ("fc", (inter, h)), ("gate", (inter, h)), ("proj", (h, inter)))
+        for name, shape in mlp:
+            shapes[p + f"mlp.{name}.weight"] = shape
+            if cfg.mlp_bias:
+                shapes[p + f"mlp.{name}.bias"] = shape[:1]
+    shapes["transformer.ln_f.weight"] = (h,)
+    if gpt2:
+        shapes["transformer.ln_f.bias"] = (h,)
+    shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for head in range(cfg.num_medusa_heads):
+        p = f"medusa_heads.{head}."
+        for layer in range(cfg.num_medusa_layers):
+            shapes[p + f"medusa_layers.{layer}.linear.weight"] = (h, h)
+            shapes[p + f"medusa_layers.{layer}.linear.bias"] = (h,)
+        shapes[p + "lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+# -- merging TP shards ---------------------------------------------------------------------------------------------
+_LAYER = re.compile(r"transformer\.layers\.(\d+)\.(.+)")
+_ROW_PARALLEL = ("attention.dense.weight", "mlp.proj.weight")
+_COLUMN_PARALLEL = ("mlp.fc.weight", "mlp.fc.bias", "mlp.gate.weight", "mlp.gate.bias")
+_MEDUSA = re.compile(r"medusa_heads\.\d+\.(medusa_layers\.\d+\.linear\.(weight|bias)|lm_head\.weight)")
+
+
+def _split_dim(name: str, cfg: ModelConfig) -> int | None:
+    """The dim a tensor is TP-split on (None: replicated on every rank). QKV is handled separately."""
+    match = _LAYER.fullmatch(name)
+    suffix = match.group(2) if match else name
+    if suffix in _ROW_PARALLEL:
+        return 1
+    if suffix in _COLUMN_PARALLEL or name == "lm_head.weight" or _MEDUSA.fullmatch(name):
+        return 0
+    if name == "transformer.vocab_embedding.weight" and cfg.use_parallel_embedding:
+        return cfg.embedding_sharding_dim
+    return None
+
+
+def _dedup_kv(x: torch.Tensor, cfg: ModelConfig, name: str, files: list[Path]) -> torch.Tensor:
+    """Undo the converter's KV-head repetition (kv < tp): the tp/kv consecutive copies must be identical."""
+    kv, tp, hd = cfg.num_kv_heads, cfg.tp_size, cfg.head_dim
+    if kv >= tp:
+        return x
+    copies = x.reshape(kv, tp // kv, hd, *x.shape[1:])
+    if not all(torch.equal(copies[:, 0], copies[:, r]) for r in range(1, tp // kv)):
+        raise RuntimeCheckpointError(
+            f"{files[0].parent}: {name}: the repeated copies of KV heads differ across ranks "
+            f"{', '.join(f.name for f in files)} (num_key_value_heads {kv} < tp_size {tp})"
+        )
+    return copies[:, 0].reshape(kv * hd, *x.shape[1:])
+
+
+def _merge_qkv(name: str, parts: list[torch.Tensor], cfg: ModelConfig, files: list[Path]) -> torch.Tensor:
+    tp = cfg.tp_size
+    q_rows = cfg.num_heads // tp * cfg.head_dim
+    kv_rows = max(cfg.num_kv_heads, tp) // tp * cfg.head_dim
+    for part, file in zip(parts, files, strict=True):
+        if part.shape[0] != q_rows + 2 * kv_rows:
+            raise RuntimeCheckpointError(
+                f"{file}: tensor {name!r} has {part.shape[0]} rows, expected {q_rows + 2 * kv_rows} "
+                f"(({cfg.num_heads} + 2 * {max(cfg.num_kv_heads, tp)}) heads * head_size {cfg.head_dim} / tp {tp})"
+            )
+    qs, ks, vs = zip(*(torch.split(p, [q_rows, kv_rows, kv_rows]) for p in parts), strict=True)
+    k = _dedup_kv(torch.cat(ks), cfg, name, files)
+    v = _dedup_kv(torch.cat(vs), cfg, name, files)
+    return torch.cat([torch.cat(qs), k, v])
+
+
+def _merge_tp(name: str, parts: list[torch.Tensor], cfg: ModelConfig, files: list[Path]) -> torch.Tensor:
+    """One tensor of one PP stage from its TP ranks."""
+    if len(parts) == 1:
+        return parts[0]
+    if ".attention.qkv." in name:
+        return _merge_qkv(name, parts, cfg, files)
+    dim = _split_dim(name, cfg)
+    shapes = {tuple(p.shape) for p in parts}
+    if len(shapes) != 1:
+        found = ", ".join(f"{f.name}: {tuple(p.shape)}" for f, p in zip(files, parts, strict=True))
+        raise RuntimeCheckpointError(f"{files[0].parent}: tensor {name!r} has different shapes across ranks ({found})")
+    if dim is not None:
+        return torch.cat(parts, dim=dim)
+    for part, file in zip(parts[1:], files[1:], strict=True):
+        if not torch.equal(parts[0], part):
+            raise RuntimeCheckpointError(
+                f"{file}: tensor {name!r} should be replicated on every TP rank but differs from {files[0].name}"
+            )
+    return parts[0]
+
+
+def _drop_vocab_padding(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """The lm_head (and a vocab-sharded embedding) are zero-padded to a multiple of tp before splitting."""
+    names = ["lm_head.weight", *(f"medusa_heads.{h}.lm_head.weight" for h in range(cfg.num_medusa_heads))]
+    if cfg.use_parallel_embedding and cfg.embedding_sharding_dim == 0:
+        names.append("transformer.vocab_embedding.weight")
+    padded = -(-cfg.vocab_size // cfg.tp_size) * cfg.tp_size
+    for name in names:
+        tensor = tensors.get(name)
+        if tensor is not None and tensor.dim() == 2 and tensor.shape[0] == padded:
+            tensors[name] = tensor[: cfg.vocab_size]
+
+
+# -- reading rank files --------------------------------------------------------------------------------------------
+RankHook = Callable[[dict[str, torch.Tensor], Path], dict[str, torch.Tensor]]
+
+
+def _no_quantization(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    return tensors
+
+
+def dequantize_hook(config: dict[str, Any]) -> RankHook:
+    """What turns one rank's stored tensors into plain weights before merging (scales are per rank, so this
+    runs per rank file). Unquantized checkpoints pass through; `_check_supported` already refused the rest,
+    and the quantization issue adds real dequantizers here."""
+    return _no_quantization
+
+
+def _read_rank(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise RuntimeCheckpointError(
+            f"{path}: rank file is missing",
+            hint="config.json's mapping says how many rank files there are (world_size = tp_size * pp_size)",
+        )
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+    except (OSError, SafetensorError) as err:
+        raise RuntimeCheckpointError(f"{path}: cannot read safetensors file: {err}") from err
+
+
+def stage_layers(num_layers: int, pp_size: int) -> list[list[int]]:
+    """Global layer indices held by each PP stage (the first `num_layers % pp` stages get one more)."""
+    return [chunk.tolist() for chunk in torch.tensor_split(torch.arange(num_layers), pp_size)]
+
+
+def _globalize(name: str, layers: list[int], file: Path) -> str:
+    match = _LAYER.fullmatch(name)
+    if not match:
+        return name
+    local = int(match.group(1))
+    if local >= len(layers):
+        raise RuntimeCheckpointError(
+            f"{file}: tensor {name!r} has local layer index {local}, but this pipeline stage holds "
+            f"{len(layers)} layers"
+        )
+    return f"transformer.layers.{layers[local]}.{match.group(2)}"
+
+
+def _load_stage(directory: Path, stage: int, layers: list[int], cfg: ModelConfig, hook: RankHook
+                ) -> dict[str, torch.Tensor]:
+    files = [directory / f"rank{stage * cfg.tp_size + t}.safetensors" for t in range(cfg.tp_size)]
+    ranks = [hook(_read_rank(f), f) for f in files]
+    for file, tensors in zip(files[1:], ranks[1:], strict=True):
+        if set(tensors) != set(ranks[0]):
+            diff = sorted(set(tensors) ^ set(ranks[0]))
+            raise RuntimeCheckpointError(
+                f"{file}: holds different tensor names than {files[0].name} (e.g. {diff[0]!r})"
+            )
+    return {
+        _globalize(name, layers, files[0]): _merge_tp(name, [r[name] for r in ranks], cfg, files)
+        for name in ranks[0]
+    }
+
+
+def _check_complete(tensors: dict[str, torch.Tensor], cfg: ModelConfig, directory: Path) -> None:
+    expected = expected_shapes(cfg)
+    if "lm_head.weight" not in tensors and "transformer.vocab_embedding.weight" in tensors:
+        # TensorRT-LLM accepts a missing lm_head when the embedding is shared (§1.1).
+        tensors["lm_head.weight"] = tensors["transformer.vocab_embedding.weight"]
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise RuntimeCheckpointError(
+            f"{directory}: tensor {missing[0]!r} is missing from the rank files{more}",
+            hint=f"config.json describes {cfg.architecture} with {cfg.num_layers} layers, "
+            f"tp_size {cfg.tp_size}, pp_size {cfg.pp_size}",
+        )
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise RuntimeCheckpointError(
+                f"{directory}: tensor {name!r} has merged shape {tuple(tensors[name].shape)}, but config.json "
+                f"implies {shape}"
+            )
+
+
+# -- public API ----------------------------------------------------------------------------------------------------
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint's config and its full tensors (TP merged, PP merged, global layer indices, unpadded)."""
+
+    directory: Path
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.config, self.directory / "config.json")
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise RuntimeCheckpointError(f"{path}: not found; is {directory} a TensorRT-LLM checkpoint directory?")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RuntimeCheckpointError(f"{path}: cannot read config: {err}") from err
+    if not isinstance(config, dict):
+        raise RuntimeCheckpointError(f"{path}: expected a JSON object")
+    return config
+
+
+def load_checkpoint(directory: Path, *, dtype: torch.dtype | None = None) -> LoadedCheckpoint:
+    """Load every rank file of a TensorRT-LLM checkpoint and merge it into the tp=1, pp=1 tensor set.
+
+    `dtype` casts every tensor (None keeps the stored dtype)."""
+    directory = Path(directory)
+    config = read_config(directory)
+    cfg = ModelConfig.from_dict(config, directory / "config.json")
+    hook = dequantize_hook(config)
+    tensors: dict[str, torch.Tensor] = {}
+    for stage, layers in enumerate(stage_layers(cfg.num_layers, cfg.pp_size)):
+        for name, tensor in _load_stage(directory, stage, layers, cfg, hook).items():
+            if name in tensors and not torch.equal(tensors[name], tensor):
+                raise RuntimeCheckpointError(f"{directory}: tensor {name!r} differs between pipeline stages")
+            tensors[name] = tensor
+    _drop_vocab_padding(tensors, cfg)
+    _check_complete(tensors, cfg, directory)
+    if dtype is not None:
+        tensors = {name: t.to(dtype) for name, t in tensors.items()}
+    return LoadedCheckpoint(directory, config, tensors)

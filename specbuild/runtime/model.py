@@ -1,0 +1,294 @@
+"""The reference runtime's models: TensorRT-LLM checkpoints run in plain PyTorch.
+
+Written against TensorRT-LLM's tensor names and module semantics (shared/reference/tensorrt-llm.md §1, §2.2),
+not by mapping back to transformers: LLaMA-family decoders (Llama, Mistral, Qwen2; RMSNorm, GPT-NeoX RoPE,
+fused QKV, gated MLP `proj(act(fc(x)) * gate(x))`), GPT-2 (LayerNorm, learned positions, `proj(act(fc(x)))`)
+and Medusa (a LLaMA-family base plus heads `x + act(W x + b)` per ResBlock, then the head's own lm_head, all
+reading the final normalised hidden state).
+
+A forward writes its tokens' K/V into a `KVCache` without committing them, and attends to each row's committed
+prefix plus the new tokens a tree mask allows, which is what draft-target and Medusa verification need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specbuild.runtime.checkpoint import ModelConfig, RuntimeCheckpointError, load_checkpoint
+from specbuild.runtime.kv_cache import KVCache
+from specbuild.runtime.rope import RotaryEmbedding, apply_rotary
+
+__all__ = ["ACTIVATIONS", "CausalLM", "ForwardOutput", "ModelConfig"]
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# Hugging Face's names (the converter passes `hidden_act`/`activation_function` through verbatim): `gelu` is the
+# exact erf form, `gelu_new`/`gelu_pytorch_tanh`/`gelu_fast` the tanh approximation.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "relu": F.relu,
+}
+MEDUSA_ACT = F.silu  # TensorRT-LLM's MedusaLayer activation (the converter's --medusa_hidden_act default)
+
+
+@dataclass
+class ForwardOutput:
+    """One forward's results for all T input positions."""
+
+    logits: torch.Tensor  # [B, T, vocab_size] float32
+    hidden: torch.Tensor  # [B, T, hidden] final normalised hidden state (lm_head's and Medusa heads' input)
+    medusa_logits: torch.Tensor | None = None  # [num_medusa_heads, B, T, vocab_size] float32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with the statistics in float32 (as TensorRT-LLM and HF do for half precision)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class _Weights(nn.Module):
+    """A module whose tensors are buffers (inference only), named after the checkpoint's tensors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], prefix: str, names: dict[str, str]) -> None:
+        super().__init__()
+        for attr, name in names.items():
+            self.register_buffer(attr, tensors.get(prefix + name))
+
+
+class Attention(_Weights):
+    """Fused-QKV multi-head attention with GQA, RoPE (LLaMA family) and the cache."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+        super().__init__(tensors, prefix, {"qkv_weight": "qkv.weight", "qkv_bias": "qkv.bias",
+                                           "dense_weight": "dense.weight", "dense_bias": "dense.bias"})
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.attention_scale
+        self.sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+
+    def forward(self, x: torch.Tensor, step: _Step, layer: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
+        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if step.cos is not None:
+            q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
+        step.cache.write(layer, k, v)
+        keys = step.cache.keys(layer)[:, :, : step.num_slots]
+        values = step.cache.values(layer)[:, :, : step.num_slots]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=self.scale,
+                                             enable_gqa=self.heads != self.kv_heads)
+        return F.linear(out.transpose(1, 2).reshape(b, t, -1), self.dense_weight, self.dense_bias)
+
+
+class MLP(_Weights):
+    """GatedMLP `proj(act(fc(x)) * gate(x))` when there is a gate tensor, else `proj(act(fc(x)))`."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+        super().__init__(tensors, prefix, {
+            "fc_weight": "fc.weight", "fc_bias": "fc.bias", "gate_weight": "gate.weight", "gate_bias": "gate.bias",
+            "proj_weight": "proj.weight", "proj_bias": "proj.bias"})
+        self.act = ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(F.linear(x, self.fc_weight, self.fc_bias))
+        if self.gate_weight is not None:
+            h = h * F.linear(x, self.gate_weight, self.gate_bias)
+        return F.linear(h, self.proj_weight, self.proj_bias)
+
+
+class Norm(_Weights):
+    """RMSNorm (LLaMA family) or LayerNorm with bias (GPT-2), by the config's family."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+        super().__init__(tensors, prefix, {"weight": "weight", "bias": "bias"})
+        self.eps, self.layer_norm = cfg.norm_epsilon, cfg.family == "gpt2"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layer_norm:
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x += attention(input_layernorm(x)); x += mlp(post_layernorm(x))."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], index: int) -> None:
+        super().__init__()
+        prefix = f"transformer.layers.{index}."
+        self.index = index
+        self.input_layernorm = Norm(cfg, tensors, prefix + "input_layernorm.")
+        self.attention = Attention(cfg, tensors, prefix + "attention.")
+        self.post_layernorm = Norm(cfg, tensors, prefix + "post_layernorm.")
+        self.mlp = MLP(cfg, tensors, prefix + "mlp.")
+
+    def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+        x = x + self.attention(self.input_layernorm(x), step, self.index)
+        return x + self.mlp(self.post_layernorm(x))
+
+
+class MedusaHeads(nn.Module):
+    """All Medusa heads at once: weights stacked over heads, so a step is a few batched matmuls."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        heads, layers = range(cfg.num_medusa_heads), range(cfg.num_medusa_layers)
+        p = "medusa_heads.{h}.medusa_layers.{l}.linear."
+        # [heads, layers, out, in], [heads, layers, out], [heads, vocab, hidden]
+        self.register_buffer("weight", torch.stack([
+            torch.stack([tensors[p.format(h=h, l=n) + "weight"] for n in layers]) for h in heads]))
+        self.register_buffer("bias", torch.stack([
+            torch.stack([tensors[p.format(h=h, l=n) + "bias"] for n in layers]) for h in heads]))
+        self.register_buffer("lm_head", torch.stack([tensors[f"medusa_heads.{h}.lm_head.weight"] for h in heads]))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        b, t, h = hidden.shape
+        x = hidden.reshape(1, b * t, h).expand(self.lm_head.shape[0], b * t, h)
+        for n in range(self.weight.shape[1]):
+            x = x + MEDUSA_ACT(torch.baddbmm(self.bias[:, n, None, :], x, self.weight[:, n].transpose(1, 2)))
+        logits = torch.bmm(x, self.lm_head.transpose(1, 2))
+        return logits.float().reshape(-1, b, t, self.lm_head.shape[1])
+
+
+@dataclass
+class _Step:
+    """What every layer of one forward shares."""
+
+    cache: KVCache
+    mask: torch.Tensor  # [B, 1, T, num_slots] bool, True = may attend
+    num_slots: int
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+
+
+def attention_mask(lengths: torch.Tensor, num_tokens: int, num_slots: int,
+                   tree_mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, 1, T, num_slots]: query t of row b sees slots [0, lengths[b]) and the new token in slot
+    lengths[b] + s when tree_mask[b, t, s] (default causal: s <= t)."""
+    device = lengths.device
+    rel = torch.arange(num_slots, device=device)[None, :] - lengths[:, None]  # slot's offset in the block, [B, S]
+    rel = rel[:, None, :]  # [B, 1, S]
+    if tree_mask is None:
+        new = (rel >= 0) & (rel <= torch.arange(num_tokens, device=device)[None, :, None])
+    else:
+        batch = lengths.shape[0]
+        index = rel.clamp(0, num_tokens - 1).expand(batch, num_tokens, num_slots)
+        tree = tree_mask.to(device=device, dtype=torch.bool).expand(batch, num_tokens, num_tokens)
+        new = (rel >= 0) & (rel < num_tokens) & torch.gather(tree, 2, index)
+    return ((rel < 0) | new)[:, None]
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM (optionally with Medusa heads) built from a TensorRT-LLM checkpoint's tensors."""
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        if config.hidden_act not in ACTIVATIONS:
+            raise RuntimeCheckpointError(
+                f"hidden_act {config.hidden_act!r} is not supported (supported: {', '.join(ACTIVATIONS)})"
+            )
+        self.config = config
+        self.register_buffer("vocab_embedding", tensors["transformer.vocab_embedding.weight"])
+        self.register_buffer("position_embedding", tensors.get("transformer.position_embedding.weight"))
+        self.layers = nn.ModuleList(DecoderLayer(config, tensors, i) for i in range(config.num_layers))
+        self.ln_f = Norm(config, tensors, "transformer.ln_f.")
+        self.register_buffer("lm_head", tensors["lm_head.weight"])
+        self.medusa_heads = MedusaHeads(config, tensors) if config.num_medusa_heads else None
+        self.rope = None if config.family == "gpt2" else RotaryEmbedding(
+            config.rotary_dim, config.rotary_base, config.rotary_scaling, config.max_position_embeddings)
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> CausalLM:
+        """Load a TensorRT-LLM checkpoint directory (any tp/pp) and run it in `dtype` on `device`."""
+        loaded = load_checkpoint(Path(directory), dtype=dtype)
+        try:
+            model = cls(loaded.model_config, loaded.tensors)
+        except RuntimeCheckpointError as err:
+            raise RuntimeCheckpointError(f"{loaded.directory / 'config.json'}: {err.message}") from err
+        return model.to(device).eval()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.device
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for `batch_size` sequences of up to `max_len` tokens, in the model's dtype/device."""
+        c = self.config
+        return KVCache(c.num_layers, batch_size, c.num_kv_heads, c.head_dim, max_len, self.dtype, self.device)
+
+    # -- input checks --------------------------------------------------------------------------------------------
+    def _check_inputs(self, input_ids: torch.Tensor, cache: KVCache, position_ids: torch.Tensor | None,
+                      tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """Validate shapes and ranges; returns position_ids as [B, T] on the model's device."""
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must be [batch, tokens] with at least one token, got {tuple(input_ids.shape)}")
+        b, t = input_ids.shape
+        if b != cache.batch_size:
+            raise ValueError(f"input_ids has batch {b} but the cache was made for batch {cache.batch_size}")
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= self.config.vocab_size:
+            raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}), got values {low}..{high}")
+        if tree_mask is not None and (tree_mask.shape[-2:] != (t, t) or tree_mask.dim() not in (2, 3)
+                                      or (tree_mask.dim() == 3 and tree_mask.shape[0] not in (1, b))):
+            raise ValueError(f"tree_mask must be [T, T] or [B, T, T] with T={t}, B={b}; got {tuple(tree_mask.shape)}")
+        if position_ids is None:
+            position_ids = cache.lengths[:, None] + torch.arange(t, device=cache.device)
+        position_ids = torch.as_tensor(position_ids, dtype=torch.long, device=self.device)
+        if position_ids.shape not in ((t,), (1, t), (b, t)):
+            raise ValueError(f"position_ids must be [T] or [B, T] with T={t}, B={b}; got {tuple(position_ids.shape)}")
+        position_ids = position_ids.expand(b, t)
+        if self.position_embedding is not None and int(position_ids.max()) >= self.position_embedding.shape[0]:
+            raise ValueError(
+                f"position {int(position_ids.max())} is past the model's {self.position_embedding.shape[0]} learned "
+                "position embeddings"
+            )
+        if int(position_ids.min()) < 0:
+            raise ValueError("position_ids must be non-negative")
+        return position_ids
+
+    # -- forward -------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, *, position_ids: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, medusa: bool = False) -> ForwardOutput:
+        """Run T new tokens per row after each row's committed cache prefix; their K/V are written to slots
+        lengths[b] .. lengths[b]+T-1 but not committed (see KVCache.advance/compact)."""
+        input_ids = input_ids.to(self.device)
+        position_ids = self._check_inputs(input_ids, cache, position_ids, tree_mask)
+        t = input_ids.shape[1]
+        num_slots = cache.begin_block(t)
+        mask = attention_mask(cache.lengths, t, num_slots, tree_mask)
+        x = F.embedding(input_ids, self.vocab_embedding)
+        cos = sin = None
+        if self.rope is not None:
+            cos, sin = self.rope.cos_sin(position_ids, x.dtype)
+        else:
+            x = x + F.embedding(position_ids, self.position_embedding)
+        step = _Step(cache, mask, num_slots, cos, sin)
+        for layer in self.layers:
+            x = layer(x, step)
+        hidden = self.ln_f(x)
+        logits = F.linear(hidden, self.lm_head).float()
+        heads = None
+        if medusa and self.medusa_heads is not None:
+            heads = self.medusa_heads(hidden)
+        return ForwardOutput(logits=logits, hidden=hidden, medusa_logits=heads)
