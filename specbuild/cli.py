@@ -82,7 +82,7 @@ def demo_models(
     except SpecbuildError as err:
         raise _fail(err) from None
     for name, path in built.items():
-        console.print(f"{name:10s} {path}", highlight=False, soft_wrap=True)
+        console.print(f"{name:13s} {path}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -160,6 +160,43 @@ def convert(
             console.print(result.summary(), highlight=False, soft_wrap=True)
     except SpecbuildError as err:
         raise _fail(err) from None
+
+
+medusa_app = typer.Typer(help="Medusa heads: train them on a frozen base model.", no_args_is_help=True)
+app.add_typer(medusa_app, name="medusa")
+
+
+@medusa_app.command("train")
+def medusa_train(
+    base: Annotated[Path, typer.Option("--base", help="Hugging Face base model directory (kept frozen).")],
+    output: Annotated[Path, typer.Option("--output", help="Where to write the heads (FasterDecoding format).")],
+    num_heads: Annotated[int, typer.Option("--num-heads", min=1, help="Heads; head k predicts token t+k+2.")] = 4,
+    num_layers: Annotated[int, typer.Option("--num-layers", min=1, help="ResBlocks per head.")] = 1,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 300,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="Training sequence length.")] = 128,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-3,
+    text: Annotated[
+        list[Path] | None,
+        typer.Option("--text", help="Training text files (repeatable); default: the built-in pydoc corpus."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Train Medusa-1 heads on a frozen base (loss weights 0.8^k) and save medusa_lm_head.safetensors +
+    config.json, ready for `specbuild convert --model BASE --medusa-heads OUTPUT`."""
+    from specbuild.medusa.train import train_medusa_heads
+
+    try:
+        texts = [p.read_text(encoding="utf-8") for p in text] if text else None
+        metrics = train_medusa_heads(base, output, num_heads=num_heads, num_layers=num_layers, steps=steps,
+                                     seq_len=seq_len, batch_size=batch_size, lr=lr, seed=seed, texts=texts)
+    except OSError as err:
+        raise _fail(SpecbuildError(f"cannot read training text: {err}")) from None
+    except SpecbuildError as err:
+        raise _fail(err) from None
+    for name, value in metrics.items():
+        console.print(f"{name:16s} {value:.4f}", highlight=False)
+    console.print(f"wrote {output}", highlight=False)
 
 
 @app.command()

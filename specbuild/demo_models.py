@@ -4,7 +4,8 @@ No model can be downloaded where specbuild is developed and tested, yet the conv
 speculative-decoding service need real checkpoints with a realistic draft/target acceptance rate. So we make
 them: a byte-level BPE tokenizer and two Llama models (target and draft) trained for a few hundred CPU steps on
 the Python reference text that ships with every Python (`pydoc_data.topics`), plus untrained Qwen2, Mistral and
-GPT-2 checkpoints that exist only to cover the converter's other architectures.
+GPT-2 checkpoints that exist only to cover the converter's other architectures, and Medusa heads trained on the
+frozen target (FasterDecoding format, `specbuild.medusa.train`).
 
 The draft is distilled from the target (top-k soft labels computed once after the target is trained), which
 makes it agree with the target far more often than an independently trained model of the same size would.
@@ -42,11 +43,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 # Bump whenever a code change alters what a build produces (the hyper-parameters below are hashed anyway).
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: Medusa heads on the target
 MANIFEST_NAME = "demo-models.json"
 TOKENIZER_DIR = "tokenizer"
 MODEL_NAMES = ("target", "draft", "qwen2", "mistral", "gpt2")
-ALL_NAMES = (TOKENIZER_DIR, *MODEL_NAMES)
+MEDUSA_HEADS_DIR = "medusa-heads"
+ALL_NAMES = (TOKENIZER_DIR, *MODEL_NAMES, MEDUSA_HEADS_DIR)
 # Fixed ids 0..3: the BPE trainer puts special tokens first, in this order.
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
@@ -82,6 +84,20 @@ class Training:
 
 
 @dataclass(frozen=True)
+class MedusaHeads:
+    """Medusa-1 heads on the frozen target. 200 steps at 3e-3 reach the held-out accuracy that 600 steps at 1e-3
+    reach (head 0 top-1 0.085 either way, measured on 2 cores) in about a third of the time."""
+
+    num_heads: int = 4
+    num_layers: int = 1
+    steps: int = 200
+    lr: float = 3e-3
+    seed: int = 3
+    batch_size: int = 8
+    seq_len: int = 64  # the target was trained on 64-token windows too
+
+
+@dataclass(frozen=True)
 class Recipe:
     """Everything that determines the bytes a build writes (together with RECIPE_VERSION and library versions).
 
@@ -105,6 +121,7 @@ class Recipe:
     distill_weight: float = 0.9  # the rest is ordinary next-token cross-entropy on the text
     eval_seq_len: int = 128
     init_seed: int = 0
+    medusa: MedusaHeads = MedusaHeads()
 
 
 RECIPE = Recipe()
@@ -131,7 +148,7 @@ def build_demo_models(
         _remove_stale_siblings(out_dir)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
         try:
-            manifest = _build_into(tmp, recipe, key, progress=progress)
+            manifest = _build_into(tmp, recipe, key, progress=progress, final_dir=out_dir)
             _write_json(tmp / MANIFEST_NAME, manifest)
             _normalize_permissions(tmp)
             _swap_into_place(tmp, out_dir)
@@ -317,8 +334,9 @@ def _deterministic_torch() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool) -> dict[str, Any]:
-    """Write the tokenizer and all models below `root`; returns the manifest (metrics, file hashes)."""
+def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool, final_dir: Path) -> dict[str, Any]:
+    """Write the tokenizer, all models and the Medusa heads below `root` (renamed to `final_dir` afterwards);
+    returns the manifest (metrics, file hashes)."""
     started = time.perf_counter()
     train_texts, held_texts = _split_topics(recipe)
     with _deterministic_torch(), _progress(progress) as bars:
@@ -341,9 +359,11 @@ def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool) -> dict
         models: dict[str, PreTrainedModel] = {"target": target, "draft": draft, **_untrained_models(recipe)}
         for name, model in models.items():
             _save_model(model, root / name, root / TOKENIZER_DIR)
+        medusa_metrics = _train_medusa_heads(root, recipe, train_texts, held_texts, bars, final_dir)
     metrics = {
         "target": {"final_train_loss": target_loss, "train_seconds": round(target_seconds, 1)},
         "draft": {"final_train_loss": draft_loss, "train_seconds": round(draft_seconds, 1)},
+        MEDUSA_HEADS_DIR: medusa_metrics,
         **evaluation,
         "heldout_tokens": int(held_ids.numel()),
         "train_tokens": int(train_ids.numel()),
@@ -388,6 +408,7 @@ def _print_summary(metrics: dict[str, Any]) -> None:
     Console(stderr=True).print(
         f"target loss {metrics['target_heldout_loss']:.3f}, draft loss {metrics['draft_heldout_loss']:.3f} "
         f"(held-out), draft/target top-1 agreement {metrics['top1_agreement']:.1%}, "
+        f"Medusa head 0 top-1 {metrics[MEDUSA_HEADS_DIR]['head0_top1']:.1%}, "
         f"built in {metrics['build_seconds']:.0f} s",
         highlight=False,
     )
@@ -671,6 +692,33 @@ def _train_draft(
         _advance(bars, task, loss_value)
     draft.eval()
     return loss_value
+
+
+def _train_medusa_heads(
+    root: Path, recipe: Recipe, train_texts: list[str], held_texts: list[str], bars: Progress | None, final_dir: Path
+) -> dict[str, float]:
+    """Heads on the saved target, trained on the same text. config.json names the target where it will be once
+    the build is renamed into place, not the temporary build directory."""
+    from specbuild.medusa.train import train_medusa_heads
+
+    settings = recipe.medusa
+    started = time.perf_counter()
+    metrics = train_medusa_heads(
+        root / "target",
+        root / MEDUSA_HEADS_DIR,
+        num_heads=settings.num_heads,
+        num_layers=settings.num_layers,
+        steps=settings.steps,
+        seq_len=settings.seq_len,
+        batch_size=settings.batch_size,
+        lr=settings.lr,
+        seed=settings.seed,
+        texts=train_texts,
+        eval_texts=held_texts,
+        base_model_name_or_path=str(final_dir / "target"),
+        progress=bars if bars is not None else False,
+    )
+    return {**metrics, "step_seconds": round(time.perf_counter() - started, 1)}  # with loading, evaluation, saving
 
 
 def _evaluate(

@@ -83,10 +83,7 @@ KvCacheFormat = Literal["none", "fp8"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRESET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_PRESET_DIRS_BUILTIN = (
-    _PACKAGE_DIR / "data" / "medusa_choices",  # shipped inside a wheel
-    _PACKAGE_DIR.parent / "configs" / "medusa_choices",  # a source checkout
-)
+_PRESET_DIRS_BUILTIN = (_PACKAGE_DIR / "data" / "medusa_choices",)  # shipped inside the package
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -372,8 +369,8 @@ class MedusaSpec(_Section):
     heads: SpecPath
     """Directory with `medusa_lm_head.safetensors` (or `.pt`) and its config.json."""
     choices: str | list[list[int]] = DEFAULT_MEDUSA_CHOICES
-    """A preset name (`configs/medusa_choices/<name>.json` or `medusa_choices/` next to the spec), a path to
-    a .json file, or an explicit list of top-k index paths."""
+    """A preset name (built in: `specbuild/data/medusa_choices/<name>.json`, or `medusa_choices/` next to the
+    spec), a path to a .json file, or an explicit list of top-k index paths."""
 
     _resolved: list[list[int]] = PrivateAttr(default_factory=list)
     _choices_file: Path | None = PrivateAttr(default=None)

@@ -50,6 +50,7 @@ def tiny_recipe() -> dm.Recipe:
         sliding_window=16,
         target_training=training,
         draft_training=dataclasses.replace(training, seed=2),
+        medusa=dm.MedusaHeads(num_heads=2, steps=3, batch_size=2, seq_len=16),
     )
 
 
@@ -101,7 +102,7 @@ def windows(tokenizer: object) -> torch.Tensor:
 
 
 def test_layout_and_manifest(demo_models: dict[str, Path]) -> None:
-    assert list(demo_models) == ["tokenizer", "target", "draft", "qwen2", "mistral", "gpt2"]
+    assert list(demo_models) == ["tokenizer", "target", "draft", "qwen2", "mistral", "gpt2", "medusa-heads"]
     root = demo_models["target"].parent
     manifest = json.loads((root / dm.MANIFEST_NAME).read_text())
     assert manifest["recipe_hash"] == dm.recipe_hash(dm.RECIPE)
@@ -211,7 +212,7 @@ def test_untrained_and_trained_weights_are_deterministic(tmp_path: Path) -> None
     first = dm.build_demo_models(tmp_path / "a", progress=False, recipe=recipe)
     second = dm.build_demo_models(tmp_path / "b", progress=False, recipe=recipe)
     digests = file_digests(first["target"].parent, "*.safetensors")
-    assert len(digests) == len(dm.MODEL_NAMES)
+    assert len(digests) == len(dm.MODEL_NAMES) + 1  # + medusa-heads/medusa_lm_head.safetensors
     assert digests == file_digests(second["target"].parent, "*.safetensors")
     assert file_digests(tmp_path / "a", "tokenizer.json") == file_digests(tmp_path / "b", "tokenizer.json")
 

@@ -23,7 +23,7 @@ from specbuild.spec import (
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-PRESETS = sorted((REPO / "configs" / "medusa_choices").glob("*.json"))
+PRESETS = sorted((REPO / "specbuild" / "data" / "medusa_choices").glob("*.json"))
 
 MINIMAL = """\
 name: t
@@ -93,7 +93,7 @@ def test_real_pair_quantizes_draft_to_fp8() -> None:
 
 
 def test_mc_sim_7b_63_preset_is_the_63_node_tree() -> None:
-    data = json.loads((REPO / "configs" / "medusa_choices" / "mc_sim_7b_63.json").read_text())
+    data = json.loads((REPO / "specbuild" / "data" / "medusa_choices" / "mc_sim_7b_63.json").read_text())
     choices = data["choices"]
     assert "FasterDecoding/Medusa" in data["source"]
     assert len(choices) == 63

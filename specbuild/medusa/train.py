@@ -1,0 +1,471 @@
+"""Medusa-1 heads: trained on a frozen base, saved and loaded in the FasterDecoding format.
+
+Head k (0-based) reads the base's final normalised hidden state at position t, the tensor the base's lm_head
+reads, and predicts token t+k+2 (the base itself predicts t+1). Each head is `ResBlock x L` then a vocab
+projection; the ResBlocks start as (almost) identity and each projection starts as a copy of the base lm_head,
+the usual Medusa practice, so a head begins by guessing the base's next token and learns the shift from there.
+Losses are weighted 0.8^k (Medusa-1 paper, ModelOpt's decay coefficient): later heads are less accurate anyway.
+
+File format (what FasterDecoding's `train_legacy.py` writes and TensorRT-LLM's `load_medusa_hf` reads):
+`medusa_lm_head.safetensors` with `{h}.{l}.linear.weight` [H, H], `{h}.{l}.linear.bias` [H] and `{h}.{L}.weight`
+[V, H] (no prefix), `config.json` with `medusa_num_heads` / `medusa_num_layers` / `base_model_name_or_path`, and
+the tokenizer files. Published configs are known to state the wrong head count, so loading counts from the keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specbuild.atomic import atomic_directory
+from specbuild.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from transformers import PreTrainedModel
+
+__all__ = [
+    "CONFIG_NAME",
+    "LOSS_DECAY",
+    "PICKLE_NAME",
+    "WEIGHTS_NAME",
+    "ResBlock",
+    "apply_heads",
+    "build_heads",
+    "load_medusa_heads",
+    "train_medusa_heads",
+]
+
+WEIGHTS_NAME = "medusa_lm_head.safetensors"
+PICKLE_NAME = "medusa_lm_head.pt"
+CONFIG_NAME = "config.json"
+LOSS_DECAY = 0.8
+"""Head k's loss weight is LOSS_DECAY**k (Medusa-1 paper; ModelOpt `medusa_decay_coefficient`)."""
+WARMUP_FRACTION = 0.1  # FasterDecoding's legacy recipe: cosine schedule with 10% warmup, no weight decay
+TOP_K_EVAL = 5
+_KEY_RE = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+class ResBlock(nn.Module):
+    """y = x + SiLU(W x + b), W zero-initialised so that a fresh head starts from the base's own hidden state."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+def build_heads(
+    hidden_size: int, vocab_size: int, num_heads: int, num_layers: int, lm_head: torch.Tensor | None = None
+) -> nn.ModuleList:
+    """Heads whose `state_dict()` has exactly the FasterDecoding keys. Every ResBlock is its own module
+    (FasterDecoding's `[ResBlock(H)] * L` shares one, which safetensors then refuses to save)."""
+    heads = nn.ModuleList()
+    for _ in range(num_heads):
+        projection = nn.Linear(hidden_size, vocab_size, bias=False)
+        if lm_head is not None:
+            with torch.no_grad():
+                projection.weight.copy_(lm_head)
+        heads.append(nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)), projection))
+    return heads
+
+
+def apply_heads(
+    state_dict: Mapping[str, torch.Tensor], num_heads: int, num_layers: int, hidden: torch.Tensor
+) -> torch.Tensor:
+    """Head logits [heads, *hidden.shape[:-1], V] straight from the saved tensors: plain PyTorch with no
+    modules, the reference that converted checkpoints and runtimes are compared against."""
+    outputs = []
+    for head in range(num_heads):
+        x = hidden
+        for layer in range(num_layers):
+            weight = state_dict[f"{head}.{layer}.linear.weight"]
+            bias = state_dict[f"{head}.{layer}.linear.bias"]
+            x = x + F.silu(x @ weight.T + bias)
+        outputs.append(x @ state_dict[f"{head}.{num_layers}.weight"].T)
+    return torch.stack(outputs)
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def load_medusa_heads(directory: Path, *, allow_pickle: bool = False) -> tuple[dict[str, torch.Tensor], int, int]:
+    """(state_dict, num_heads, num_layers) of a FasterDecoding heads checkpoint (a directory or the file itself).
+
+    Counts come from the tensor keys, not config.json, which is wrong in published checkpoints. A `.pt` file is
+    a pickle, which can run code when loaded: it is refused unless `allow_pickle`, and then read with
+    `torch.load(weights_only=True)`.
+    """
+    path = Path(directory)
+    if path.is_dir():
+        safetensors_path, pickle_path = path / WEIGHTS_NAME, path / PICKLE_NAME
+        path = safetensors_path if safetensors_path.is_file() else pickle_path
+        if not path.is_file():
+            raise CheckpointError(
+                f"{directory}: no {WEIGHTS_NAME} or {PICKLE_NAME}", hint="is this a Medusa heads directory?"
+            )
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such Medusa heads file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            state_dict = load_file(str(path))
+        except Exception as err:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"{path}: cannot read safetensors file ({err})") from err
+    elif path.suffix in (".pt", ".pth", ".bin"):
+        if not allow_pickle:
+            raise CheckpointError(
+                f"{path} is a pickle file, which can run arbitrary code when loaded; refusing to load it",
+                hint=f"convert it to {WEIGHTS_NAME}, or pass allow_pickle=True if you trust its source",
+            )
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # weights_only unpickling raises UnpicklingError and friends
+            raise CheckpointError(f"{path}: cannot load as a weights-only torch file ({err})") from err
+        if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+            raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
+        state_dict = dict(loaded)
+    else:
+        raise CheckpointError(f"{path}: unknown Medusa heads file type (expected {WEIGHTS_NAME} or {PICKLE_NAME})")
+    num_heads, num_layers = _count_heads(state_dict, path)
+    return state_dict, num_heads, num_layers
+
+
+def _count_heads(state_dict: Mapping[str, torch.Tensor], path: Path) -> tuple[int, int]:
+    """Heads and layers from the keys; each head must have the same layers, each tensor a consistent shape."""
+    layers: dict[int, dict[int, set[str]]] = {}
+    projection: dict[int, int] = {}
+    for key in state_dict:
+        match = _KEY_RE.match(key)
+        if match is None:
+            raise CheckpointError(
+                f"{path}: unexpected tensor {key!r}",
+                hint="FasterDecoding Medusa heads have keys like '0.0.linear.weight', '0.0.linear.bias', '0.1.weight'",
+            )
+        head, index, kind = int(match[1]), int(match[2]), match[3]
+        if kind == "weight":
+            if head in projection:
+                raise CheckpointError(f"{path}: head {head} has two vocab projections ({projection[head]} and {index})")
+            projection[head] = index
+        else:
+            layers.setdefault(head, {}).setdefault(index, set()).add(kind)
+    heads = sorted(set(projection) | set(layers))
+    if not heads:
+        raise CheckpointError(f"{path}: no Medusa head tensors")
+    if heads != list(range(len(heads))):
+        raise CheckpointError(f"{path}: head indices {heads} are not 0..{len(heads) - 1}")
+    counts = set()
+    for head in heads:
+        if head not in projection:
+            raise CheckpointError(f"{path}: head {head} has no vocab projection '{head}.<num_layers>.weight'")
+        count = projection[head]
+        blocks = layers.get(head, {})
+        if sorted(blocks) != list(range(count)):
+            raise CheckpointError(
+                f"{path}: head {head} has ResBlocks {sorted(blocks)} but its projection is '{head}.{count}.weight' "
+                f"(expected ResBlocks 0..{count - 1})"
+            )
+        for layer, kinds in blocks.items():
+            if kinds != {"linear.weight", "linear.bias"}:
+                missing = ({"linear.weight", "linear.bias"} - kinds).pop()
+                raise CheckpointError(f"{path}: missing '{head}.{layer}.{missing}'")
+        counts.add(count)
+    if len(counts) != 1:
+        raise CheckpointError(f"{path}: heads have different numbers of ResBlocks ({sorted(counts)})")
+    num_layers = counts.pop()
+    vocab, hidden = state_dict[f"0.{num_layers}.weight"].shape
+    for head in heads:
+        expected = {f"{head}.{num_layers}.weight": (vocab, hidden)}
+        for layer in range(num_layers):
+            expected[f"{head}.{layer}.linear.weight"] = (hidden, hidden)
+            expected[f"{head}.{layer}.linear.bias"] = (hidden,)
+        for key, shape in expected.items():
+            if tuple(state_dict[key].shape) != shape:
+                raise CheckpointError(f"{path}: {key} has shape {list(state_dict[key].shape)}, expected {list(shape)}")
+    return len(heads), num_layers
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def train_medusa_heads(
+    base_dir: Path,
+    output_dir: Path,
+    *,
+    num_heads: int = 4,
+    num_layers: int = 1,
+    steps: int = 300,
+    seq_len: int = 128,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    seed: int = 0,
+    texts: Sequence[str] | None = None,
+    eval_texts: Sequence[str] | None = None,
+    base_model_name_or_path: str | None = None,
+    progress: bool | Progress = True,
+) -> dict[str, float]:
+    """Train Medusa-1 heads on the frozen model in `base_dir` and save them atomically to `output_dir`.
+
+    `texts` defaults to the demo corpus, `eval_texts` to its held-out part. `base_model_name_or_path` is what
+    config.json records (default: `base_dir`; a build that is renamed into place records its final path).
+    `progress` may also be a running rich Progress to add a bar to. Seeded: the same inputs and thread count
+    give the same bytes. Returns held-out `head{k}_top1` / `head{k}_top5` accuracies, two chance levels for
+    head 0 (`base_top1_at_t2`: the base's next-token guess scored against t+2; `unigram_top1`: always the most
+    frequent training token), `base_top1` (the base's own next-token accuracy), `final_loss` and `train_seconds`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specbuild import demo_models
+
+    for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("steps", steps),
+                        ("seq_len", seq_len), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (got {value})")
+    base_dir = Path(base_dir)
+    train_texts = list(texts) if texts is not None else demo_models.training_texts()
+    held_texts = list(eval_texts) if eval_texts is not None else demo_models.heldout_texts()
+
+    with torch.random.fork_rng(devices=[]), _no_transformers_bars():
+        torch.manual_seed(seed)
+        tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(
+            base_dir, local_files_only=True, trust_remote_code=False, dtype=torch.float32
+        ).eval()
+        model.requires_grad_(False)
+        lm_head = model.get_output_embeddings()
+        vocab_size, hidden_size = lm_head.weight.shape
+        train_ids = _token_stream(tokenizer, train_texts)
+        held_ids = _token_stream(tokenizer, held_texts)
+        span = seq_len + num_heads + 1  # inputs plus every head's label for the last input
+        if train_ids.numel() <= span:
+            raise ValueError(f"training text has {train_ids.numel()} tokens, fewer than one window of {span}")
+        _check_hidden_state(model, train_ids[:span][None, :seq_len])
+
+        heads = build_heads(hidden_size, vocab_size, num_heads, num_layers, lm_head.weight.detach())
+        started = time.perf_counter()
+        final_loss = _train(heads, model, train_ids, span, seq_len, steps, batch_size, lr, seed, progress)
+        train_seconds = time.perf_counter() - started
+        metrics = _evaluate(heads, model, held_ids, train_ids, seq_len, span)
+    metrics = {**metrics, "final_loss": round(final_loss, 4), "train_seconds": round(train_seconds, 1)}
+    _save(heads, Path(output_dir), base_dir, base_model_name_or_path or str(base_dir.absolute()), metrics,
+          {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "seed": seed,
+           "loss_decay": LOSS_DECAY, "warmup_fraction": WARMUP_FRACTION})
+    return metrics
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' "Loading weights" bar would interleave with ours; the caller's setting is restored."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
+    """All documents as one `<s> doc </s> <s> doc </s> ...` stream (as the demo models were trained on)."""
+    ids: list[int] = []
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for encoded in tokenizer(list(texts), add_special_tokens=False, verbose=False).input_ids:
+        ids += [*bos, *encoded, *eos]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _hidden(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """The final normalised hidden state: the decoder's `last_hidden_state` (Llama/Qwen2/Mistral apply the
+    final norm inside `model.model`, GPT-2 its ln_f inside `transformer`)."""
+    return model.get_decoder()(input_ids=input_ids).last_hidden_state
+
+
+def _check_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor) -> None:
+    """The heads are only right if they read what lm_head reads; models that scale or soft-cap their logits
+    after lm_head (or apply the norm outside the decoder) would silently train on the wrong tensor."""
+    with torch.no_grad():
+        through_head = model.get_output_embeddings()(_hidden(model, input_ids))
+        logits = model(input_ids=input_ids).logits
+    if not torch.allclose(through_head, logits, rtol=1e-4, atol=1e-4):
+        difference = float((through_head - logits).abs().max())
+        raise CheckpointError(
+            f"{type(model).__name__}: lm_head(last_hidden_state) differs from the model's logits by {difference:.3g}",
+            hint="this architecture post-processes its hidden state or logits; Medusa heads cannot be trained on it",
+        )
+
+
+def _lr_factor(step: int, steps: int) -> float:
+    warmup = max(1, round(WARMUP_FRACTION * steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
+
+
+def _head_loss(heads: nn.ModuleList, hidden: torch.Tensor, window: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Σ_k 0.8^k · CE(head k at t, token t+k+2)."""
+    loss = hidden.new_zeros(())
+    for k, head in enumerate(heads):
+        labels = window[:, k + 2 : k + 2 + seq_len]
+        loss = loss + LOSS_DECAY**k * F.cross_entropy(head(hidden).flatten(0, 1), labels.flatten())
+    return loss
+
+
+def _train(
+    heads: nn.ModuleList,
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    span: int,
+    seq_len: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    progress: bool | Progress,
+) -> float:
+    heads.train()
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
+    generator = torch.Generator().manual_seed(seed)
+    loss_value = float("nan")
+    with _bar(progress, steps) as advance:
+        for _ in range(steps):
+            starts = torch.randint(0, ids.numel() - span + 1, (batch_size,), generator=generator)
+            window = torch.stack([ids[s : s + span] for s in starts.tolist()])
+            with torch.no_grad():  # the base is frozen: its hidden states are inputs, not part of the graph
+                hidden = _hidden(model, window[:, :seq_len])
+            loss = _head_loss(heads, hidden, window, seq_len)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = float(loss.detach())
+            advance(loss_value)
+    heads.eval()
+    return loss_value
+
+
+@contextlib.contextmanager
+def _bar(progress: bool | Progress, steps: int) -> Iterator[Any]:
+    """A rich bar on stderr: our own, a task on the caller's running Progress, or nothing."""
+    if progress is False:
+        yield lambda loss: None
+        return
+    if progress is True:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn())
+        with Progress(*columns, console=Console(stderr=True)) as bars:
+            task = bars.add_task("medusa", total=steps, loss=float("nan"))
+            yield lambda loss: bars.update(task, advance=1, loss=loss)
+        return
+    task = progress.add_task("medusa", total=steps, loss=float("nan"))
+    yield lambda loss: progress.update(task, advance=1, loss=loss)
+
+
+def _evaluate(
+    heads: nn.ModuleList,
+    model: PreTrainedModel,
+    held_ids: torch.Tensor,
+    train_ids: torch.Tensor,
+    seq_len: int,
+    span: int,
+) -> dict[str, float]:
+    """Teacher-forced accuracies on held-out windows; each position is scored once for every head."""
+    count = (held_ids.numel() - span) // seq_len + 1
+    if count < 1:
+        raise ValueError(f"held-out text has {held_ids.numel()} tokens, fewer than one window of {span}")
+    windows = held_ids[: (count - 1) * seq_len + span].unfold(0, span, seq_len)
+    top1 = torch.zeros(len(heads))
+    top5 = torch.zeros(len(heads))
+    base_top1 = base_at_t2 = unigram = 0.0
+    most_frequent = int(torch.bincount(train_ids).argmax())
+    with torch.no_grad():
+        for chunk in windows.split(16):
+            hidden = _hidden(model, chunk[:, :seq_len])
+            guesses = model.get_output_embeddings()(hidden).argmax(-1)
+            base_top1 += float((guesses == chunk[:, 1 : 1 + seq_len]).sum())
+            base_at_t2 += float((guesses == chunk[:, 2 : 2 + seq_len]).sum())
+            unigram += float((chunk[:, 2 : 2 + seq_len] == most_frequent).sum())
+            for k, head in enumerate(heads):
+                labels = chunk[:, k + 2 : k + 2 + seq_len]
+                best = head(hidden).topk(TOP_K_EVAL, dim=-1).indices
+                top1[k] += float((best[..., 0] == labels).sum())
+                top5[k] += float((best == labels[..., None]).any(-1).sum())
+    positions = windows.shape[0] * seq_len
+    metrics = {}
+    for k in range(len(heads)):
+        metrics[f"head{k}_top1"] = round(float(top1[k]) / positions, 4)
+        metrics[f"head{k}_top5"] = round(float(top5[k]) / positions, 4)
+    metrics["base_top1"] = round(base_top1 / positions, 4)
+    metrics["base_top1_at_t2"] = round(base_at_t2 / positions, 4)
+    metrics["unigram_top1"] = round(unigram / positions, 4)
+    metrics["eval_positions"] = positions
+    return metrics
+
+
+def _save(
+    heads: nn.ModuleList,
+    output_dir: Path,
+    base_dir: Path,
+    base_name: str,
+    metrics: Mapping[str, float],
+    settings: Mapping[str, Any],
+) -> None:
+    """Weights, config and tokenizer land together or not at all; manifest.json marks the directory as ours,
+    so a rerun may replace it (and records how the heads were made)."""
+    from safetensors.torch import save_file
+
+    num_layers = len(heads[0]) - 1
+    vocab_size, hidden_size = heads[0][num_layers].weight.shape
+    tensors = {key: value.detach().contiguous() for key, value in heads.state_dict().items()}
+    config = {
+        "medusa_num_heads": len(heads),
+        "medusa_num_layers": num_layers,
+        "base_model_name_or_path": base_name,
+        "hidden_size": int(hidden_size),
+        "vocab_size": int(vocab_size),
+    }
+    with atomic_directory(output_dir) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        _write_json(tmp / CONFIG_NAME, config)
+        for name in _TOKENIZER_FILES:
+            if (base_dir / name).is_file():
+                shutil.copy2(base_dir / name, tmp / name)
+        _write_json(tmp / "manifest.json", {"producer": "specbuild.medusa.train", "settings": dict(settings),
+                                            "metrics": dict(metrics)})
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,236 @@
+"""The Medusa token tree as the tensors a runtime needs, and the rules that accept a path of it.
+
+A tree (`medusa_choices`) lists paths of top-k ranks: `[0, 1]` is head 0's best guess followed by head 1's second
+best. Each step the runtime feeds the root (the last verified token) plus every tree node to the target in one
+forward pass, with an attention mask that lets a node see only its ancestors, then keeps the longest path whose
+tokens the target agrees with. Node order is FasterDecoding's and TensorRT-LLM's: sorted by (depth, path), root
+first, so index tensors built here line up with theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+__all__ = ["MedusaTree", "accept_greedy", "accept_typical", "load_choices", "preset_names"]
+
+_PRESET_PACKAGE = "specbuild"
+_PRESET_DIR = ("data", "medusa_choices")
+
+
+@dataclass(frozen=True, eq=False)
+class MedusaTree:
+    """A validated tree. Node 0 is the root; node i >= 1 is `choices[i - 1]`."""
+
+    choices: tuple[tuple[int, ...], ...]
+    depth: torch.Tensor
+    parent: torch.Tensor
+    rank: torch.Tensor
+    attention_mask: torch.Tensor
+    retrieve_indices: torch.Tensor
+
+    @classmethod
+    def from_choices(cls, choices: Sequence[Sequence[int]]) -> MedusaTree:
+        """Validate `choices` (any order) and build the tree's index tensors; ValueError names bad paths."""
+        paths = _validated(choices)
+        index = {path: node for node, path in enumerate(paths, start=1)}
+        size = len(paths) + 1
+        depth = torch.zeros(size, dtype=torch.long)
+        parent = torch.full((size,), -1, dtype=torch.long)
+        rank = torch.full((size,), -1, dtype=torch.long)
+        mask = torch.eye(size, dtype=torch.bool)
+        mask[:, 0] = True
+        for node, path in enumerate(paths, start=1):
+            depth[node] = len(path)
+            rank[node] = path[-1]
+            parent[node] = index.get(path[:-1], 0)
+            for cut in range(1, len(path)):
+                mask[node, index[path[:cut]]] = True
+        # Leaves in lexicographic path order (FasterDecoding sorts its retrieve_indices the same way), so a tie
+        # between equally long accepted paths goes to the one made of higher-ranked guesses.
+        has_child = {path[:-1] for path in paths}
+        leaves = sorted(path for path in paths if path not in has_child)
+        max_depth = max(len(path) for path in paths)
+        retrieve = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
+        for row, leaf in enumerate(leaves):
+            retrieve[row, 0] = 0
+            for cut in range(1, len(leaf) + 1):
+                retrieve[row, cut] = index[leaf[:cut]]
+        return cls(paths, depth, parent, rank, mask, retrieve)
+
+    @property
+    def num_nodes(self) -> int:
+        """Tree nodes excluding the root: the draft tokens verified per step (TensorRT-LLM's max_draft_len)."""
+        return len(self.choices)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    @property
+    def num_heads_needed(self) -> int:
+        """Depth d uses head d - 1, so a checkpoint needs at least this many heads."""
+        return self.max_depth
+
+    @property
+    def topk_needed(self) -> tuple[int, ...]:
+        """Per depth (1..max_depth), how many of that head's top tokens the tree reads."""
+        return tuple(int(self.rank[self.depth == d].max()) + 1 for d in range(1, self.max_depth + 1))
+
+    def candidate_tokens(self, root_token: torch.Tensor, head_topk: torch.Tensor) -> torch.Tensor:
+        """Tree input tokens [B, N+1] from the root tokens [B] and each head's top-k ids [num_heads, B, k].
+
+        The node with path [r1..rd] takes head d-1's rank-rd token: every node at a depth shares its head's
+        guesses, which is why one forward of the heads fills the whole tree.
+        """
+        if root_token.ndim != 1 or head_topk.ndim != 3 or head_topk.shape[1] != root_token.shape[0]:
+            raise ValueError(
+                f"expected root_token [B] and head_topk [num_heads, B, k], got {tuple(root_token.shape)} and "
+                f"{tuple(head_topk.shape)}"
+            )
+        heads, _, k = head_topk.shape
+        if heads < self.num_heads_needed:
+            raise ValueError(f"the tree has depth {self.max_depth} and needs that many heads, got {heads}")
+        if k < max(self.topk_needed):
+            raise ValueError(f"the tree reads top-{max(self.topk_needed)} guesses, got top-{k}")
+        nodes = head_topk[self.depth[1:] - 1, :, self.rank[1:]]  # [N, B]
+        return torch.cat([root_token[:, None], nodes.T], dim=1)
+
+
+def accept_greedy(tree: MedusaTree, tokens: torch.Tensor, target_argmax: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Longest path whose every token is the target's greedy choice after its parent.
+
+    tokens, target_argmax: [N+1] for one sequence. Returns (node indices root→deepest accepted, starting with 0;
+    number of accepted non-root nodes). Equal lengths go to the first leaf in `retrieve_indices`.
+    """
+    _check_one_sequence(tree, tokens, target_argmax)
+    correct = torch.ones_like(tokens, dtype=torch.bool)
+    correct[1:] = tokens[1:] == target_argmax[tree.parent[1:]]
+    return _longest_accepted(tree, correct, score=None)
+
+
+def accept_typical(
+    tree: MedusaTree,
+    tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    temperature: float,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> tuple[torch.Tensor, int]:
+    """Medusa's typical acceptance: a node is accepted iff the target, at its parent, gives its token probability
+    above min(threshold, alpha * exp(-entropy)); confident targets demand agreement, uncertain ones allow any
+    plausible token. Among the longest accepted paths the most likely (sum of log p) wins.
+
+    tokens [N+1], target_logits [N+1, V] (the target's logits at each tree node), temperature > 0. The defaults
+    are the ones `medusa_generate` uses (FasterDecoding's helper functions have the two swapped).
+    """
+    if not temperature > 0:
+        raise ValueError(f"typical acceptance needs temperature > 0 (got {temperature}); use accept_greedy")
+    _check_one_sequence(tree, tokens, target_logits)
+    log_probs = torch.log_softmax(target_logits.float() / temperature, dim=-1)
+    entropy = -(log_probs.exp() * log_probs).nansum(dim=-1)  # nansum: 0 * log 0 where p underflows
+    parent = tree.parent[1:]
+    token_log_prob = log_probs[parent, tokens[1:]]
+    limit = torch.minimum(
+        torch.full_like(entropy[parent], posterior_threshold), posterior_alpha * torch.exp(-entropy[parent])
+    )
+    accepted = torch.ones_like(tokens, dtype=torch.bool)
+    accepted[1:] = token_log_prob.exp() > limit
+    score = torch.zeros(tokens.shape[0], dtype=log_probs.dtype)
+    score[1:] = token_log_prob
+    return _longest_accepted(tree, accepted, score=score)
+
+
+def _check_one_sequence(tree: MedusaTree, tokens: torch.Tensor, target: torch.Tensor) -> None:
+    size = tree.num_nodes + 1
+    if tokens.shape != (size,) or target.shape[0] != size:
+        raise ValueError(
+            f"expected one sequence's {size} tree tokens and target outputs, got {tuple(tokens.shape)} and "
+            f"{tuple(target.shape)}"
+        )
+
+
+def _longest_accepted(tree: MedusaTree, accepted: torch.Tensor, score: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """Per leaf path, the all-accepted prefix length; pick the longest (then best score, then first leaf)."""
+    paths = tree.retrieve_indices
+    valid = paths >= 0
+    ok = accepted[paths.clamp(min=0)] & valid
+    lengths = ok.long().cumprod(dim=1).sum(dim=1) - 1  # column 0 is the root, always accepted
+    best_length = int(lengths.max())
+    candidates = lengths == best_length
+    if score is not None and best_length > 0:
+        in_prefix = torch.arange(paths.shape[1]) <= best_length
+        totals = (score[paths.clamp(min=0)] * (valid & in_prefix)).sum(dim=1)
+        totals = totals.masked_fill(~candidates, float("-inf"))
+        row = int(torch.argmax(totals))  # argmax returns the first maximum
+    else:
+        row = int(torch.argmax(candidates.long()))
+    return paths[row, : best_length + 1].clone(), best_length
+
+
+def _validated(choices: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """The paths sorted by (depth, path), or ValueError listing everything wrong with them."""
+    from specbuild.spec import medusa_tree_problems  # one set of tree rules for the spec and the runtime
+
+    if isinstance(choices, str | bytes) or not isinstance(choices, Sequence):
+        raise ValueError(f"medusa choices must be a list of paths such as [[0], [0, 0], [1]], got {choices!r}")
+    paths = []
+    for index, path in enumerate(choices):
+        if isinstance(path, str | bytes) or not isinstance(path, Sequence) or any(
+            isinstance(item, bool) or not isinstance(item, int) for item in path
+        ):
+            raise ValueError(f"medusa choices entry {index}: must be a list of integers such as [0, 1], got {path!r}")
+        paths.append(tuple(int(item) for item in path))
+    problems = medusa_tree_problems(paths)
+    if problems:
+        messages = [message if index is None else f"entry {index}: {message}" for index, message in problems]
+        raise ValueError("invalid medusa choices: " + "; ".join(messages))
+    return tuple(sorted(paths, key=lambda path: (len(path), path)))
+
+
+# ---------------------------------------------------------------------------------------------------- presets
+
+
+def preset_names() -> list[str]:
+    """Tree presets shipped inside the package (`specbuild/data/medusa_choices/*.json`)."""
+    folder = resources.files(_PRESET_PACKAGE).joinpath(*_PRESET_DIR)
+    return sorted(entry.name.removesuffix(".json") for entry in folder.iterdir() if entry.name.endswith(".json"))
+
+
+def load_choices(name_or_path: str) -> list[list[int]]:
+    """A validated tree from a shipped preset name (e.g. `mc_sim_7b_63`) or a JSON file.
+
+    A file holds either a bare list of paths or `{"source": ..., "choices": [...]}`. Read via importlib.resources
+    so that presets work from an installed wheel, not only from a source checkout.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"cannot read medusa choices file {path}: {err.strerror or err}") from err
+        origin = str(path)
+    else:
+        preset = resources.files(_PRESET_PACKAGE).joinpath(*_PRESET_DIR, f"{name_or_path}.json")
+        if "/" in name_or_path or not preset.is_file():
+            known = ", ".join(preset_names())
+            raise ValueError(f"unknown medusa choices preset {name_or_path!r} (known: {known}); or give a .json file")
+        text = preset.read_text(encoding="utf-8")
+        origin = f"preset {name_or_path!r}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"medusa choices {origin}: not valid JSON ({err})") from err
+    raw = data.get("choices") if isinstance(data, dict) else data
+    if not isinstance(raw, list):
+        raise ValueError(f'medusa choices {origin}: expected a JSON list of paths or {{"choices": [...]}}')
+    try:
+        MedusaTree.from_choices(raw)
+    except ValueError as err:
+        raise ValueError(f"medusa choices {origin}: {err}") from err
+    return [list(path) for path in raw]

@@ -1,0 +1,93 @@
+"""`specbuild generate`: tokenizer + checkpoint(s) -> text and speculation statistics.
+
+Kept out of cli.py so the command stays a thin argument parser, and so tests and benchmarks can call the same
+code path without a subprocess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.generation import GenerationResult, StopCriteria, generate
+from specbuild.runtime.model import CausalLM
+from specbuild.runtime.sampling import SamplingParams
+
+
+@dataclass
+class GenerateOptions:
+    checkpoint: Path
+    tokenizer: Path
+    prompts: list[str]
+    draft: Path | None = None
+    num_draft_tokens: int = 4
+    adaptive: bool = False
+    medusa: bool = False
+    medusa_choices: str = "mc_sim_7b_63"
+    typical: bool = False
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    device: str = "cpu"
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """A local Hugging Face tokenizer; never remote code, never a download."""
+    from transformers import AutoTokenizer
+
+    if not (directory / "tokenizer_config.json").is_file() and not (directory / "tokenizer.json").is_file():
+        raise SpecbuildError(f"{directory}: no tokenizer files (tokenizer.json / tokenizer_config.json) here")
+    return AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
+
+
+def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params: SamplingParams,
+         stop: StopCriteria) -> GenerationResult:
+    if options.draft is not None and options.medusa:
+        raise SpecbuildError("choose one of --draft (draft-target) and --medusa, not both")
+    if options.draft is not None:
+        from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
+
+        draft = CausalLM.from_checkpoint(options.draft, device=options.device)
+        config = DraftTargetConfig(num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive)
+        return generate_draft_target(model, draft, ids, params, stop, config)
+    if options.medusa:
+        from specbuild.medusa.tree import load_choices
+        from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
+
+        choices = tuple(tuple(c) for c in load_choices(options.medusa_choices))
+        return generate_medusa(model, ids, MedusaConfig(choices, typical=options.typical), params, stop)
+    return generate(model, ids, params, stop)
+
+
+def run_generate(options: GenerateOptions) -> dict[str, Any]:
+    """Generate for every prompt; the report has `results` [{text, output_ids}] and the statistics."""
+    tokenizer = load_tokenizer(options.tokenizer)
+    try:
+        params = SamplingParams(options.temperature, options.top_k, options.top_p, options.seed)
+        model = CausalLM.from_checkpoint(options.checkpoint, device=options.device)
+        ids = [tokenizer.encode(p, add_special_tokens=False) for p in options.prompts]
+        stop_words = tuple(tuple(tokenizer.encode(w, add_special_tokens=False)) for w in options.stop)
+        stop = StopCriteria(options.max_tokens, tokenizer.eos_token_id, stop_words)
+        with torch.inference_mode():
+            result = _run(options, model, ids, params, stop)
+    except ValueError as err:
+        raise SpecbuildError(str(err)) from err
+    stats = result.stats
+    return {
+        "results": [
+            {"text": tokenizer.decode(out, skip_special_tokens=True), "output_ids": out} for out in result.output_ids
+        ],
+        "target_forwards": stats.target_forwards,
+        "draft_forwards": stats.draft_forwards,
+        "generated_tokens": stats.generated_tokens,
+        "tokens_per_target_forward": stats.tokens_per_target_forward,
+        "acceptance_by_position": stats.acceptance_by_position,
+        "tokens_per_second": stats.tokens_per_second,
+    }

@@ -1,0 +1,255 @@
+"""Decoding with the reference runtime: plain, draft-target and Medusa.
+
+What users rely on: greedy speculative output is token-for-token plain greedy output (only faster), for
+batches of prompts of different lengths; speculative sampling draws from exactly the target's distribution
+(a chi-square test that a deliberately wrong acceptance rule fails); stop conditions behave; the CLI
+reports the statistics it promises.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from typer.testing import CliRunner
+
+from specbuild.cli import app
+from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+from specbuild.runtime.generation import StopCriteria, generate
+from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
+from specbuild.runtime.model import CausalLM
+from specbuild.runtime.sampling import SamplingParams, probabilities
+from specbuild.runtime.speculative import (
+    DraftTargetConfig,
+    accept_rejection_sampling,
+    best_k,
+    expected_speedup,
+    generate_draft_target,
+)
+from tests.tiny_models import make_checkpoint
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoints(demo_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("demo-ckpt")
+    convert_checkpoint(ConvertRequest("target", demo_models["target"], out / "target", "float32"))
+    convert_checkpoint(ConvertRequest("draft", demo_models["draft"], out / "draft", "float32"))
+    return {"target": out / "target", "draft": out / "draft", "tokenizer": demo_models["target"]}
+
+
+@pytest.fixture(scope="session")
+def medusa_model(demo_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> CausalLM:
+    """The demo target with the demo's trained Medusa heads, as one MedusaForCausalLM checkpoint."""
+    out = tmp_path_factory.mktemp("demo-medusa") / "medusa"
+    convert_checkpoint(ConvertRequest("medusa", demo_models["target"], out, "float32",
+                                      medusa_heads=demo_models["medusa-heads"]))
+    return CausalLM.from_checkpoint(out)
+
+
+@pytest.fixture(scope="session")
+def prompts(demo_models: dict[str, Path]) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from specbuild.demo_models import heldout_texts
+
+    tok = AutoTokenizer.from_pretrained(demo_models["target"])
+    texts = heldout_texts()
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts[:3]]
+    return [ids[0][:9], ids[1][:23], ids[2][:4]]  # different lengths in one batch
+
+
+@pytest.fixture(scope="session")
+def models(demo_checkpoints: dict[str, Path]) -> dict[str, CausalLM]:
+    return {k: CausalLM.from_checkpoint(demo_checkpoints[k]) for k in ("target", "draft")}
+
+
+STOP = StopCriteria(max_new_tokens=24)
+
+
+def test_plain_batch_equals_one_prompt_at_a_time(models: dict[str, CausalLM], prompts: list[list[int]]) -> None:
+    batch = generate(models["target"], prompts, stop=STOP).output_ids
+    for prompt, out in zip(prompts, batch, strict=True):
+        assert generate(models["target"], [prompt], stop=STOP).output_ids[0] == out
+    assert all(len(o) == 24 for o in batch)
+
+
+@pytest.mark.parametrize("config", [DraftTargetConfig(1), DraftTargetConfig(4), DraftTargetConfig(6, adaptive=True)],
+                         ids=["K1", "K4", "adaptive"])
+def test_draft_target_greedy_equals_plain_greedy(
+    models: dict[str, CausalLM], prompts: list[list[int]], config: DraftTargetConfig
+) -> None:
+    plain = generate(models["target"], prompts, stop=STOP)
+    spec = generate_draft_target(models["target"], models["draft"], prompts, stop=STOP, config=config)
+    assert spec.output_ids == plain.output_ids
+    assert spec.stats.target_forwards < plain.stats.target_forwards
+    assert spec.stats.tokens_per_target_forward > 1.2
+    assert len(spec.stats.acceptance_by_position) == config.num_draft_tokens or config.adaptive
+
+
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "mc_sim_7b_top8", "chain_4"])
+def test_medusa_greedy_equals_plain_greedy(
+    models: dict[str, CausalLM], medusa_model: CausalLM, prompts: list[list[int]], tree: str
+) -> None:
+    from specbuild.medusa.tree import load_choices
+
+    plain = generate(models["target"], prompts, stop=STOP)
+    choices = tuple(tuple(c) for c in load_choices(tree))
+    medusa = generate_medusa(medusa_model, prompts, MedusaConfig(choices), stop=STOP)
+    assert medusa.output_ids == plain.output_ids
+    assert medusa.stats.tokens_per_target_forward > 1.2
+
+
+def test_medusa_needs_heads_deep_enough(
+    models: dict[str, CausalLM], medusa_model: CausalLM, prompts: list[list[int]]
+) -> None:
+    deep = tuple((0,) * d for d in range(1, 7))  # 6 deep; the demo has 4 heads
+    with pytest.raises(ValueError, match="6 deep but the checkpoint has only 4 heads"):
+        generate_medusa(medusa_model, prompts, MedusaConfig(deep))
+    with pytest.raises(ValueError, match="no Medusa heads"):
+        generate_medusa(models["target"], prompts, MedusaConfig(((0,),)))
+
+
+# -- sampling preserves the target's distribution ------------------------------------------------------------
+
+VOCAB = 8
+PARAMS = SamplingParams(temperature=1.0, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[CausalLM, CausalLM]:
+    """An 8-token vocabulary, so exact marginals are a handful of forwards; different seeds make q differ from p."""
+    root = tmp_path_factory.mktemp("tiny")
+    models = []
+    for name, seed in (("target", 0), ("draft", 5)):
+        hf = make_checkpoint(root / f"hf-{name}", "llama", seed=seed, vocab_size=VOCAB, num_hidden_layers=2)
+        convert_checkpoint(ConvertRequest(name, hf, root / name, "float32"))
+        models.append(CausalLM.from_checkpoint(root / name, dtype=torch.float32))
+    for model in models:  # random init is near-uniform: sharpen the outputs so that p and q differ clearly
+        for name, param in model.named_parameters():
+            if "lm_head" in name:
+                param.data.mul_(40.0)
+    return models[0], models[1]
+
+
+def exact_marginal(model: CausalLM, prompt: list[int], position: int) -> torch.Tensor:
+    """P(token at `position` of the output), summing over all earlier outputs (VOCAB ** position paths)."""
+    paths = {(): 1.0}
+    for _ in range(position + 1):
+        nxt: dict[tuple[int, ...], float] = {}
+        for path, weight in paths.items():
+            cache = model.new_cache(1, len(prompt) + position + 2)
+            logits = model(torch.tensor([prompt + list(path)]), cache).logits[0, -1]
+            for token, p in enumerate(probabilities(logits, PARAMS).tolist()):
+                nxt[(*path, token)] = weight * p
+        paths = nxt
+    marginal = torch.zeros(VOCAB)
+    for path, weight in paths.items():
+        marginal[path[-1]] += weight
+    return marginal
+
+
+def accept_everything(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
+    """A wrong rule: keep every draft token, which yields the draft's distribution, not the target's."""
+    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=gen))
+
+
+@pytest.mark.parametrize(("rule", "should_match"), [(accept_rejection_sampling, True), (accept_everything, False)])
+def test_speculative_sampling_matches_target_distribution(
+    tiny_pair: tuple[CausalLM, CausalLM], rule: object, should_match: bool
+) -> None:
+    target, draft = tiny_pair
+    prompt, trials = [1, 2, 3], 3000
+    result = generate_draft_target(target, draft, [prompt] * trials, PARAMS, StopCriteria(max_new_tokens=3),
+                                   DraftTargetConfig(3), accept=rule)  # type: ignore[arg-type]
+    for position in (1, 2):  # tokens decided by the first speculative round (accepted or resampled)
+        expected = exact_marginal(target, prompt, position)
+        observed = torch.bincount(torch.tensor([o[position] for o in result.output_ids]), minlength=VOCAB).float()
+        keep = expected * trials >= 5  # chi-square needs expected counts >= 5; pool the rest
+        f_exp = torch.cat([expected[keep] * trials, (expected[~keep] * trials).sum()[None]])
+        f_obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
+        if f_exp[-1] < 5:
+            f_exp, f_obs = f_exp[:-1], f_obs[:-1]
+            f_exp = f_exp * (f_obs.sum() / f_exp.sum())
+        p_value = chisquare(f_obs.numpy(), f_exp.numpy()).pvalue
+        assert (p_value > 0.01) == should_match, f"position {position}: p={p_value:.2e}"
+
+
+def test_rejection_sampling_on_a_rejection_draws_from_the_residual() -> None:
+    """Draft token 2 has p = 0, so it is always rejected; the replacement comes from max(0, p - q) normalised,
+    i.e. token 0 with probability 0.6 / 0.8 = 0.75 — not from p itself (0.6)."""
+    p = torch.tensor([[0.6, 0.4, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[0.0, 0.2, 0.8]])
+    gen = torch.Generator().manual_seed(0)
+    draws = [accept_rejection_sampling(p, q, torch.tensor([2]), gen) for _ in range(4000)]
+    assert {n for n, _ in draws} == {0}
+    share = sum(token == 0 for _, token in draws) / len(draws)
+    assert share == pytest.approx(0.75, abs=0.03)
+
+
+@pytest.mark.parametrize(("rule", "should_match"), [(accept_rejection_sampling, True), (accept_everything, False)])
+def test_one_round_emits_the_target_distribution(rule: object, should_match: bool) -> None:
+    """Exact check of one round on fixed, very different p and q: the first emitted token (accepted draft or
+    replacement) must follow p[0], over enough trials for a chi-square test."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25] * 4, [0.25] * 4])
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]])
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.zeros(4)
+    trials = 8000
+    for _ in range(trials):
+        drafts = torch.multinomial(q, 1, generator=gen)[:, 0]
+        accepted, nxt = rule(p, q, drafts, gen)  # type: ignore[operator]
+        counts[int(drafts[0]) if accepted > 0 else nxt] += 1
+    p_value = chisquare(counts.numpy(), (p[0] * trials).numpy()).pvalue
+    assert (p_value > 0.01) == should_match, f"p={p_value:.2e}"
+
+
+def test_adaptive_k_follows_acceptance() -> None:
+    assert expected_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
+    assert best_k(0.95, 0.05, 8) > best_k(0.5, 0.05, 8) >= 1
+    assert best_k(0.1, 0.5, 8) == 1
+
+
+# -- stop conditions ----------------------------------------------------------------------------------------
+
+
+def test_stop_conditions(models: dict[str, CausalLM], prompts: list[list[int]]) -> None:
+    target = models["target"]
+    free = generate(target, prompts[:1], stop=STOP).output_ids[0]
+    end = free[5]
+    cut = generate(target, prompts[:1], stop=StopCriteria(24, end_id=end)).output_ids[0]
+    assert cut == free[: free.index(end)]
+    word = tuple(free[7:9])
+    stopped = generate(target, prompts[:1], stop=StopCriteria(24, stop_words=(word,))).output_ids[0]
+    assert stopped == free[:7] or stopped == free[: free.index(word[0])]
+    spec = generate_draft_target(target, models["draft"], prompts[:1], stop=StopCriteria(24, end_id=end))
+    assert spec.output_ids[0] == cut
+
+
+def test_sampling_is_reproducible_with_a_seed(models: dict[str, CausalLM], prompts: list[list[int]]) -> None:
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7)
+    a = generate_draft_target(models["target"], models["draft"], prompts, params, STOP).output_ids
+    b = generate_draft_target(models["target"], models["draft"], prompts, params, STOP).output_ids
+    assert a == b
+
+
+# -- CLI ----------------------------------------------------------------------------------------------------
+
+
+def test_generate_cli_json(demo_checkpoints: dict[str, Path]) -> None:
+    runner = CliRunner()
+    base = ["generate", str(demo_checkpoints["target"]), "--tokenizer", str(demo_checkpoints["tokenizer"]),
+            "--prompt", "The for statement", "--max-tokens", "16", "--json"]
+    plain = runner.invoke(app, base)
+    assert plain.exit_code == 0, plain.output
+    spec = runner.invoke(app, [*base, "--draft", str(demo_checkpoints["draft"]), "--num-draft-tokens", "3"])
+    assert spec.exit_code == 0, spec.output
+    a, b = json.loads(plain.stdout), json.loads(spec.stdout)
+    for key in ("text", "output_ids", "target_forwards", "tokens_per_target_forward", "acceptance_by_position",
+                "tokens_per_second"):
+        assert key in b, key
+    assert b["text"] == a["text"] and b["output_ids"] == a["output_ids"]
+    assert b["target_forwards"] < a["target_forwards"]
+    assert len(b["acceptance_by_position"]) == 3
