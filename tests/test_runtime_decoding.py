@@ -102,6 +102,25 @@ def test_medusa_greedy_equals_plain_greedy(
     assert medusa.stats.tokens_per_target_forward > 1.2
 
 
+def test_medusa_typical_acceptance(
+    models: dict[str, CausalLM], medusa_model: CausalLM, prompts: list[list[int]]
+) -> None:
+    """Typical acceptance samples; near temperature 0 its accept rule and its draws become the argmax, so it
+    must reproduce greedy output, and at temperature 0.7 it still speculates (more than one token a forward)."""
+    from specbuild.medusa.tree import load_choices
+
+    choices = tuple(tuple(c) for c in load_choices("mc_sim_7b_top24"))
+    config = MedusaConfig(choices, typical=True)
+    plain = generate(models["target"], prompts, stop=STOP)
+    cold = generate_medusa(medusa_model, prompts, config, SamplingParams(temperature=1e-4, seed=0), STOP)
+    assert cold.output_ids == plain.output_ids
+    warm = generate_medusa(medusa_model, prompts, config, SamplingParams(temperature=0.7, seed=0), STOP)
+    assert all(len(o) == 24 for o in warm.output_ids)
+    assert warm.stats.tokens_per_target_forward > 1.0
+    with pytest.raises(ValueError, match="typical acceptance samples"):
+        generate_medusa(medusa_model, prompts, config, SamplingParams(), STOP)
+
+
 def test_medusa_needs_heads_deep_enough(
     models: dict[str, CausalLM], medusa_model: CausalLM, prompts: list[list[int]]
 ) -> None:

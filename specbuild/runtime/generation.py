@@ -146,7 +146,7 @@ def generate(
     check_prompts(prompts, model.config.vocab_size)
     start = time.perf_counter()
     seqs = [SequenceState(list(p)) for p in prompts]
-    gen = params.generator()
+    gen = params.generator(model.device)
     cache = model.new_cache(len(seqs), max(len(p) for p in prompts) + stop.max_new_tokens + 1)
     stats = GenerationStats()
     pending = prefill(model, cache, seqs, params, gen, stop)

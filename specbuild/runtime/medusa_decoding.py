@@ -10,6 +10,7 @@ last accepted node becomes the next pending token.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,14 @@ def check_medusa_model(model: CausalLM, tree: MedusaTree) -> None:
         raise ValueError(f"the Medusa tree is {tree.max_depth} deep but the checkpoint has only {heads} heads")
 
 
+def _on_device(tree: MedusaTree, device: torch.device) -> MedusaTree:
+    """The tree's index tensors on the model's device, so a CUDA round never mixes devices."""
+    return dataclasses.replace(
+        tree, depth=tree.depth.to(device), parent=tree.parent.to(device), rank=tree.rank.to(device),
+        attention_mask=tree.attention_mask.to(device), retrieve_indices=tree.retrieve_indices.to(device),
+    )
+
+
 def _head_topk(medusa_logits: torch.Tensor, k: int) -> torch.Tensor:
     """[heads, B, V] -> [heads, B, k] token ids, best first."""
     return torch.topk(medusa_logits, k, dim=-1).indices
@@ -62,11 +71,12 @@ def generate_medusa(
     check_prompts(prompts, model.config.vocab_size)
     tree = MedusaTree.from_choices(config.choices)
     check_medusa_model(model, tree)
+    tree = _on_device(tree, model.device)
     if config.typical and params.greedy:
         raise ValueError("typical acceptance samples: give a temperature > 0 (greedy uses exact verification)")
     start = time.perf_counter()
     seqs = [SequenceState(list(p)) for p in prompts]
-    gen = params.generator()
+    gen = params.generator(model.device)
     nodes = tree.num_nodes + 1
     cache = model.new_cache(len(seqs), max(len(p) for p in prompts) + stop.max_new_tokens + nodes + 1)
     stats = GenerationStats()

@@ -32,9 +32,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def generator(self) -> torch.Generator:
-        gen = torch.Generator()
-        gen.manual_seed(self.seed if self.seed is not None else torch.seed())
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A generator on the device the probabilities live on (CUDA draws need a CUDA generator)."""
+        gen = torch.Generator(device=device)
+        gen.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
         return gen
 
 

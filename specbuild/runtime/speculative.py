@@ -46,7 +46,7 @@ def accept_rejection_sampling(
     p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator
 ) -> tuple[int, int]:
     """Modified rejection sampling: the emitted tokens are distributed exactly as the target's p."""
-    uniforms = torch.rand(len(drafts), generator=gen)
+    uniforms = torch.rand(len(drafts), generator=gen, device=gen.device).tolist()
     for i, token in enumerate(drafts.tolist()):
         p_x, q_x = float(p[i, token]), float(q[i, token])
         if uniforms[i] * q_x <= p_x:  # accept with probability min(1, p/q)
@@ -105,7 +105,7 @@ class _DraftTargetRun:
         self.target, self.draft, self.params, self.stop, self.config = target, draft, params, stop, config
         self.accept = accept
         self.seqs = [SequenceState(list(p)) for p in prompts]
-        self.gen = params.generator()
+        self.gen = params.generator(target.device)
         capacity = max(len(p) for p in prompts) + stop.max_new_tokens + config.num_draft_tokens + 2
         self.tcache = target.new_cache(len(prompts), capacity)
         self.dcache = draft.new_cache(len(prompts), capacity)
@@ -162,7 +162,7 @@ class _DraftTargetRun:
             new_pending[b] = nxt
             draft_keep[b] = before + accepted
         self.tcache.advance(commit)
-        self.dcache.truncate(torch.minimum(self.dcache.lengths, draft_keep))
+        self.dcache.truncate(torch.minimum(self.dcache.lengths, draft_keep.to(self.dcache.lengths.device)))
         return new_pending
 
     def run(self) -> GenerationResult:
