@@ -39,6 +39,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from rich.table import Table
 
 from specbuild.errors import SpecError
+from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, medusa_tree_problems
 
 __all__ = [
     "MAX_DRAFT_TOKENS",
@@ -68,8 +69,6 @@ Loc = tuple[str | int, ...]
 
 MAX_DRAFT_TOKENS = 64
 """Upper bound for `speculative.num_draft_tokens` (K); TensorRT-LLM examples use 4-10."""
-MAX_MEDUSA_DEPTH = 16
-"""TensorRT-LLM packs a tree path into 16 levels (medusa_choices constraint, reference §2.4)."""
 DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
 """The 63-node tree TensorRT-LLM's C++ runtime uses when none is given."""
 ROLES = ("target", "draft", "medusa")
@@ -199,35 +198,6 @@ Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
 # ----------------------------------------------------------------------------------------------------------
 # Medusa trees
 # ----------------------------------------------------------------------------------------------------------
-
-
-def medusa_tree_problems(choices: Sequence[Sequence[int]]) -> list[tuple[int | None, str]]:
-    """What makes `choices` unusable as a TensorRT-LLM medusa_choices tree, as (entry index, message).
-
-    The C++ runtime needs every prefix of every path listed explicitly (only the Python runtime expands
-    leaf-only lists), no duplicates, non-negative top-k indices and depth <= 16.
-    """
-    if not choices:
-        return [(None, "the tree is empty; list at least one path such as [0]")]
-    problems: list[tuple[int | None, str]] = []
-    first_seen: dict[tuple[int, ...], int] = {}
-    for index, path in enumerate(choices):
-        key = tuple(path)
-        if not key:
-            problems.append((index, "[] is not a path: the root (the verified token) is implicit"))
-        elif min(key) < 0:
-            problems.append((index, f"{list(key)}: top-k indices must be >= 0"))
-        elif len(key) > MAX_MEDUSA_DEPTH:
-            problems.append((index, f"{list(key)}: depth {len(key)} is more than {MAX_MEDUSA_DEPTH}"))
-        elif key in first_seen:
-            problems.append((index, f"{list(key)} is listed twice (first as entry {first_seen[key]})"))
-        else:
-            first_seen[key] = index
-    for key, index in first_seen.items():
-        missing = next((key[:cut] for cut in range(1, len(key)) if key[:cut] not in first_seen), None)
-        if missing is not None:
-            problems.append((index, f"{list(key)}: prefix {list(missing)} is not listed (all must be)"))
-    return sorted(problems, key=lambda item: -1 if item[0] is None else item[0])
 
 
 def _as_paths(value: object) -> tuple[list[list[int]], list[_Issue]]:

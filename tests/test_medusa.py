@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbuild import demo_models as dm
 from specbuild.errors import CheckpointError
-from specbuild.medusa import MedusaTree, accept_greedy, accept_typical, load_choices, preset_names
 from specbuild.medusa.train import apply_heads, load_medusa_heads, train_medusa_heads
+from specbuild.medusa.tree import MedusaTree, accept_greedy, accept_typical, load_choices, preset_names
 
 SMALL = [[1, 0], [0], [0, 1], [1], [0, 0]]  # deliberately unsorted
 PRESETS = {"mc_sim_7b_63": (63, 4), "mc_sim_7b_top24": (24, 3), "mc_sim_7b_top8": (8, 3), "chain_4": (4, 4)}

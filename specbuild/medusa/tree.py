@@ -9,18 +9,14 @@ first, so index tensors built here line up with theirs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 
 import torch
 
-__all__ = ["MedusaTree", "accept_greedy", "accept_typical", "load_choices", "preset_names"]
+from specbuild.medusa.choices import load_choices, preset_names, validated
 
-_PRESET_PACKAGE = "specbuild"
-_PRESET_DIR = ("data", "medusa_choices")
+__all__ = ["MedusaTree", "accept_greedy", "accept_typical", "load_choices", "preset_names"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,7 +33,7 @@ class MedusaTree:
     @classmethod
     def from_choices(cls, choices: Sequence[Sequence[int]]) -> MedusaTree:
         """Validate `choices` (any order) and build the tree's index tensors; ValueError names bad paths."""
-        paths = _validated(choices)
+        paths = validated(choices)
         index = {path: node for node, path in enumerate(paths, start=1)}
         size = len(paths) + 1
         depth = torch.zeros(size, dtype=torch.long)
@@ -171,66 +167,3 @@ def _longest_accepted(tree: MedusaTree, accepted: torch.Tensor, score: torch.Ten
     else:
         row = int(torch.argmax(candidates.long()))
     return paths[row, : best_length + 1].clone(), best_length
-
-
-def _validated(choices: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """The paths sorted by (depth, path), or ValueError listing everything wrong with them."""
-    from specbuild.spec import medusa_tree_problems  # one set of tree rules for the spec and the runtime
-
-    if isinstance(choices, str | bytes) or not isinstance(choices, Sequence):
-        raise ValueError(f"medusa choices must be a list of paths such as [[0], [0, 0], [1]], got {choices!r}")
-    paths = []
-    for index, path in enumerate(choices):
-        if isinstance(path, str | bytes) or not isinstance(path, Sequence) or any(
-            isinstance(item, bool) or not isinstance(item, int) for item in path
-        ):
-            raise ValueError(f"medusa choices entry {index}: must be a list of integers such as [0, 1], got {path!r}")
-        paths.append(tuple(int(item) for item in path))
-    problems = medusa_tree_problems(paths)
-    if problems:
-        messages = [message if index is None else f"entry {index}: {message}" for index, message in problems]
-        raise ValueError("invalid medusa choices: " + "; ".join(messages))
-    return tuple(sorted(paths, key=lambda path: (len(path), path)))
-
-
-# ---------------------------------------------------------------------------------------------------- presets
-
-
-def preset_names() -> list[str]:
-    """Tree presets shipped inside the package (`specbuild/data/medusa_choices/*.json`)."""
-    folder = resources.files(_PRESET_PACKAGE).joinpath(*_PRESET_DIR)
-    return sorted(entry.name.removesuffix(".json") for entry in folder.iterdir() if entry.name.endswith(".json"))
-
-
-def load_choices(name_or_path: str) -> list[list[int]]:
-    """A validated tree from a shipped preset name (e.g. `mc_sim_7b_63`) or a JSON file.
-
-    A file holds either a bare list of paths or `{"source": ..., "choices": [...]}`. Read via importlib.resources
-    so that presets work from an installed wheel, not only from a source checkout.
-    """
-    path = Path(name_or_path)
-    if path.suffix == ".json" or path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"cannot read medusa choices file {path}: {err.strerror or err}") from err
-        origin = str(path)
-    else:
-        preset = resources.files(_PRESET_PACKAGE).joinpath(*_PRESET_DIR, f"{name_or_path}.json")
-        if "/" in name_or_path or not preset.is_file():
-            known = ", ".join(preset_names())
-            raise ValueError(f"unknown medusa choices preset {name_or_path!r} (known: {known}); or give a .json file")
-        text = preset.read_text(encoding="utf-8")
-        origin = f"preset {name_or_path!r}"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"medusa choices {origin}: not valid JSON ({err})") from err
-    raw = data.get("choices") if isinstance(data, dict) else data
-    if not isinstance(raw, list):
-        raise ValueError(f'medusa choices {origin}: expected a JSON list of paths or {{"choices": [...]}}')
-    try:
-        MedusaTree.from_choices(raw)
-    except ValueError as err:
-        raise ValueError(f"medusa choices {origin}: {err}") from err
-    return [list(path) for path in raw]
