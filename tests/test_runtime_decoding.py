@@ -121,6 +121,26 @@ def test_medusa_typical_acceptance(
         generate_medusa(medusa_model, prompts, config, SamplingParams(), STOP)
 
 
+def test_rows_finishing_in_different_rounds(
+    models: dict[str, CausalLM], medusa_model: CausalLM, demo_models: dict[str, Path]
+) -> None:
+    """A row that finishes while others go on must not keep growing its caches (it once overflowed them
+    when its last round accepted tokens past max_new_tokens)."""
+    from transformers import AutoTokenizer
+
+    from specbuild.demo_models import heldout_texts
+    from specbuild.medusa.tree import load_choices
+
+    tok = AutoTokenizer.from_pretrained(demo_models["target"])
+    batch = [tok.encode(t, add_special_tokens=False)[:24] for t in heldout_texts()[:8]]
+    stop = StopCriteria(max_new_tokens=64)
+    plain = generate(models["target"], batch, stop=stop).output_ids
+    spec = generate_draft_target(models["target"], models["draft"], batch, stop=stop, config=DraftTargetConfig(6))
+    assert spec.output_ids == plain
+    choices = tuple(tuple(c) for c in load_choices("mc_sim_7b_top24"))
+    assert generate_medusa(medusa_model, batch, MedusaConfig(choices), stop=stop).output_ids == plain
+
+
 def test_medusa_needs_heads_deep_enough(
     models: dict[str, CausalLM], medusa_model: CausalLM, prompts: list[list[int]]
 ) -> None:

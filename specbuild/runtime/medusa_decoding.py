@@ -108,12 +108,13 @@ def generate_medusa(
             else:
                 path, accepted = accept_greedy(tree, tokens[b], best[b])
             stats.record_acceptance(tree.max_depth, accepted)
-            cache.compact(b, path)
             last = int(path[-1])
             nxt = int(best[b, last]) if params.greedy else int(next_tokens(out.logits[b, last], params, gen))
             for token in [*tokens[b, path[1:]].tolist(), nxt]:
                 if not seq.emit(token, stop):
                     break
+            if not seq.done:  # a finished sequence's cache is never read again: commit nothing more
+                cache.compact(b, path)
             pending[b] = nxt
             topk[:, b] = _head_topk(out.medusa_logits[:, b, last], k)
     stats.generated_tokens = sum(len(s.output) for s in seqs)

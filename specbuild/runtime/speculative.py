@@ -106,6 +106,7 @@ class _DraftTargetRun:
         self.accept = accept
         self.seqs = [SequenceState(list(p)) for p in prompts]
         self.gen = params.generator(target.device)
+        # Committed tokens stay below prompt + max_new_tokens; a round writes at most K + 1 more past them.
         capacity = max(len(p) for p in prompts) + stop.max_new_tokens + config.num_draft_tokens + 2
         self.tcache = target.new_cache(len(prompts), capacity)
         self.dcache = draft.new_cache(len(prompts), capacity)
@@ -154,13 +155,14 @@ class _DraftTargetRun:
             accepted, nxt = self.accept(p[b, : k + 1], q[b, :k], drafts[b, :k], self.gen)
             self.stats.record_acceptance(k, accepted)
             self.alpha[b] += self.config.smoothing * (accepted / k - self.alpha[b])
-            commit[b] = 1 + accepted
             before = len(seq.tokens)
             for token in [*drafts[b, :accepted].tolist(), nxt]:
                 if not seq.emit(token, self.stop):
                     break
             new_pending[b] = nxt
-            draft_keep[b] = before + accepted
+            if not seq.done:  # a finished sequence's caches are never read again: commit nothing more
+                commit[b] = 1 + accepted
+                draft_keep[b] = before + accepted
         self.tcache.advance(commit)
         self.dcache.truncate(torch.minimum(self.dcache.lengths, draft_keep.to(self.dcache.lengths.device)))
         return new_pending
