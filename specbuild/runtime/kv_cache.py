@@ -29,6 +29,11 @@ class KVCache:
         self._write_slots: torch.Tensor | None = None  # else [B, T] slots per row
 
     @property
+    def uniform(self) -> bool:
+        """Whether the last `begin_block` found every row with the same committed length."""
+        return self._write_start is not None
+
+    @property
     def device(self) -> torch.device:
         return self.data.device
 

@@ -55,10 +55,9 @@ class ForwardOutput:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm with the statistics in float32 (as TensorRT-LLM and HF do for half precision)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    """RMSNorm with the statistics in float32 (as TensorRT-LLM and HF do for half precision); torch's fused
+    kernel, since small decode steps are bound by the number of operations, not their size."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class _Weights(nn.Module):
@@ -105,11 +104,18 @@ class MLP(_Weights):
             "proj_weight": "proj.weight", "proj_bias": "proj.bias"})
         self.act = ACTIVATIONS[cfg.hidden_act]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(F.linear(x, self.fc_weight, self.fc_bias))
+        # fc and gate read the same input: one matmul over both weights is one kernel launch instead of two.
         if self.gate_weight is not None:
-            h = h * F.linear(x, self.gate_weight, self.gate_bias)
-        return F.linear(h, self.proj_weight, self.proj_bias)
+            self.register_buffer("fc_gate_weight", torch.cat([self.fc_weight, self.gate_weight]))
+            biases = (self.fc_bias, self.gate_bias)
+            self.register_buffer("fc_gate_bias", None if biases[0] is None else torch.cat(biases))
+            self.fc_weight = self.gate_weight = self.fc_bias = self.gate_bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fc_weight is None:
+            fc, gate = F.linear(x, self.fc_gate_weight, self.fc_gate_bias).chunk(2, dim=-1)
+            return F.linear(self.act(fc) * gate, self.proj_weight, self.proj_bias)
+        return F.linear(self.act(F.linear(x, self.fc_weight, self.fc_bias)), self.proj_weight, self.proj_bias)
 
 
 class Norm(_Weights):
@@ -170,7 +176,7 @@ class _Step:
     """What every layer of one forward shares."""
 
     cache: KVCache
-    mask: torch.Tensor  # [B, 1, T, num_slots] bool, True = may attend
+    mask: torch.Tensor | None  # [B, 1, T, num_slots] bool, True = may attend; None = every slot
     num_slots: int
     cos: torch.Tensor | None
     sin: torch.Tensor | None
@@ -276,7 +282,9 @@ class CausalLM(nn.Module):
         position_ids = self._check_inputs(input_ids, cache, position_ids, tree_mask)
         t = input_ids.shape[1]
         num_slots = cache.begin_block(t)
-        mask = attention_mask(cache.lengths, t, num_slots, tree_mask)
+        # One new token after equally long prefixes sees every slot in use: no mask needed (the common decode step).
+        uniform_step = t == 1 and tree_mask is None and cache.uniform
+        mask = None if uniform_step else attention_mask(cache.lengths, t, num_slots, tree_mask)
         x = F.embedding(input_ids, self.vocab_embedding)
         cos = sin = None
         if self.rope is not None:

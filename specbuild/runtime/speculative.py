@@ -35,7 +35,8 @@ AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator
 
 
 def accept_greedy(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
-    """Longest prefix of drafts equal to the target's argmax, then the target's argmax after it."""
+    """Longest prefix of drafts equal to the target's argmax, then the target's argmax after it (`p` may be
+    logits or probabilities: only its argmax is read)."""
     best = p.argmax(-1)
     matches = (drafts == best[: len(drafts)]).long()
     accepted = int(matches.cumprod(0).sum())
@@ -129,8 +130,11 @@ class _DraftTargetRun:
         logits = out.logits[torch.arange(len(backlog)), lengths - 1]
         tokens, dists = [], []
         for step in range(k):
-            q = probabilities(logits, self.params)
-            token = logits.argmax(-1) if self.params.greedy else draw(q, self.gen)
+            if self.params.greedy:  # greedy verification never reads q: skip building it
+                token, q = logits.argmax(-1), logits
+            else:
+                q = probabilities(logits, self.params)
+                token = draw(q, self.gen)
             tokens.append(token)
             dists.append(q)
             if step + 1 < k:
@@ -143,7 +147,7 @@ class _DraftTargetRun:
         """Score pending + drafts with the target, accept per sequence, commit, emit; returns the new pending."""
         out = self.target(torch.cat([pending[:, None], drafts], 1), self.tcache)
         self.stats.target_forwards += 1
-        p = probabilities(out.logits, self.params)
+        p = out.logits if self.params.greedy else probabilities(out.logits, self.params)
         new_pending = pending.clone()
         commit = torch.zeros(len(self.seqs), dtype=torch.long)
         # The draft cache may hold rejected drafts: it keeps at most what each sequence has committed.
