@@ -33,6 +33,7 @@ lint: $(STAMP)
 # Benchmarks write their figures under bench/results/.
 bench: $(STAMP)
 	$(BIN)/python bench/convert_bench.py
+	$(BIN)/python bench/runtime_bench.py
 
 clean:
 	rm -rf $(DEMO) bench/work .pytest_cache

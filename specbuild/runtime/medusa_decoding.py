@@ -95,8 +95,7 @@ def generate_medusa(
     depth = tree.depth[None, :]
     while not all(s.done for s in seqs):
         tokens = tree.candidate_tokens(pending, topk)  # [B, nodes]
-        out = model(tokens, cache, position_ids=cache.lengths[:, None] + depth, tree_mask=tree.attention_mask,
-                    medusa=True)
+        out = model(tokens, cache, position_ids=cache.lengths[:, None] + depth, tree_mask=tree.attention_mask)
         stats.target_forwards += 1
         best = out.logits.argmax(-1)
         for b, seq in enumerate(seqs):
@@ -116,7 +115,7 @@ def generate_medusa(
             if not seq.done:  # a finished sequence's cache is never read again: commit nothing more
                 cache.compact(b, path)
             pending[b] = nxt
-            topk[:, b] = _head_topk(out.medusa_logits[:, b, last], k)
+            topk[:, b] = _head_topk(model.medusa_logits(out.hidden[b : b + 1, last : last + 1])[:, 0, 0], k)
     stats.generated_tokens = sum(len(s.output) for s in seqs)
     stats.seconds = time.perf_counter() - start
     return GenerationResult([s.output for s in seqs], stats)

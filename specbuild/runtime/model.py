@@ -272,6 +272,13 @@ class CausalLM(nn.Module):
             raise ValueError("position_ids must be non-negative")
         return position_ids
 
+    def medusa_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The Medusa heads on chosen final hidden states [B, T, H] -> [heads, B, T, V]: decoding needs them at
+        one accepted position per row, not at every node of the tree the forward just verified."""
+        if self.medusa_heads is None:
+            raise ValueError("this checkpoint has no Medusa heads")
+        return self.medusa_heads(hidden)
+
     # -- forward -------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, *, position_ids: torch.Tensor | None = None,
