@@ -12,10 +12,8 @@ Run with `make bench` or `.venv/bin/python bench/convert_bench.py [--help]`.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -23,11 +21,11 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
+from machine_info import machine_info
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -298,38 +296,6 @@ def config_differences(ours: Path, theirs: Path) -> dict[str, Any]:
 
 
 # -- report ------------------------------------------------------------------------------------------------------
-def _package(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def machine_info() -> dict[str, Any]:
-    meminfo = Path("/proc/meminfo").read_text().split()
-    mem_kib = int(meminfo[meminfo.index("MemTotal:") + 1])
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "nproc": len(os.sched_getaffinity(0)),
-        "ram_gib": round(mem_kib / 2**20, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": _package("transformers"),
-        "nvidia-modelopt": _package("nvidia-modelopt"),
-        "safetensors": _package("safetensors"),
-        "specbuild": _package("specbuild"),
-        "git_commit": commit,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def _display(command: list[str]) -> str:
     """The command as a shell line, paths relative to the repository, the ModelOpt script abbreviated."""
     words = ["MODELOPT_SCRIPT" if w == MODELOPT_SCRIPT else w.replace(f"{ROOT}/", "") for w in command]
@@ -527,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "shards": len(shape.shards()),
         "path": str(model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir),
     }
-    machine = {**machine_info(), "loadavg_start": load_start}
+    machine = machine_info(("transformers", "nvidia-modelopt", "safetensors", "specbuild"), loadavg_start=load_start)
     report = build_report(contenders, model, check, machine, floor, time.perf_counter() - bench_start)
     (args.results / "convert.json").write_text(json.dumps(report, indent=2) + "\n")
     markdown = render_markdown(report)

@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import itertools
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
+from machine_info import machine_info
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -285,37 +282,6 @@ def transformers_methods(dirs: dict[str, Path], ks: Sequence[int], new_tokens: i
 
 
 # -- report ---------------------------------------------------------------------------------------------------------
-def _package(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def machine_info(threads: int) -> dict[str, Any]:
-    meminfo = Path("/proc/meminfo").read_text().split()
-    mem_kib = int(meminfo[meminfo.index("MemTotal:") + 1])
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "nproc": len(os.sched_getaffinity(0)),
-        "torch_threads": threads,
-        "ram_gib": round(mem_kib / 2**20, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": _package("transformers"),
-        "specbuild": _package("specbuild"),
-        "git_commit": commit,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def _relative(path: Path) -> str:
     path = path.absolute()
     return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
@@ -595,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    if r["runtime"] == "transformers"),
         "transformers_plain_equals_specbuild_plain": None if hf_plain is None else hf_plain.outputs == greedy,
     }
-    machine = {**machine_info(args.threads), "loadavg_start": load_start}
+    machine = machine_info(("transformers", "specbuild"), torch_threads=args.threads, loadavg_start=load_start)
     report = {
         "config": {"prompts": len(prompts), "prompt_tokens": args.prompt_tokens,
                    "max_new_tokens": args.max_new_tokens, "ks": ks, "trees": trees, "rounds": args.rounds,
