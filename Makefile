@@ -15,13 +15,24 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the built-in demo models: build them (cached), then convert target and draft.
+# The main job on the built-in demo models: build them (cached), convert the draft-target and the Medusa
+# pipelines, then generate with each speculative method through the reference runtime.
 demo: $(STAMP)
 	$(BIN)/specbuild demo-models $(DEMO)/models
 	$(BIN)/specbuild validate configs/demo.yaml
 	$(BIN)/specbuild convert configs/demo.yaml
+	$(BIN)/specbuild convert configs/demo-medusa.yaml
 	@echo "--- written:"
-	@find $(DEMO)/build/checkpoints -maxdepth 2 -type f | sort | xargs ls -l
+	@find $(DEMO)/build/checkpoints $(DEMO)/build-medusa/checkpoints -maxdepth 2 -type f | sort | xargs ls -l
+	@echo "--- plain greedy decoding of the target:"
+	$(BIN)/specbuild generate $(DEMO)/build/checkpoints/target --tokenizer $(DEMO)/models/target \
+		--prompt "The for statement" --max-tokens 40
+	@echo "--- draft-target speculative decoding (same text, fewer target forwards):"
+	$(BIN)/specbuild generate $(DEMO)/build/checkpoints/target --tokenizer $(DEMO)/models/target \
+		--prompt "The for statement" --max-tokens 40 --draft $(DEMO)/build/checkpoints/draft --num-draft-tokens 4
+	@echo "--- Medusa speculative decoding:"
+	$(BIN)/specbuild generate $(DEMO)/build-medusa/checkpoints/medusa --tokenizer $(DEMO)/models/target \
+		--prompt "The for statement" --max-tokens 40 --medusa --medusa-choices mc_sim_7b_top8
 
 test: $(STAMP)
 	$(BIN)/ruff check .
