@@ -225,6 +225,10 @@ def generate(
     seed: Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop word; repeatable.")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    threads: Annotated[
+        int | None,
+        typer.Option("--threads", min=1, help="CPU threads for torch (small models decode fastest on 1)."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Generate text from a TensorRT-LLM checkpoint with the reference runtime, optionally speculating.
@@ -240,6 +244,7 @@ def generate(
         checkpoint=checkpoint, tokenizer=tokenizer, prompts=prompt, draft=draft, num_draft_tokens=num_draft_tokens,
         adaptive=adaptive, medusa=medusa, medusa_choices=medusa_choices, typical=typical, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], device=device,
+        threads=threads,
     )
     try:
         report = run_generate(options)

@@ -36,6 +36,7 @@ class GenerateOptions:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     device: str = "cpu"
+    threads: int | None = None  # torch CPU threads; None keeps torch's default
 
 
 def load_tokenizer(directory: Path) -> Any:
@@ -68,6 +69,8 @@ def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params
 
 def run_generate(options: GenerateOptions) -> dict[str, Any]:
     """Generate for every prompt; the report has `results` [{text, output_ids}] and the statistics."""
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
     tokenizer = load_tokenizer(options.tokenizer)
     try:
         params = SamplingParams(options.temperature, options.top_k, options.top_p, options.seed)
