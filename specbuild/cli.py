@@ -156,7 +156,12 @@ def convert(
             assert spec_path is not None
             requests = requests_from_spec(load_spec(spec_path), allow_pickle=allow_pickle)
         for request in requests:
-            result = convert_checkpoint(request, force=force, dry_run=dry_run, console=console)
+            try:
+                result = convert_checkpoint(request, force=force, dry_run=dry_run, console=console)
+            except SpecbuildError as err:
+                if spec_path is not None:  # say which of the spec's models failed
+                    err.message = f"{spec_path}: converting the {request.name} model: {err.message}"
+                raise
             console.print(result.summary(), highlight=False, soft_wrap=True)
     except SpecbuildError as err:
         raise _fail(err) from None
