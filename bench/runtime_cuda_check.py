@@ -30,7 +30,7 @@ def prepare(folder: Path) -> None:
     from specbuild.demo_models import build_demo_models, heldout_texts
 
     models = build_demo_models(REPO / "demo" / "models", progress=False)
-    convert_checkpoint(ConvertRequest("target", models["target"], folder / "target", "float32"))
+    # The Medusa checkpoint doubles as the plain target (its base tensors are the target's): one copy travels.
     convert_checkpoint(ConvertRequest("draft", models["draft"], folder / "draft", "float32"))
     convert_checkpoint(ConvertRequest("medusa", models["target"], folder / "medusa", "float32",
                                       medusa_heads=models["medusa-heads"], max_draft_len=24))
@@ -59,20 +59,20 @@ def run(folder: Path, out: Path) -> dict[str, object]:
     prompts: list[list[int]] = json.loads((folder / "prompts.json").read_text())
     report: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
 
-    cpu = CausalLM.from_checkpoint(folder / "target")
+    cpu = CausalLM.from_checkpoint(folder / "medusa")
     ids = torch.tensor([p[:16] for p in prompts])
     reference = cpu(ids, cpu.new_cache(len(prompts), 32)).logits
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        gpu = CausalLM.from_checkpoint(folder / "target", dtype=dtype, device="cuda")
+        gpu = CausalLM.from_checkpoint(folder / "medusa", dtype=dtype, device="cuda")
         logits = gpu(ids, gpu.new_cache(len(prompts), 32)).logits.cpu()
         report[f"logits_{dtype}"] = {
             "max_abs_diff_vs_cpu_fp32": float((logits - reference).abs().max()),
             "argmax_agreement": float((logits.argmax(-1) == reference.argmax(-1)).float().mean()),
         }
 
-    target = CausalLM.from_checkpoint(folder / "target", device="cuda")
-    draft = CausalLM.from_checkpoint(folder / "draft", device="cuda")
     medusa = CausalLM.from_checkpoint(folder / "medusa", device="cuda")
+    target = medusa  # plain and draft-target decoding ignore the heads
+    draft = CausalLM.from_checkpoint(folder / "draft", device="cuda")
     stop = StopCriteria(max_new_tokens=64)
     generate(target, prompts[:1], stop=StopCriteria(max_new_tokens=4))  # warm-up (CUDA context, kernels)
     methods = {
