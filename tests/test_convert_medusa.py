@@ -90,7 +90,7 @@ def test_malformed_head_files_are_refused(tmp_path: Path) -> None:
     del state["1.0.linear.bias"]
     save_file(state, tmp_path / "heads/medusa_lm_head.safetensors")
     code, text = convert(base, tmp_path / "heads", tmp_path / "out")
-    assert code == 1 and "Medusa head 1 is not ResBlocks" in text
+    assert code == 1 and "missing '1.0.linear.bias'" in text
 
 
 def test_pickle_heads_need_opt_in(tmp_path: Path) -> None:
@@ -112,3 +112,14 @@ def test_medusa_needs_a_llama_family_base(tmp_path: Path, family: str) -> None:
     write_heads(tmp_path / "heads")
     code, text = convert(base, tmp_path / "heads", tmp_path / "out")
     assert code == 1 and "Medusa heads need a LLaMA, Mistral or Qwen2 base, not GPT2LMHeadModel" in text
+
+
+def test_module_prefixed_keys_convert_like_plain_ones(tmp_path: Path) -> None:
+    """Some exports keep `medusa_head.` in front of every key; the converter reads them the same."""
+    base = make_checkpoint(tmp_path / "base", "llama")
+    state = write_heads(tmp_path / "heads", heads=2)
+    save_file({f"medusa_head.{k}": v for k, v in state.items()}, tmp_path / "heads/medusa_lm_head.safetensors")
+    code, text = convert(base, tmp_path / "heads", tmp_path / "out")
+    assert code == 0, text
+    converted = load_file(tmp_path / "out/rank0.safetensors")
+    assert torch.equal(converted["medusa_heads.1.medusa_layers.0.linear.weight"], state["1.0.linear.weight"])

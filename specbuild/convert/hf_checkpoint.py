@@ -122,23 +122,25 @@ class HFCheckpoint:
                 self.infos[name] = TensorInfo(name, file, tensor.dtype, tuple(tensor.shape), 0, 0)
         self.weight_files = files
 
-    def include_safetensors(self, path: Path, prefix: str) -> list[str]:
-        """Add another safetensors file's tensors as sources named `prefix + name` (e.g. Medusa heads)."""
+    def include_safetensors(self, path: Path, prefix: str, strip: str = "") -> list[str]:
+        """Add another safetensors file's tensors as sources named `prefix + name` (e.g. Medusa heads), each name
+        without a leading `strip`."""
         names = []
-        for name, info in read_header(path).items():
+        for stored, info in read_header(path).items():
+            name = stored.removeprefix(strip) if strip else stored
             self.infos[prefix + name] = info
             names.append(name)
         self.weight_files.append(path)
         return names
 
-    def include_pickle(self, path: Path, prefix: str, *, allow_pickle: bool) -> list[str]:
+    def include_pickle(self, path: Path, prefix: str, strip: str = "", *, allow_pickle: bool) -> list[str]:
         """Like include_safetensors for a torch.save file, only with the user's opt-in."""
         if not allow_pickle:
             raise CheckpointError(
                 f"{path}: is a pickle file; loading pickle can run arbitrary code, so it is off by default",
                 hint="convert it to safetensors, or pass --allow-pickle to load it with torch.load(weights_only=True)",
             )
-        state = self._load_pickle(path)
+        state = {(k.removeprefix(strip) if strip else k): v for k, v in self._load_pickle(path).items()}
         for name, tensor in state.items():
             self._pickled[prefix + name] = tensor
             self.infos[prefix + name] = TensorInfo(prefix + name, path, tensor.dtype, tuple(tensor.shape), 0, 0)

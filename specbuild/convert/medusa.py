@@ -12,7 +12,6 @@ coverage check and streaming writer handle them; `MedusaArchitecture` wraps the 
 
 from __future__ import annotations
 
-import re
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,55 +21,24 @@ from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import Rule, Shape
 from specbuild.convert.sharding import Rank, split
 from specbuild.errors import CheckpointError
+from specbuild.medusa.heads_format import MODULE_PREFIX, PICKLE_NAME, WEIGHTS_NAME, count_heads
 
 PREFIX = "medusa:"
-HEADS_SAFETENSORS = "medusa_lm_head.safetensors"
-HEADS_PICKLE = "medusa_lm_head.pt"
-_KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
 
 
 def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: bool) -> tuple[int, int]:
     """Add the head file's tensors to `checkpoint` as `medusa:` sources; return (heads, layers) counted
     from the keys."""
-    safetensors, pickle = heads_dir / HEADS_SAFETENSORS, heads_dir / HEADS_PICKLE
+    safetensors, pickle = heads_dir / WEIGHTS_NAME, heads_dir / PICKLE_NAME
     if safetensors.is_file():
-        names = checkpoint.include_safetensors(safetensors, PREFIX)
+        names = checkpoint.include_safetensors(safetensors, PREFIX, strip=MODULE_PREFIX)
     elif pickle.is_file():
-        names = checkpoint.include_pickle(pickle, PREFIX, allow_pickle=allow_pickle)
+        names = checkpoint.include_pickle(pickle, PREFIX, strip=MODULE_PREFIX, allow_pickle=allow_pickle)
     elif not heads_dir.is_dir():
         raise CheckpointError(f"{heads_dir}: Medusa heads directory does not exist")
     else:
-        raise CheckpointError(f"{heads_dir}: no {HEADS_SAFETENSORS} (or {HEADS_PICKLE}) here")
+        raise CheckpointError(f"{heads_dir}: no {WEIGHTS_NAME} (or {PICKLE_NAME}) here")
     return count_heads(names, heads_dir)
-
-
-def count_heads(names: list[str], where: Path) -> tuple[int, int]:
-    """(num_heads, num_layers) from keys like `2.0.linear.weight` / `2.1.weight`; every head must have the
-    same layers, a bias for every linear, and exactly one vocabulary projection after its last layer."""
-    parsed: dict[int, dict[int, set[str]]] = {}
-    for name in names:
-        match = _KEY.fullmatch(name)
-        if match is None:
-            raise CheckpointError(f"{where}: unexpected tensor {name!r} in the Medusa head file")
-        head, index, kind = int(match[1]), int(match[2]), match[3]
-        parsed.setdefault(head, {}).setdefault(index, set()).add(kind)
-    heads = sorted(parsed)
-    if not heads or heads != list(range(len(heads))):
-        raise CheckpointError(f"{where}: Medusa heads must be numbered 0..N-1 (found {heads})")
-    layouts = set()
-    for head in heads:
-        entries = parsed[head]
-        layers = len(entries) - 1
-        expected = {i: {"linear.weight", "linear.bias"} for i in range(layers)} | {layers: {"weight"}}
-        if entries != expected:
-            raise CheckpointError(
-                f"{where}: Medusa head {head} is not ResBlocks (linear.weight + linear.bias) followed by one "
-                f"vocabulary projection ({head}.{layers}.weight)"
-            )
-        layouts.add(layers)
-    if len(layouts) != 1:
-        raise CheckpointError(f"{where}: Medusa heads have different numbers of layers ({sorted(layouts)})")
-    return len(heads), layouts.pop()
 
 
 class MedusaArchitecture(Architecture):

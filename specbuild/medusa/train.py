@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ from torch import nn
 
 from specbuild.atomic import atomic_directory
 from specbuild.errors import CheckpointError
+from specbuild.medusa.heads_format import MODULE_PREFIX, PICKLE_NAME, WEIGHTS_NAME, count_heads
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -47,14 +47,11 @@ __all__ = [
     "train_medusa_heads",
 ]
 
-WEIGHTS_NAME = "medusa_lm_head.safetensors"
-PICKLE_NAME = "medusa_lm_head.pt"
 CONFIG_NAME = "config.json"
 LOSS_DECAY = 0.8
 """Head k's loss weight is LOSS_DECAY**k (Medusa-1 paper; ModelOpt `medusa_decay_coefficient`)."""
 WARMUP_FRACTION = 0.1  # FasterDecoding's legacy recipe: cosine schedule with 10% warmup, no weight decay
 TOP_K_EVAL = 5
-_KEY_RE = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -154,52 +151,15 @@ def load_medusa_heads(directory: Path, *, allow_pickle: bool = False) -> tuple[d
         state_dict = dict(loaded)
     else:
         raise CheckpointError(f"{path}: unknown Medusa heads file type (expected {WEIGHTS_NAME} or {PICKLE_NAME})")
+    state_dict = {key.removeprefix(MODULE_PREFIX): value for key, value in state_dict.items()}
     num_heads, num_layers = _count_heads(state_dict, path)
     return state_dict, num_heads, num_layers
 
 
 def _count_heads(state_dict: Mapping[str, torch.Tensor], path: Path) -> tuple[int, int]:
-    """Heads and layers from the keys; each head must have the same layers, each tensor a consistent shape."""
-    layers: dict[int, dict[int, set[str]]] = {}
-    projection: dict[int, int] = {}
-    for key in state_dict:
-        match = _KEY_RE.match(key)
-        if match is None:
-            raise CheckpointError(
-                f"{path}: unexpected tensor {key!r}",
-                hint="FasterDecoding Medusa heads have keys like '0.0.linear.weight', '0.0.linear.bias', '0.1.weight'",
-            )
-        head, index, kind = int(match[1]), int(match[2]), match[3]
-        if kind == "weight":
-            if head in projection:
-                raise CheckpointError(f"{path}: head {head} has two vocab projections ({projection[head]} and {index})")
-            projection[head] = index
-        else:
-            layers.setdefault(head, {}).setdefault(index, set()).add(kind)
-    heads = sorted(set(projection) | set(layers))
-    if not heads:
-        raise CheckpointError(f"{path}: no Medusa head tensors")
-    if heads != list(range(len(heads))):
-        raise CheckpointError(f"{path}: head indices {heads} are not 0..{len(heads) - 1}")
-    counts = set()
-    for head in heads:
-        if head not in projection:
-            raise CheckpointError(f"{path}: head {head} has no vocab projection '{head}.<num_layers>.weight'")
-        count = projection[head]
-        blocks = layers.get(head, {})
-        if sorted(blocks) != list(range(count)):
-            raise CheckpointError(
-                f"{path}: head {head} has ResBlocks {sorted(blocks)} but its projection is '{head}.{count}.weight' "
-                f"(expected ResBlocks 0..{count - 1})"
-            )
-        for layer, kinds in blocks.items():
-            if kinds != {"linear.weight", "linear.bias"}:
-                missing = ({"linear.weight", "linear.bias"} - kinds).pop()
-                raise CheckpointError(f"{path}: missing '{head}.{layer}.{missing}'")
-        counts.add(count)
-    if len(counts) != 1:
-        raise CheckpointError(f"{path}: heads have different numbers of ResBlocks ({sorted(counts)})")
-    num_layers = counts.pop()
+    """Heads and layers from the keys (`count_heads`), then every tensor's shape checked against head 0's."""
+    num_heads, num_layers = count_heads(state_dict, path)
+    heads = range(num_heads)
     vocab, hidden = state_dict[f"0.{num_layers}.weight"].shape
     for head in heads:
         expected = {f"{head}.{num_layers}.weight": (vocab, hidden)}
