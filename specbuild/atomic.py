@@ -6,6 +6,7 @@ everything is written, so an interrupted or failed run leaves the previous outpu
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -46,8 +47,16 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    tmp.chmod(_directory_mode())  # mkdtemp makes 0700; the output should be readable like any other directory
     old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
     if final.exists():
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _directory_mode() -> int:
+    """The mode `mkdir` would give a new directory under the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask

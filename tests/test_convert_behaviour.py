@@ -203,3 +203,13 @@ def test_kernel_copy_and_its_fallback_give_the_same_file(tmp_path: Path, monkeyp
     convert(src, tmp_path / "slow")
     assert calls["n"] > 0
     assert (tmp_path / "fast/rank0.safetensors").read_bytes() == (tmp_path / "slow/rank0.safetensors").read_bytes()
+
+
+def test_output_directory_has_ordinary_permissions(tmp_path: Path) -> None:
+    """The temporary directory behind the atomic swap is made 0700; the finished checkpoint must not be, or a
+    server running as another user cannot read it."""
+    src = make_checkpoint(tmp_path / "m", "llama")
+    convert(src, tmp_path / "out")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~mask
