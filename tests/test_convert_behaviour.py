@@ -160,9 +160,11 @@ def test_streaming_writer_rejects_out_of_layout_tensors(tmp_path: Path) -> None:
         StreamingSafetensorsWriter(tmp_path / "y.safetensors", layout).close()
 
 
-def test_convert_from_spec_writes_target_and_draft(tmp_path: Path) -> None:
-    make_checkpoint(tmp_path / "models/target", "llama", num_hidden_layers=4)
-    make_checkpoint(tmp_path / "models/draft", "llama", seed=3, num_hidden_layers=1)
+def test_convert_from_spec_writes_target_and_draft(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    for role, seed, layers in (("target", 0, 4), ("draft", 3, 1)):
+        model = make_checkpoint(tmp_path / f"models/{role}", "llama", seed=seed, num_hidden_layers=layers)
+        for name in ("tokenizer.json", "tokenizer_config.json"):  # the pair check compares tokenizers
+            (model / name).write_bytes((demo_models["tokenizer"] / name).read_bytes())
     spec = tmp_path / "pipeline.yaml"
     spec.write_text(
         "name: t\noutput_dir: out\ntarget: {model: models/target}\ndraft: {model: models/draft}\n"

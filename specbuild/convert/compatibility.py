@@ -1,0 +1,85 @@
+"""Can this draft speculate for this target? Checked before any conversion work starts.
+
+Draft-target decoding compares token ids, so the two models must share the vocabulary and the tokenizer
+(shared/reference/tensorrt-llm.md §3: a Qwen2.5 pair with different vocabulary sizes fails at run time with
+buffer errors), and a draft that is not smaller than its target cannot make decoding faster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specbuild.convert.architectures import REGISTRY
+from specbuild.convert.hf_checkpoint import HFCheckpoint
+from specbuild.errors import CheckpointError
+
+# Words, digits, punctuation, accents and CJK: tokenizers that differ anywhere common tend to differ here.
+PROBE_TEXT = "Speculative decoding, 2024: naïve café — 東京 tokens {x: [1, 2.5]} // end."
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _parameters(checkpoint: HFCheckpoint) -> int:
+    return sum(_numel(info.shape) for info in checkpoint.infos.values())
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
+def _probe_ids(directory: Path) -> list[int] | None:
+    """The probe text's token ids, or None when the directory has no tokenizer files."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
+    except Exception as err:  # transformers raises many types for unreadable tokenizers
+        raise CheckpointError(f"{directory}: cannot load the tokenizer ({err})") from err
+    return list(tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
+
+
+def check_draft_target(target: Path, draft: Path, *, allow_pickle: bool = False) -> None:
+    """Raise one CheckpointError listing every reason `draft` cannot serve as `target`'s draft model."""
+    problems: list[str] = []
+    target_ckpt = HFCheckpoint(target, allow_pickle=allow_pickle)
+    draft_ckpt = HFCheckpoint(draft, allow_pickle=allow_pickle)
+    try:
+        for role, ckpt in (("target", target_ckpt), ("draft", draft_ckpt)):
+            arch = (ckpt.config.get("architectures") or [None])[0]
+            if arch not in REGISTRY:
+                problems.append(f"{role} architecture {arch!r} is not supported (supported: {', '.join(REGISTRY)})")
+        vocab_t, vocab_d = target_ckpt.config.get("vocab_size"), draft_ckpt.config.get("vocab_size")
+        if vocab_t != vocab_d:
+            problems.append(
+                f"vocab_size differs: target {vocab_t} ({target / 'config.json'}), draft {vocab_d} "
+                f"({draft / 'config.json'})"
+            )
+        params_t, params_d = _parameters(target_ckpt), _parameters(draft_ckpt)
+        if params_d >= params_t:
+            problems.append(
+                f"the draft ({params_d / 1e6:.1f} M parameters) is not smaller than the target "
+                f"({params_t / 1e6:.1f} M): it cannot make decoding faster"
+            )
+    finally:
+        target_ckpt.close()
+        draft_ckpt.close()
+    ids_t, ids_d = _probe_ids(target), _probe_ids(draft)
+    if ids_t is None or ids_d is None:
+        missing = target if ids_t is None else draft
+        problems.append(f"{missing}: no tokenizer files, so the shared tokenizer cannot be checked")
+    elif ids_t != ids_d:
+        pairs = enumerate(zip(ids_t, ids_d, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), min(len(ids_t), len(ids_d)))
+        problems.append(
+            f"the tokenizers differ: the probe text {PROBE_TEXT!r} becomes different token ids (first difference at "
+            f"token {first}: target {ids_t[first:first + 3]}, draft {ids_d[first:first + 3]})"
+        )
+    if problems:
+        raise CheckpointError(
+            f"draft {draft} cannot speculate for target {target}:\n  - " + "\n  - ".join(problems),
+            hint="draft and target must share tokenizer and vocabulary; pick a smaller model of the same family",
+        )
