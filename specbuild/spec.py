@@ -39,7 +39,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from rich.table import Table
 
 from specbuild.errors import SpecError
-from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, medusa_tree_problems
+from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, load_choices, medusa_tree_problems
 
 __all__ = [
     "MAX_DRAFT_TOKENS",
@@ -248,23 +248,11 @@ def _find_preset(ref: str, base_dir: Path) -> Path:
 
 
 def _read_preset(path: Path) -> list[list[int]]:
-    """A preset file: either a bare JSON list of paths or `{"source": ..., "choices": [...]}`."""
+    """A preset file, read and validated by the runtime's own loader so both accept the same files."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        _raise_issues([((), f"cannot read tree file {path}: {err}", None)])
-    raw = data.get("choices") if isinstance(data, dict) else data
-    if not isinstance(raw, list):
-        expected = 'expected a JSON list of paths or {"choices": [...]}'
-        _raise_issues([((), f"tree file {path}: {expected}", None)])
-    paths, issues = _as_paths(raw)
-    messages = [f"entry {loc[0]}: {message}" for loc, message, _ in issues]
-    if not messages:
-        messages = [message if index is None else f"entry {index}: {message}"
-                    for index, message in medusa_tree_problems(paths)]
-    if messages:
-        _raise_issues([((), f"tree file {path}: {message}", None) for message in messages])
-    return paths
+        return load_choices(str(path))
+    except ValueError as err:
+        _raise_issues([((), str(err), None)])
 
 
 def _load_choices(ref: str, base_dir: Path) -> tuple[list[list[int]], Path]:

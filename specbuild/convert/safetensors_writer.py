@@ -54,7 +54,6 @@ class StreamingSafetensorsWriter:
             }
             self._expect[name] = (dtype, tuple(shape))
             offset += nbytes
-        self.data_bytes = offset
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % _ALIGN)
         self._file = path.open("wb", buffering=0)  # unbuffered: copy_from shares the file position

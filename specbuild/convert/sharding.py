@@ -85,9 +85,6 @@ class RowBlocks:
     def to(self, dtype: torch.dtype) -> RowBlocks:
         return RowBlocks([b.to(dtype) for b in self.blocks])
 
-    def materialize(self) -> torch.Tensor:
-        return torch.cat(self.blocks, dim=0)
-
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Rank, num_kv_heads: int) -> RowBlocks:
     """This rank's fused QKV weight or bias: cat(split(q), split(k'), split(v')) along dim 0."""

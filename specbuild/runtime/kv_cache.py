@@ -126,9 +126,3 @@ class KVCache:
             raise ValueError(f"truncate({lengths.tolist()}) may only shrink the lengths {self.lengths.tolist()}")
         self.lengths.copy_(lengths)
         self.pending.zero_()
-
-    def reset(self) -> None:
-        """Forget every sequence (the storage is kept for reuse)."""
-        self.lengths.zero_()
-        self.pending.zero_()
-        self.block_size = 0
