@@ -215,3 +215,17 @@ def test_output_directory_has_ordinary_permissions(tmp_path: Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def test_changed_inputs_are_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The up-to-date check hashes a changed file; the conversion that follows must reuse that hash."""
+    from specbuild import manifest
+
+    src = make_checkpoint(tmp_path / "m", "llama")
+    convert(src, tmp_path / "out")
+    save_model(make_model("llama", seed=9), src)
+    hashed: list[str] = []
+    real = manifest.content_hash
+    monkeypatch.setattr(manifest, "content_hash", lambda path: hashed.append(path.name) or real(path))
+    assert "wrote" in convert(src, tmp_path / "out")
+    assert sorted(hashed) == ["config.json", "model.safetensors"]

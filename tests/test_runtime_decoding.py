@@ -86,7 +86,8 @@ def test_draft_target_greedy_equals_plain_greedy(
     assert spec.output_ids == plain.output_ids
     assert spec.stats.target_forwards < plain.stats.target_forwards
     assert spec.stats.tokens_per_target_forward > 1.2
-    assert len(spec.stats.acceptance_by_position) == config.num_draft_tokens or config.adaptive
+    positions = len(spec.stats.acceptance_by_position)
+    assert 1 <= positions <= config.num_draft_tokens if config.adaptive else positions == config.num_draft_tokens
 
 
 @pytest.mark.parametrize("tree", ["mc_sim_7b_63", "mc_sim_7b_top8", "chain_4"])

@@ -199,17 +199,19 @@ def convert_checkpoint(
             console.print(_plan_table(request, plan))
             result.dry_run = True
             return result
+        known = (previous or {}).get("inputs")  # hashes to reuse for files whose stat is unchanged
         if previous and not force and previous.get("settings") == settings:
-            inputs = fingerprint_files(checkpoint.input_files, previous.get("inputs"))
+            inputs = fingerprint_files(checkpoint.input_files, known)
             if same_inputs(inputs, previous.get("inputs", {})) and outputs_intact(
                 request.output, previous.get("outputs", {})
             ):
                 result.skipped = True
                 return result
+            known = inputs  # already hashed: the write below must not hash them again
         start = time.perf_counter()
         # Hash the inputs on a second thread while the main thread converts (hashlib releases the GIL).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            hashing = pool.submit(fingerprint_files, checkpoint.input_files, (previous or {}).get("inputs"))
+            hashing = pool.submit(fingerprint_files, checkpoint.input_files, known)
             with atomic_directory(request.output) as tmp:
                 (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
                 with Progress(
