@@ -154,12 +154,7 @@ def convert(
             from specbuild.spec import load_spec
 
             assert spec_path is not None
-            spec = load_spec(spec_path)
-            if spec.draft is not None:  # before any work: a bad pair would only fail at serving time
-                from specbuild.convert.compatibility import check_draft_target
-
-                check_draft_target(spec.target.model, spec.draft.model, allow_pickle=allow_pickle)
-            requests = requests_from_spec(spec, allow_pickle=allow_pickle)
+            requests = requests_from_spec(load_spec(spec_path), allow_pickle=allow_pickle)
         for request in requests:
             try:
                 result = convert_checkpoint(request, force=force, dry_run=dry_run, console=console)

@@ -22,6 +22,7 @@ from rich.table import Table
 from specbuild.atomic import atomic_directory, check_replaceable
 from specbuild.convert.architectures import Architecture, architecture_for
 from specbuild.convert.architectures.llama import Llama
+from specbuild.convert.compatibility import check_draft_target
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
 from specbuild.convert.medusa import MedusaArchitecture, attach_heads
@@ -238,7 +239,10 @@ def convert_checkpoint(
 
 
 def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
-    """The target and (when the spec has one) the draft, with the spec's dtype and parallelism."""
+    """The target and (when the spec has them) the draft and the Medusa checkpoint, with the spec's dtype and
+    parallelism. A draft is first checked against the target: a bad pair would only fail at serving time."""
+    if spec.draft is not None:
+        check_draft_target(spec.target.model, spec.draft.model, allow_pickle=allow_pickle)
     build = spec.build
     common = {"dtype": build.dtype, "tp_size": build.tp_size, "pp_size": build.pp_size, "allow_pickle": allow_pickle}
     requests = [ConvertRequest("target", spec.target.model, spec.checkpoint_dir("target"), **common)]
