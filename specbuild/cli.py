@@ -167,6 +167,46 @@ def convert(
         raise _fail(err) from None
 
 
+@app.command()
+def build(
+    spec_path: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).", metavar="SPEC")],
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="auto|tensorrt|reference (default: the spec's build.backend). auto = tensorrt where tensorrt_llm "
+            "imports and a GPU is visible, else reference.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Check everything, print the trtllm-build plans and write a build.sh per "
+                     "engine (runs unchanged in the TensorRT-LLM 1.2 container); build nothing."),
+    ] = False,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Engines built at once (tensorrt; GPUs permitting).")] = 1,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the manifest says up to date.")] = False,
+) -> None:
+    """Build the engines a spec needs from its converted checkpoints: TensorRT-LLM engines (trtllm-build) on a
+    GPU machine with TensorRT-LLM 1.2, reference bundles for specbuild's PyTorch runtime elsewhere.
+
+    Every check (checkpoint vs spec, Medusa tree, limits, GPU generation vs quantization, memory) runs first,
+    and all problems are reported together before any build starts.
+    """
+    from specbuild.build import build_pipeline
+    from specbuild.spec import load_spec
+
+    if backend is not None and backend not in ("auto", "tensorrt", "reference"):
+        raise _fail(SpecbuildError(f"--backend {backend}: expected auto, tensorrt or reference"))
+    try:
+        results = build_pipeline(
+            load_spec(spec_path), backend=backend, dry_run=dry_run, jobs=jobs, force=force, console=console
+        )
+    except SpecbuildError as err:
+        raise _fail(err) from None
+    for result in results:
+        console.print(result.summary(), highlight=False, soft_wrap=True)
+
+
 medusa_app = typer.Typer(help="Medusa heads: train them on a frozen base model.", no_args_is_help=True)
 app.add_typer(medusa_app, name="medusa")
 

@@ -379,6 +379,35 @@ class SpeculativeSpec(_Section):
 
 
 class BuildSpec(_Section):
+    max_draft_len: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
+    """Draft tokens the engine can verify per step (trtllm-build --max_draft_len). Default: K (draft_target)
+    or the tree's node count (medusa). More than that lets the service raise K later without a rebuild, at
+    the cost of a bigger engine and KV cache; less is a build error."""
+    use_draft_logits: Annotated[bool, Strict()] = False
+    """draft_target: accept draft tokens by rejection sampling on the draft's and the target's logits instead
+    of by token match; both engines are then built with --gather_generation_logits (TensorRT-LLM#2798)."""
+
+    @model_validator(mode="after")
+    def _check_draft_settings(self) -> SpeculativeSpec:
+        issues: list[_Issue] = []
+        given = self.model_fields_set
+        if self.use_draft_logits and self.mode != "draft_target":
+            issues.append((("use_draft_logits",), f"only used in draft_target mode (mode is {self.mode!r})", None))
+        if self.max_draft_len is not None and self.mode == "none":
+            issues.append((("max_draft_len",), "only used with speculative decoding (mode is 'none')", None))
+        elif self.max_draft_len is not None and self.mode == "draft_target" and (
+            self.num_draft_tokens > self.max_draft_len
+        ):
+            line = ("num_draft_tokens",) if "num_draft_tokens" in given else ("max_draft_len",)
+            issues.append((
+                ("max_draft_len",),
+                f"{self.max_draft_len} is less than num_draft_tokens ({self.num_draft_tokens}); the target engine "
+                "would refuse every draft ('Number of draft tokens is larger than maximum number of draft tokens')",
+                line,
+            ))
+        if issues:
+            _raise_issues(issues)
+        return self
     """Engine limits. They fix memory use, so the three max_* have no default (trtllm-build's batch 2048 is
     a trap)."""
 
@@ -394,6 +423,19 @@ class BuildSpec(_Section):
 
     @property
     def world_size(self) -> int:
+    max_num_tokens: Count | None = None
+    """Tokens one engine step processes across the batch (trtllm-build --max_num_tokens). Default: enough for a
+    whole prompt and for batch x (draft length + 1) verification tokens, at most 8192 unless those need more."""
+    gather_context_logits: Annotated[bool, Strict()] = False
+    """Return prompt logits too (trtllm-build --gather_context_logits); TensorRT-LLM refuses it on an engine with
+    a draft length, so only the plain target or a draft may use it."""
+    gpu: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    """The GPU the engines are built for, e.g. H100, L40S, A100, or a compute capability such as '8.9'; checks
+    that it runs the checkpoints' quantization (fp8 needs Ada/Hopper or newer). Default: the GPU nvidia-smi
+    shows, when there is one."""
+    gpu_memory_gb: Annotated[float, Field(gt=0)] | None = None
+    """Memory of that GPU in GB; `build` warns when weights + KV cache for the limits above would not fit.
+    Default: the named GPU's memory, or what nvidia-smi shows."""
         return self.tp_size * self.pp_size
 
     @property

@@ -67,6 +67,11 @@ class EngineInfo:
     max_draft_len: int = 0
     medusa_choices: list[list[int]] | None = field(default=None, hash=False)
     gather_generation_logits: bool = False
+    gather_context_logits: bool = False
+    quant_algo: str | None = None
+    """The checkpoint's `quantization.quant_algo` (e.g. FP8, W4A16_AWQ); None when unquantized."""
+    kv_cache_quant_algo: str | None = None
+    """FP8 or INT8 when the KV cache is quantized."""
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,104 @@
+"""What `build` needs to know about a converted checkpoint, read from its `config.json` alone.
+
+Plans and validation read only the config (and the rank files' sizes), never tensors, so that `--dry-run` and
+every check answer in well under a second even for a 70B checkpoint, and without importing torch.
+Field names follow shared/reference/tensorrt-llm.md §1.2 (`mapping`, `quantization.quant_algo`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """The fields of one TensorRT-LLM checkpoint that decide how it is built and what it costs."""
+
+    role: str
+    directory: Path
+    architecture: str
+    dtype: str
+    vocab_size: int
+    tp_size: int
+    pp_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+    num_medusa_heads: int = 0
+    max_draft_len: int = 0
+    weight_bytes: int = 0
+    """Sum of the rank files' sizes: what the engine's weights occupy, spread over world_size GPUs."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def rank_files(self) -> list[Path]:
+        return [self.directory / f"rank{rank}.safetensors" for rank in range(self.world_size)]
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file the engine is built from: the inputs the manifest hashes."""
+        return [self.directory / "config.json", *self.rank_files]
+
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per token over all layers and ranks (K and V, each kv_heads x head_size)."""
+        element = 1 if self.kv_cache_quant_algo in ("FP8", "INT8") else DTYPE_BYTES.get(self.dtype, 2)
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * element
+
+
+def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"field {name!r} must be an integer (got {value!r})")
+    return value
+
+
+def read_checkpoint_facts(role: str, directory: Path) -> tuple[CheckpointFacts | None, list[str]]:
+    """The checkpoint's facts, or None and the reasons it cannot be built from (all of them)."""
+    config_path = directory / "config.json"
+    hint = "run `specbuild convert SPEC` first"
+    if not config_path.is_file():
+        return None, [f"{role} checkpoint {directory}: not converted yet (no config.json); {hint}"]
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError("expected a JSON object")
+        mapping = config.get("mapping") or {}
+        quant = config.get("quantization") or {}
+        hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
+        facts = CheckpointFacts(
+            role=role,
+            directory=directory,
+            architecture=str(config["architecture"]),
+            dtype=str(config["dtype"]),
+            vocab_size=_int(config, "vocab_size"),
+            tp_size=_int(mapping, "tp_size", 1),
+            pp_size=_int(mapping, "pp_size", 1),
+            num_layers=_int(config, "num_hidden_layers"),
+            num_kv_heads=_int(config, "num_key_value_heads", heads) if config.get("num_key_value_heads") else heads,
+            head_size=_int(config, "head_size", hidden // heads) if config.get("head_size") else hidden // heads,
+            quant_algo=quant.get("quant_algo"),
+            kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+            num_medusa_heads=_int(config, "num_medusa_heads", 0),
+            max_draft_len=_int(config, "max_draft_len", 0),
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError) as err:
+        what = f"required field {err} is missing" if isinstance(err, KeyError) else str(err)
+        return None, [f"{role} checkpoint {config_path}: unreadable ({what}); {hint} again"]
+    missing = [path.name for path in facts.rank_files if not path.is_file()]
+    if missing:
+        return None, [
+            f"{role} checkpoint {directory}: {', '.join(missing)} missing (mapping says world_size "
+            f"{facts.world_size}); {hint} again"
+        ]
+    size = sum(path.stat().st_size for path in facts.rank_files)
+    return CheckpointFacts(**{**facts.__dict__, "weight_bytes": size}), []

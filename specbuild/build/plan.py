@@ -1,0 +1,148 @@
+"""Build plans: one typed object per engine that renders to the exact `trtllm-build` argument list.
+
+The plan is computed from the spec and the checkpoint's config only; the same plan drives the tensorrt
+backend, `--dry-run`'s build.sh, the reference bundle's `engine.json`, and the manifest that decides whether an
+engine is up to date. Sizes follow TensorRT-LLM 1.2's builder (shared/reference/tensorrt-llm.md §2.3): with a
+speculative mode it adds `max_draft_len` to `--max_seq_len` itself, so the plan passes prompt + output and
+records the engine's resulting limit separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specbuild.build.checkpoints import CheckpointFacts
+from specbuild.build.engine_info import EngineInfo, engine_dir, engine_roles
+from specbuild.build.trtllm_flags import DEFAULT_MAX_NUM_TOKENS, EXPLICIT, FP8_CONTEXT_FMHA
+from specbuild.spec import PipelineSpec
+
+SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything `trtllm-build` is told for one engine (target, draft or medusa)."""
+
+    role: str
+    checkpoint_dir: Path
+    output_dir: Path
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    """What `--max_seq_len` says: prompt + generated tokens. The engine adds `max_draft_len` to it."""
+    max_num_tokens: int
+    speculative_decoding_mode: str = "none"
+    max_draft_len: int = 0
+    gather_generation_logits: bool = False
+    gather_context_logits: bool = False
+    fp8_context_fmha: bool = False
+    workers: int = 1
+    medusa_choices: list[list[int]] | None = field(default=None, hash=False)
+    """Not a build flag: the tree the Medusa engine is served with (deploy writes it into config.pbtxt)."""
+
+    @property
+    def engine_max_seq_len(self) -> int:
+        """The engine's own limit: 1.2's builder adds max_draft_len under any speculative mode (§2.3)."""
+        return self.max_seq_len + (self.max_draft_len if self.speculative_decoding_mode != "none" else 0)
+
+    def args(self, *, output_dir: Path | None = None) -> list[str]:
+        """The `trtllm-build` arguments (TensorRT-LLM 1.2 names), in a stable order."""
+        args = [
+            "--checkpoint_dir", str(self.checkpoint_dir),
+            "--output_dir", str(output_dir if output_dir is not None else self.output_dir),
+            "--max_batch_size", str(self.max_batch_size),
+            "--max_input_len", str(self.max_input_len),
+            "--max_seq_len", str(self.max_seq_len),
+            "--max_num_tokens", str(self.max_num_tokens),
+        ]
+        for flag, value in EXPLICIT.items():
+            args += [flag, value]
+        args += [FP8_CONTEXT_FMHA, "enable" if self.fp8_context_fmha else "disable"]
+        if self.speculative_decoding_mode != "none":
+            args += ["--speculative_decoding_mode", self.speculative_decoding_mode]
+            args += ["--max_draft_len", str(self.max_draft_len)]
+        if self.gather_generation_logits:
+            args.append("--gather_generation_logits")
+        if self.gather_context_logits:
+            args.append("--gather_context_logits")
+        args += ["--workers", str(self.workers)]
+        return args
+
+    def command(self, *, output_dir: Path | None = None) -> list[str]:
+        return ["trtllm-build", *self.args(output_dir=output_dir)]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["checkpoint_dir"], data["output_dir"] = str(self.checkpoint_dir), str(self.output_dir)
+        return data
+
+    def engine_info(self, facts: CheckpointFacts, backend: str) -> EngineInfo:
+        """What deploy reads back: the plan's limits and the checkpoint's model facts."""
+        return EngineInfo(
+            role=self.role,  # type: ignore[arg-type]
+            backend=backend,  # type: ignore[arg-type]
+            architecture=facts.architecture,
+            dtype=facts.dtype,
+            vocab_size=facts.vocab_size,
+            tp_size=facts.tp_size,
+            pp_size=facts.pp_size,
+            max_batch_size=self.max_batch_size,
+            max_input_len=self.max_input_len,
+            max_seq_len=self.engine_max_seq_len,
+            max_num_tokens=self.max_num_tokens,
+            speculative_decoding_mode=self.speculative_decoding_mode,  # type: ignore[arg-type]
+            max_draft_len=self.max_draft_len,
+            medusa_choices=self.medusa_choices,
+            gather_generation_logits=self.gather_generation_logits,
+            gather_context_logits=self.gather_context_logits,
+            quant_algo=facts.quant_algo,
+            kv_cache_quant_algo=facts.kv_cache_quant_algo,
+        )
+
+
+def engine_max_draft_len(spec: PipelineSpec) -> int:
+    """The draft tokens the engine can verify per step: `speculative.max_draft_len`, else K or the tree size."""
+    return spec.speculative.max_draft_len or spec.max_draft_len
+
+
+def default_max_num_tokens(batch: int, input_len: int, draft_len: int) -> int:
+    """Room for a whole prompt (no chunked context needed) and for batch x (draft + 1) verification tokens,
+    capped at trtllm-build's own default of 8192 unless those two need more."""
+    return max(min(batch * input_len, DEFAULT_MAX_NUM_TOKENS), input_len, batch * (draft_len + 1))
+
+
+def plan_engine(spec: PipelineSpec, role: str, facts: CheckpointFacts | None) -> BuildPlan:
+    """The plan for one engine of `spec`; `facts` (the converted checkpoint) decide the FP8 context FMHA."""
+    build, speculative = spec.build, spec.speculative
+    draft_len = engine_max_draft_len(spec) if role in ("target", "medusa") and speculative.mode != "none" else 0
+    input_len, seq_len = build.max_input_len, build.max_seq_len
+    if speculative.mode == "draft_target":
+        # Triton's BLS sends the whole sequence so far (prompt + accepted tokens) to both engines every round
+        # (triton-backend.md §2.1), so either engine's "prompt" can grow to all but the last token.
+        input_len = seq_len - 1
+    max_num_tokens = build.max_num_tokens or default_max_num_tokens(build.max_batch_size, input_len, draft_len)
+    fp8 = facts is not None and facts.quant_algo == "FP8" and facts.kv_cache_quant_algo == "FP8"
+    medusa_choices = spec.medusa.resolved_choices() if role == "medusa" and spec.medusa is not None else None
+    return BuildPlan(
+        role=role,
+        checkpoint_dir=spec.checkpoint_dir(role),
+        output_dir=engine_dir(spec, role),
+        max_batch_size=build.max_batch_size,
+        max_input_len=input_len,
+        max_seq_len=seq_len,
+        max_num_tokens=max_num_tokens,
+        speculative_decoding_mode=SPECULATIVE_MODE[speculative.mode] if draft_len else "none",
+        max_draft_len=draft_len,
+        gather_generation_logits=speculative.mode == "draft_target" and speculative.use_draft_logits,
+        gather_context_logits=build.gather_context_logits,
+        fp8_context_fmha=fp8,
+        workers=build.world_size,
+        medusa_choices=medusa_choices,
+    )
+
+
+def plan_pipeline(spec: PipelineSpec, facts: dict[str, CheckpointFacts | None]) -> list[BuildPlan]:
+    """One plan per engine the spec's mode needs (target; target + draft; or the single Medusa engine)."""
+    return [plan_engine(spec, role, facts.get(role)) for role in engine_roles(spec)]

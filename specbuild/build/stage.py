@@ -1,0 +1,226 @@
+"""The build stage: checkpoints -> plans -> every check -> engines (or reference bundles), incrementally.
+
+Order matters for the user: all problems are found and reported together before any engine directory is
+touched or any GPU time is spent; an engine whose inputs (checkpoint hashes), plan and tools are unchanged is
+not rebuilt; each engine directory appears whole or not at all, with `engine.json` and `manifest.json`.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specbuild.atomic import atomic_directory, check_replaceable
+from specbuild.build.backend import TensorrtStatus, resolve_backend
+from specbuild.build.checkpoints import CheckpointFacts, read_checkpoint_facts
+from specbuild.build.engine_info import EngineInfo, engine_roles
+from specbuild.build.gpu import Gpu, parse_gpu
+from specbuild.build.plan import BuildPlan, plan_pipeline
+from specbuild.build.reference import write_reference_bundle
+from specbuild.build.script import script_path, write_build_script
+from specbuild.build.tensorrt import build_engine, gpu_slices
+from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
+from specbuild.manifest import (
+    fingerprint_files,
+    outputs_intact,
+    read_manifest,
+    same_inputs,
+    tool_versions,
+    write_manifest,
+)
+from specbuild.spec import PipelineSpec
+
+Status = Literal["built", "up to date", "planned"]
+
+
+@dataclass
+class EngineResult:
+    """What happened to one engine."""
+
+    role: str
+    backend: str
+    directory: Path
+    plan: BuildPlan
+    info: EngineInfo
+    status: Status
+    seconds: float = 0.0
+    script: Path | None = None
+
+    def summary(self) -> str:
+        what = f"{self.role}: {self.backend} engine {self.directory}"
+        if self.status == "up to date":
+            return f"{what} is up to date (checkpoint, plan and tools unchanged; --force rebuilds it)"
+        if self.status == "planned":
+            return f"{self.role}: dry run, nothing built; {self.script} builds it in the TensorRT-LLM container"
+        return f"{what} built in {self.seconds:.1f} s"
+
+
+@dataclass(frozen=True)
+class _Job:
+    plan: BuildPlan
+    facts: CheckpointFacts
+    info: EngineInfo
+    settings: dict[str, Any]
+
+
+def _read_facts(spec: PipelineSpec) -> tuple[dict[str, CheckpointFacts], list[BuildProblem]]:
+    facts: dict[str, CheckpointFacts] = {}
+    problems: list[BuildProblem] = []
+    for role in engine_roles(spec):
+        fact, messages = read_checkpoint_facts(role, spec.checkpoint_dir(role))
+        if fact is not None:
+            facts[role] = fact
+        problems += [BuildProblem("error", message) for message in messages]
+    return facts, problems
+
+
+def _target_gpu(spec: PipelineSpec, status: TensorrtStatus | None) -> tuple[Gpu | None, list[BuildProblem]]:
+    """The spec's `build.gpu`, else (building with TensorRT-LLM) the first visible GPU."""
+    if spec.build.gpu is not None:
+        gpu = parse_gpu(spec.build.gpu, spec.build.gpu_memory_gb)
+        if gpu is None:
+            return None, [BuildProblem(
+                "error", f"build.gpu: unknown GPU {spec.build.gpu!r}; give its compute capability instead, e.g. '8.9'"
+            )]
+        return gpu, []
+    if status is not None and status.available and status.gpus:
+        return status.gpus[0], []
+    return None, []
+
+
+def _plans_table(plans: list[BuildPlan], backend: str) -> Table:
+    table = Table(title=f"build plans ({backend} backend)", title_justify="left", show_lines=True)
+    table.add_column("engine", style="cyan", no_wrap=True)
+    table.add_column("trtllm-build arguments (TensorRT-LLM 1.2)", overflow="fold")
+    for plan in plans:
+        table.add_row(plan.role, escape(" ".join(plan.command())))
+    return table
+
+
+def _outputs(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _up_to_date(job: _Job, known: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """(skip?, input fingerprints) from the previous manifest: same settings, same hashes, outputs intact."""
+    previous = read_manifest(job.plan.output_dir) or {}
+    inputs = fingerprint_files(job.facts.files, known)
+    fresh = (
+        previous.get("settings") == job.settings
+        and same_inputs(inputs, previous.get("inputs", {}))
+        and outputs_intact(job.plan.output_dir, previous.get("outputs", {}))
+    )
+    return fresh, inputs
+
+
+def _build_one(job: _Job, backend: str, gpus: list[int] | None, force: bool, tools: dict[str, Any]) -> EngineResult:
+    plan = job.plan
+    previous = read_manifest(plan.output_dir) or {}
+    fresh, inputs = _up_to_date(job, previous.get("inputs"))
+    if fresh and not force:
+        return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "up to date")
+    start = time.perf_counter()
+    with atomic_directory(plan.output_dir) as tmp:
+        if backend == "tensorrt":
+            from specbuild.build.engine_info import write_engine_info
+
+            build_engine(plan, tmp, gpus)
+            write_engine_info(tmp, job.info)
+        else:
+            write_reference_bundle(plan, job.facts, tmp)
+        write_manifest(tmp, {
+            "stage": "build", "role": plan.role, "settings": job.settings, "tools": tools,
+            "inputs": inputs, "outputs": _outputs(tmp),
+        })
+    return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "built", time.perf_counter() - start)
+
+
+def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force: bool, tools: dict[str, Any],
+                  console: Console) -> list[EngineResult]:
+    slots, gpu_sets = gpu_slices([job.plan for job in jobs], len(status.gpus), parallel)
+    results: dict[str, EngineResult] = {}
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
+                  console=console) as progress:
+        tasks = {job.plan.role: progress.add_task(f"{job.plan.role} engine (queued)", total=1) for job in jobs}
+        free = list(range(slots))
+
+        def run(job: _Job) -> EngineResult:
+            slot = free.pop()
+            try:
+                progress.update(tasks[job.plan.role], description=f"{job.plan.role} engine on GPU(s) "
+                                f"{','.join(map(str, gpu_sets[slot]))}", completed=0)
+                progress.reset(tasks[job.plan.role])
+                result = _build_one(job, "tensorrt", gpu_sets[slot], force, tools)
+                progress.update(tasks[job.plan.role], completed=1,
+                                description=f"{job.plan.role} engine {result.status}")
+                return result
+            finally:
+                free.append(slot)
+
+        with ThreadPoolExecutor(max_workers=slots) as pool:
+            futures = [pool.submit(run, job) for job in jobs]
+            for future in futures:
+                result = future.result()
+                results[result.role] = result
+    return [results[job.plan.role] for job in jobs]
+
+
+def build_pipeline(
+    spec: PipelineSpec,
+    *,
+    backend: str | None = None,
+    dry_run: bool = False,
+    jobs: int = 1,
+    force: bool = False,
+    console: Console | None = None,
+) -> list[EngineResult]:
+    """Build every engine `spec` needs into `engine_dir(spec, role)`; `backend` overrides `build.backend`."""
+    console = console or Console(stderr=True)
+    requested = backend or spec.build.backend
+    status: TensorrtStatus | None = None
+    chosen = "reference"
+    if requested != "reference" and not (dry_run and requested == "tensorrt"):
+        chosen, status = resolve_backend(requested)
+    elif requested == "tensorrt":
+        chosen = "tensorrt"  # a dry run only writes the scripts for it; it needs no TensorRT-LLM here
+    facts, problems = _read_facts(spec)
+    gpu, gpu_issues = _target_gpu(spec, status)
+    problems += gpu_issues
+    plans = plan_pipeline(spec, {role: facts.get(role) for role in engine_roles(spec)})
+    memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
+    problems += build_problems(spec, plans, facts, gpu, memory)
+    for problem in problems:
+        if problem.severity == "warning":
+            console.print(f"[yellow]warning:[/] {escape(problem.message)}", highlight=False, soft_wrap=True)
+    if any(problem.severity == "error" for problem in problems):
+        raise BuildValidationError(str(spec.path), problems)
+    for plan in plans:
+        check_replaceable(plan.output_dir)
+    if dry_run:
+        console.print(_plans_table(plans, chosen))
+        results = []
+        for plan in plans:
+            info = plan.engine_info(facts[plan.role], "tensorrt")
+            path = write_build_script(plan, info, spec.name, script_path(spec.output_dir, plan.role))
+            results.append(EngineResult(plan.role, chosen, plan.output_dir, plan, info, "planned", script=path))
+        return results
+    tools = {**tool_versions(), "tensorrt_llm": status.version if status else None}
+    work = []
+    for plan in plans:
+        info = plan.engine_info(facts[plan.role], chosen)
+        settings: dict[str, Any] = {"backend": chosen, "plan": plan.to_json(), "engine": info.to_json()}
+        if chosen == "tensorrt":
+            settings["tensorrt_llm"] = tools["tensorrt_llm"]  # an engine only loads in the TRT-LLM that built it
+        work.append(_Job(plan, facts[plan.role], info, settings))
+    if chosen == "tensorrt":
+        assert status is not None
+        return _run_tensorrt(work, status, jobs, force, tools, console)
+    return [_build_one(job, "reference", None, force, tools) for job in work]

@@ -1,0 +1,41 @@
+"""The `trtllm-build` flags specbuild sets, with TensorRT-LLM 1.2's names, choices and defaults.
+
+Source: shared/reference/tensorrt-llm.md §4 (`tensorrt_llm/commands/build.py` and `plugin/plugin.py` of the 1.x
+line) and §3 (draft-target builds). `EXPLICIT` lists the flags passed even at their 1.2 default, because their
+default changed between versions (0.11-era: paged context FMHA and FP8 context FMHA off, 64 tokens per block,
+`--paged_kv_cache` instead of `--kv_cache_type`) or because an implicit default would hide a decision
+(`--gemm_plugin`, off unless given). Passing them makes a plan mean the same on every 1.2.x release.
+"""
+
+from __future__ import annotations
+
+TRTLLM_VERSION = "1.2"
+"""The TensorRT-LLM release line whose `trtllm-build` the plans are written for (the last one with engines)."""
+CONTAINER = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
+"""NGC release container with TensorRT-LLM 1.2 (build engines here; serve them with the matching
+`nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3`)."""
+
+SPECULATIVE_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
+"""`--speculative_decoding_mode` choices of the 1.x CLI."""
+
+EXPLICIT: dict[str, str] = {
+    "--max_beam_width": "1",
+    "--kv_cache_type": "paged",
+    "--gpt_attention_plugin": "auto",
+    "--gemm_plugin": "auto",
+    "--context_fmha": "enable",
+    "--remove_input_padding": "enable",
+    "--use_paged_context_fmha": "enable",
+    "--tokens_per_block": "32",
+}
+"""Flag -> value passed on every engine. Paged context FMHA is required for KV-cache reuse, which draft-target
+serving needs on both engines (§3, triton-backend.md §2.1)."""
+
+FP8_CONTEXT_FMHA = "--use_fp8_context_fmha"
+"""enable only where the checkpoint is FP8 with an FP8 KV cache; 1.2 silently turns it off elsewhere."""
+
+DEFAULT_MAX_NUM_TOKENS = 8192
+"""`--max_num_tokens` default of trtllm-build; specbuild's own default stays at or below it where it can."""
+
+BOOLEAN_FLAGS = ("--gather_generation_logits", "--gather_context_logits")
+"""store_true flags: present or absent, never given a value."""
