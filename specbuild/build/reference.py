@@ -24,8 +24,10 @@ def check_loadable(plan: BuildPlan) -> None:
     try:
         load_checkpoint(plan.checkpoint_dir)
     except SpecbuildError as err:
-        err.message = f"{plan.role} checkpoint: the reference runtime cannot load it: {err.message}"
-        raise
+        raise SpecbuildError(
+            f"{plan.role} checkpoint: the reference runtime cannot load it: {err.message}",
+            hint=err.hint or "re-run `specbuild convert SPEC`",
+        ) from None
 
 
 def link_or_copy(source: Path, destination: Path) -> None:

@@ -7,6 +7,7 @@ not rebuilt; each engine directory appears whole or not at all, with `engine.jso
 
 from __future__ import annotations
 
+import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from specbuild.atomic import atomic_directory, check_replaceable
 from specbuild.build.backend import TensorrtStatus, resolve_backend
@@ -27,6 +27,7 @@ from specbuild.build.plan import BuildPlan, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
 from specbuild.build.script import script_path, write_build_script
 from specbuild.build.tensorrt import build_engine, gpu_slices
+from specbuild.build.trtllm_flags import TRTLLM_VERSION
 from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
 from specbuild.manifest import (
     fingerprint_files,
@@ -96,13 +97,11 @@ def _target_gpu(spec: PipelineSpec, status: TensorrtStatus | None) -> tuple[Gpu 
     return None, []
 
 
-def _plans_table(plans: list[BuildPlan], backend: str) -> Table:
-    table = Table(title=f"build plans ({backend} backend)", title_justify="left", show_lines=True)
-    table.add_column("engine", style="cyan", no_wrap=True)
-    table.add_column("trtllm-build arguments (TensorRT-LLM 1.2)", overflow="fold")
+def _print_plans(plans: list[BuildPlan], backend: str, console: Console) -> None:
+    """Each engine's full trtllm-build command on one line, ready to copy."""
+    console.print(f"[bold]build plans[/] (TensorRT-LLM {TRTLLM_VERSION} trtllm-build; {backend} backend here)")
     for plan in plans:
-        table.add_row(plan.role, escape(" ".join(plan.command())))
-    return table
+        console.print(f"[cyan]{plan.role}[/]: {escape(shlex.join(plan.command()))}", highlight=False, soft_wrap=True)
 
 
 def _outputs(directory: Path) -> dict[str, int]:
@@ -205,7 +204,7 @@ def build_pipeline(
     for plan in plans:
         check_replaceable(plan.output_dir)
     if dry_run:
-        console.print(_plans_table(plans, chosen))
+        _print_plans(plans, chosen, console)
         results = []
         for plan in plans:
             info = plan.engine_info(facts[plan.role], "tensorrt")
