@@ -1,0 +1,158 @@
+"""The tritonserver command line for a repository: one process, or one MPI rank per GPU for sharded engines.
+
+A TensorRT-LLM engine built with tp×pp > 1 needs tp×pp MPI ranks (TensorRT-LLM asserts `mpiSize == tp * pp`).
+We build the same command as the TensorRT-LLM backend's `scripts/launch_triton_server.py`
+(shared/reference/triton-backend.md §1.7): `mpirun --allow-run-as-root` followed by one
+`-n 1 tritonserver ... :` block per rank, each with its own python-backend shared-memory prefix `prefix{i}_`;
+ranks above 0 load only the tensorrtllm models (explicit model control), and never reach their endpoints
+because the backend keeps them in its worker loop, so all ranks may name the same ports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbuild.build.engine_info import ENGINE_INFO, read_engine_info
+from specbuild.errors import SpecbuildError
+
+_BACKEND = re.compile(r'^\s*backend\s*:\s*"([^"]+)"', re.MULTILINE)
+_ENGINE_PATH = re.compile(
+    r'key\s*:\s*"gpt_model_path"\s*,?\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"', re.DOTALL
+)
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_ports(http: int | None, grpc: int | None, metrics: int | None, host: str = "127.0.0.1") -> Ports:
+    """The given ports, with free ones picked for those left as None (all held open at once, so distinct)."""
+    held: list[socket.socket] = []
+    try:
+        picked = []
+        for port in (http, grpc, metrics):
+            if port is not None:
+                picked.append(port)
+                continue
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            held.append(sock)
+            picked.append(sock.getsockname()[1])
+        return Ports(*picked)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@dataclass(frozen=True)
+class TensorrtModels:
+    """The repository's tensorrtllm-backend models and the MPI world size their engines need."""
+
+    names: tuple[str, ...]
+    world_size: int
+
+
+def tensorrt_models(repository: Path) -> TensorrtModels:
+    """Find `backend: "tensorrtllm"` models and read tp×pp from their engines (engine.json or config.json)."""
+    names: list[str] = []
+    world = 1
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        text = config.read_text(encoding="utf-8", errors="replace")
+        backend = _BACKEND.search(text)
+        if backend is None or backend.group(1) != "tensorrtllm":
+            continue
+        names.append(config.parent.name)
+        match = _ENGINE_PATH.search(text)
+        if match is None or "${" in match.group(1):
+            raise SpecbuildError(f"{config}: tensorrtllm model without a filled gpt_model_path parameter")
+        engine = Path(match.group(1))
+        if not engine.is_absolute():
+            engine = (repository / engine).resolve()
+        world = max(world, engine_world_size(engine))
+    return TensorrtModels(tuple(names), world)
+
+
+def engine_world_size(engine: Path) -> int:
+    """tp×pp of a built engine: specbuild's engine.json, else TensorRT-LLM's own config.json."""
+    if (engine / ENGINE_INFO).is_file():
+        return read_engine_info(engine).world_size
+    config = engine / "config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecbuildError(
+            f"{engine}: no {ENGINE_INFO} or config.json, so the engine's tp×pp is unknown",
+            hint="build the engine with `specbuild build` (or point gpt_model_path at a trtllm-build output)",
+        ) from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise SpecbuildError(f"{config}: unreadable ({err})") from None
+    mapping = data.get("pretrained_config", {}).get("mapping", {})
+    if "tp_size" in mapping or "pp_size" in mapping:
+        return int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
+    if "world_size" in mapping:
+        return int(mapping["world_size"])
+    builder = data.get("builder_config", {})  # engines from TensorRT-LLM < 0.8
+    return int(builder.get("tensor_parallel", 1)) * int(builder.get("pipeline_parallel", 1))
+
+
+def server_args(
+    repository: Path,
+    ports: Ports,
+    *,
+    host: str,
+    backend_directory: Path | None,
+    shm_prefix: str,
+    log_verbose: int = 0,
+    exit_timeout_s: int = 10,
+) -> list[str]:
+    """tritonserver options for one process that loads the whole repository."""
+    args = [
+        f"--model-repository={repository}",
+        f"--http-address={host}", f"--http-port={ports.http}",
+        f"--grpc-address={host}", f"--grpc-port={ports.grpc}",
+        f"--metrics-address={host}", f"--metrics-port={ports.metrics}",
+        # Stay up when a model fails, so the repository index can tell us which one and why.
+        "--exit-on-error=false",
+        f"--exit-timeout-secs={exit_timeout_s}",
+        f"--log-verbose={log_verbose}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+    ]
+    if backend_directory is not None:
+        args.append(f"--backend-directory={backend_directory}")
+    return args
+
+
+def mpi_command(
+    binary: Path,
+    repository: Path,
+    ports: Ports,
+    *,
+    world_size: int,
+    tensorrt_model_names: tuple[str, ...],
+    backend_directory: Path | None = None,
+    log_verbose: int = 0,
+    mpirun: str = "mpirun",
+) -> list[str]:
+    """`mpirun` with one tritonserver per rank, as the TensorRT-LLM launcher writes it (§1.7)."""
+    cmd = [mpirun, "--allow-run-as-root"]
+    for rank in range(world_size):
+        cmd += ["-n", "1", str(binary), f"--model-repository={repository}"]
+        if rank > 0:
+            cmd.append("--model-control-mode=explicit")
+            cmd += [f"--load-model={name}" for name in tensorrt_model_names]
+        cmd += [
+            f"--grpc-port={ports.grpc}", f"--http-port={ports.http}", f"--metrics-port={ports.metrics}",
+            "--disable-auto-complete-config", f"--log-verbose={log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+        ]
+        if backend_directory is not None:
+            cmd.append(f"--backend-directory={backend_directory}")
+        cmd.append(":")
+    return cmd[:-1]

@@ -1,0 +1,143 @@
+"""Server lifecycle: a real tritonserver (the nvidia-pytriton bundle, or the one on PATH) on small repositories.
+
+What users rely on: `start()` returns only when every model answers; a broken model is named with Triton's
+reason and nothing is left running; ports are honoured or picked; `stop()` leaves no server or python stub.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+
+from specbuild.deploy.server import TritonServer
+from specbuild.deploy.server_launch import Ports, mpi_command, tensorrt_models
+from specbuild.errors import SpecbuildError
+from tests.serve_fixtures import (
+    bad_config_repository,
+    broken_repository,
+    processes_using,
+    tinyllm_repository,
+)
+
+
+def test_server_serves_every_model_and_stops_without_leftovers(tmp_path: Path) -> None:
+    repo = tinyllm_repository(tmp_path / "repo")
+    log = tmp_path / "logs" / "server.log"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    with TritonServer(repo, http_port=free, log_file=log) as server:
+        assert server.pid is not None
+        assert server.http_url == f"127.0.0.1:{free}", "a given port is used as given"
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("tinyllm")
+        assert client.get_model_config("tinyllm")["max_batch_size"] == 8
+        states = {m["name"]: m["state"] for m in server.models()}
+        assert states == {"tinyllm": "READY", "ensemble": "READY"}
+        assert len({server.http_url, server.grpc_url, server.metrics_url}) == 3
+        body = json.dumps({"text_input": "hello world", "max_tokens": 3}).encode()
+        request = urllib.request.Request(f"http://{server.http_url}/v2/models/ensemble/generate", data=body)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["text_output"] == "hello0 hello1 hello2"
+        with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10) as response:
+            assert b"nv_inference_request_success" in response.read()
+        family = processes_using(repo)
+        assert len(family) >= 3, "the server and one python stub per tinyllm instance"
+    assert server.pid is None
+    assert processes_using(repo) == []
+    assert "successfully loaded 'tinyllm'" in log.read_text()
+    server.stop()  # idempotent
+
+
+def test_broken_model_is_named_with_its_error_and_nothing_survives(tmp_path: Path) -> None:
+    repo = broken_repository(tmp_path / "repo")
+    with pytest.raises(SpecbuildError) as caught:
+        TritonServer(repo, log_file=tmp_path / "server.log").start()
+    message = str(caught.value)
+    assert "model 'broken' failed to load" in message
+    assert "tokenizer_dir /no/such/tokenizer does not exist" in message
+    assert "tinyllm" not in message.split("hint:")[0], "only the failing model is reported"
+    assert processes_using(repo) == []
+
+
+def test_unparsable_config_is_named_with_the_parse_error(tmp_path: Path) -> None:
+    repo = bad_config_repository(tmp_path / "repo")
+    with pytest.raises(SpecbuildError) as caught, TritonServer(repo, log_file=tmp_path / "server.log"):
+        pass
+    message = str(caught.value)
+    assert "model 'badcfg' failed to load" in message
+    assert "Expected integer, got: eight" in message
+    assert processes_using(repo) == []
+
+
+def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    repo = tinyllm_repository(tmp_path / "repo", ensemble=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SpecbuildError, match="could not open its ports"):
+            TritonServer(repo, http_port=port, log_file=tmp_path / "a.log").start()
+        assert processes_using(repo) == []
+
+
+def test_missing_repository_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecbuildError, match="no such model repository"):
+        TritonServer(tmp_path / "nowhere").start()
+
+
+def _trtllm_repo(tmp_path: Path, tp: int, pp: int, *, engine_json: bool) -> Path:
+    repo = tmp_path / "repo"
+    for name, role in (("tensorrt_llm", "target"), ("tensorrt_llm_draft", "draft")):
+        engine = tmp_path / "engines" / role
+        engine.mkdir(parents=True)
+        if engine_json:
+            info = {"role": role, "backend": "tensorrt", "architecture": "LlamaForCausalLM", "dtype": "float16",
+                    "vocab_size": 32000, "tp_size": tp, "pp_size": pp, "max_batch_size": 8, "max_input_len": 512,
+                    "max_seq_len": 1024, "max_num_tokens": 4096}
+            (engine / "engine.json").write_text(json.dumps(info))
+        else:
+            mapping = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
+            (engine / "config.json").write_text(json.dumps({"pretrained_config": {"mapping": mapping}}))
+        (repo / name).mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "tensorrtllm"\nmax_batch_size: 8\n'
+            f'parameters: {{\n  key: "gpt_model_path"\n  value: {{\n    string_value: "{engine}"\n  }}\n}}\n'
+        )
+    (repo / "preprocessing").mkdir()
+    (repo / "preprocessing" / "config.pbtxt").write_text('name: "preprocessing"\nbackend: "python"\n')
+    return repo
+
+
+@pytest.mark.parametrize("engine_json", [True, False], ids=["engine.json", "trtllm-config.json"])
+def test_sharded_tensorrt_engines_get_one_mpi_rank_per_gpu(tmp_path: Path, engine_json: bool) -> None:
+    repo = _trtllm_repo(tmp_path, tp=2, pp=2, engine_json=engine_json)
+    trt = tensorrt_models(repo)
+    assert trt.names == ("tensorrt_llm", "tensorrt_llm_draft")
+    assert trt.world_size == 4
+    cmd = mpi_command(Path("/opt/tritonserver/bin/tritonserver"), repo, Ports(8000, 8001, 8002),
+                      world_size=trt.world_size, tensorrt_model_names=trt.names)
+    assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
+    ranks = " ".join(cmd[2:]).split(" : ")
+    assert len(ranks) == 4
+    for i, rank in enumerate(ranks):
+        args = rank.split()
+        assert args[:3] == ["-n", "1", "/opt/tritonserver/bin/tritonserver"]
+        assert f"--model-repository={repo}" in args
+        assert f"--backend-config=python,shm-region-prefix-name=prefix{i}_" in args
+        assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"} <= set(args)
+        loads_only_engines = "--model-control-mode=explicit" in args
+        assert loads_only_engines == (i > 0)
+        if i > 0:
+            assert [a for a in args if a.startswith("--load-model=")] == [
+                "--load-model=tensorrt_llm", "--load-model=tensorrt_llm_draft"]
+
+
+def test_single_gpu_engines_need_no_mpi(tmp_path: Path) -> None:
+    assert tensorrt_models(_trtllm_repo(tmp_path, tp=1, pp=1, engine_json=True)).world_size == 1
+    assert tensorrt_models(tinyllm_repository(tmp_path / "py")).names == ()
