@@ -170,3 +170,26 @@ def test_several_problems_are_reported_together(tmp_path: Path, models: dict[str
         assert expected in text
     assert "5 problem(s)" in text
     shutil.rmtree(spec.output_dir)
+
+
+def test_a_medusa_checkpoint_without_heads(tmp_path: Path, models: dict[str, Path]) -> None:
+    spec = write_pipeline(tmp_path, models, mode="medusa")
+    place(spec, "medusa", models["target"])
+    assert "medusa checkpoint is a LlamaForCausalLM, not a MedusaForCausalLM" in only(problems_of(spec))
+
+
+def test_sequences_longer_than_a_learned_position_table(tmp_path: Path, models: dict[str, Path]) -> None:
+    spec = write_pipeline(tmp_path, models, mode="none")
+    place_all(spec, models)
+    edit_checkpoint_config(spec.checkpoint_dir("target"), position_embedding_type="learned_absolute",
+                           max_position_embeddings=40)
+    assert "sequences of up to 48 tokens, but the model has 40 positions" in only(problems_of(spec))
+
+
+def test_sequences_longer_than_rope_training_only_warn(tmp_path: Path, models: dict[str, Path]) -> None:
+    spec = write_pipeline(tmp_path, models, mode="none", build={"max_input_len": 250})  # 250 + 16 > 256
+    place_all(spec, models)
+    out = io.StringIO()
+    [result] = build_pipeline(spec, console=Console(file=out, width=400))
+    assert result.status == "built"
+    assert "warning: target engine: sequences of up to 266 tokens, but the model has 256 positions" in out.getvalue()

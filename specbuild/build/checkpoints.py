@@ -33,6 +33,9 @@ class CheckpointFacts:
     kv_cache_quant_algo: str | None = None
     num_medusa_heads: int = 0
     max_draft_len: int = 0
+    max_position_embeddings: int = 0
+    """0 when the config does not say."""
+    position_embedding_type: str = "learned_absolute"
     weight_bytes: int = 0
     """Sum of the rank files' sizes: what the engine's weights occupy, spread over world_size GPUs."""
 
@@ -56,7 +59,9 @@ class CheckpointFacts:
 
 
 def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
-    value = config.get(name, default)
+    """An integer field; a missing or null field takes `default` (an error when there is none)."""
+    value = config.get(name)
+    value = default if value is None else value
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"field {name!r} must be an integer (got {value!r})")
     return value
@@ -84,8 +89,10 @@ def read_checkpoint_facts(role: str, directory: Path) -> tuple[CheckpointFacts |
             tp_size=_int(mapping, "tp_size", 1),
             pp_size=_int(mapping, "pp_size", 1),
             num_layers=_int(config, "num_hidden_layers"),
-            num_kv_heads=_int(config, "num_key_value_heads", heads) if config.get("num_key_value_heads") else heads,
-            head_size=_int(config, "head_size", hidden // heads) if config.get("head_size") else hidden // heads,
+            num_kv_heads=_int(config, "num_key_value_heads", heads),
+            head_size=_int(config, "head_size", hidden // heads),
+            max_position_embeddings=_int(config, "max_position_embeddings", 0),
+            position_embedding_type=str(config.get("position_embedding_type") or "learned_absolute"),
             quant_algo=quant.get("quant_algo"),
             kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
             num_medusa_heads=_int(config, "num_medusa_heads", 0),

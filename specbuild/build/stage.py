@@ -97,6 +97,13 @@ def _target_gpu(spec: PipelineSpec, status: TensorrtStatus | None) -> tuple[Gpu 
     return None, []
 
 
+def _spec_name(spec: PipelineSpec) -> str:
+    try:
+        return str(spec.path)
+    except RuntimeError:  # a spec made in memory
+        return spec.name
+
+
 def _print_plans(plans: list[BuildPlan], backend: str, console: Console) -> None:
     """Each engine's full trtllm-build command on one line, ready to copy."""
     console.print(f"[bold]build plans[/] (TensorRT-LLM {TRTLLM_VERSION} trtllm-build; {backend} backend here)")
@@ -196,11 +203,14 @@ def build_pipeline(
     plans = plan_pipeline(spec, {role: facts.get(role) for role in engine_roles(spec)})
     memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
     problems += build_problems(spec, plans, facts, gpu, memory)
+    if chosen == "tensorrt" and status is not None and 0 < len(status.gpus) < spec.build.world_size:
+        problems.append(BuildProblem("warning", f"the engines need tp_size x pp_size = {spec.build.world_size} "
+                                     f"GPUs to serve; this machine shows {len(status.gpus)}"))
     for problem in problems:
         if problem.severity == "warning":
             console.print(f"[yellow]warning:[/] {escape(problem.message)}", highlight=False, soft_wrap=True)
     if any(problem.severity == "error" for problem in problems):
-        raise BuildValidationError(str(spec.path), problems)
+        raise BuildValidationError(_spec_name(spec), problems)
     for plan in plans:
         check_replaceable(plan.output_dir)
     if dry_run:

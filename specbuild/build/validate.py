@@ -76,6 +76,12 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
             yield _error(
                 f"{role} checkpoint is {fact.dtype}, but build.dtype is {build.dtype}; re-run `specbuild convert SPEC`"
             )
+    for role, fact in facts.items():
+        if role == "medusa" and fact.architecture != "MedusaForCausalLM":
+            yield _error(
+                f"medusa checkpoint is a {fact.architecture}, not a MedusaForCausalLM: it has no heads; re-run "
+                "`specbuild convert SPEC` with the spec's medusa section"
+            )
     target, draft = facts.get("target"), facts.get("draft")
     if target is not None and draft is not None and target.vocab_size != draft.vocab_size:
         yield _error(
@@ -136,6 +142,14 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
             f"{name}: max_num_tokens {plan.max_num_tokens} < max_input_len {plan.max_input_len}: longer prompts "
             "are served only with chunked context (enable_chunked_context)"
         )
+    if fact is not None and 0 < fact.max_position_embeddings < plan.engine_max_seq_len:
+        longer = (f"{name}: sequences of up to {plan.engine_max_seq_len} tokens, but the model has "
+                  f"{fact.max_position_embeddings} positions (max_position_embeddings)")
+        if fact.position_embedding_type == "learned_absolute":
+            yield _error(f"{longer}; a learned position table has no entries past it: lower build.max_input_len "
+                         "or max_output_len")
+        else:
+            yield _warning(f"{longer}; quality drops past the trained length")
     if plan.role == "medusa" and fact is not None and fact.quant_algo not in (None, "FP8"):
         yield _warning(
             f"{name}: Medusa engines are supported in FP16/BF16 and with an FP8 base; {fact.quant_algo} is untested "
