@@ -287,7 +287,8 @@ class CalibSpec(_Section):
     """Calibration data for post-training quantization (ModelOpt needs activations to pick scales)."""
 
     source: Literal["builtin"] | Path = "builtin"
-    """`builtin` (text shipped with Python) or a path to a UTF-8 text file."""
+    """`builtin` (text shipped with Python), a UTF-8 text file, or a directory whose `*.txt` files are read in
+    name order. Existence and content are checked by `convert`, which reads it."""
     size: Count = 64
     """Number of calibration samples."""
     seq_len: Count = 256
@@ -300,7 +301,9 @@ class CalibSpec(_Section):
             return "builtin"
         if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
             return _resolve(Path(value), _base_dir(info.context))
-        raise _error("calib_source", f"must be 'builtin' or a path to a text file (got {_show(value)})")
+        raise _error(
+            "calib_source", f"must be 'builtin', a text file or a directory of .txt files (got {_show(value)})"
+        )
 
 
 class QuantizationSpec(_Section):

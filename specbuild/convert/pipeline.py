@@ -20,12 +20,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from specbuild.atomic import atomic_directory, check_replaceable
+from specbuild.convert import quantize
 from specbuild.convert.architectures import Architecture, architecture_for
 from specbuild.convert.architectures.llama import Llama
 from specbuild.convert.compatibility import check_draft_target
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
 from specbuild.convert.medusa import MedusaArchitecture, attach_heads
+from specbuild.convert.quantize import QuantizeSettings
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
 from specbuild.convert.sharding import RowBlocks, ranks
 from specbuild.errors import SpecbuildError
@@ -57,6 +59,7 @@ class ConvertRequest:
     allow_pickle: bool = False
     medusa_heads: Path | None = None  # FasterDecoding head directory: write a MedusaForCausalLM checkpoint
     max_draft_len: int = 63  # Medusa: the tree's node count (TensorRT-LLM's default tree has 63)
+    quantization: QuantizeSettings | None = None  # ModelOpt quantization (the draft); None or "none": unquantized
 
 
 @dataclass
@@ -74,6 +77,8 @@ class ConvertResult:
         what = f"{r.name}: {self.architecture} {self.dtype} tp={r.tp_size} pp={r.pp_size}"
         if self.skipped:
             return f"{what} -> {r.output} is up to date (inputs and settings unchanged; --force redoes it)"
+        if r.quantization is not None and r.quantization.enabled:
+            what += f" quantized {r.quantization.format}, kv cache {r.quantization.kv_cache}"
         if self.dry_run:
             return f"{what} -> {r.output} (dry run: nothing written)"
         size = sum(self.files.values()) / 1e6
@@ -192,17 +197,26 @@ def convert_checkpoint(
     checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
     try:
         plan = plan_conversion(request, checkpoint)
-        result = ConvertResult(request, plan.config["architecture"], plan.dtype)
+        quantized = request.quantization is not None and request.quantization.enabled
+        # ModelOpt is imported only here, and only for a quantized conversion (about 7 s and 240 MB).
+        qplan = quantize.plan_quantization(request, plan) if quantized else None
+        result = ConvertResult(request, plan.config["architecture"], qplan.dtype if qplan else plan.dtype)
         check_replaceable(request.output)
         previous = read_manifest(request.output)
         settings = _settings(request, plan)
+        input_files = list(checkpoint.input_files)
+        if qplan is not None:
+            settings.update(dtype=qplan.dtype, quantization=qplan.manifest_settings())
+            input_files += qplan.calibration.files
         if dry_run:
             console.print(_plan_table(request, plan))
+            if qplan is not None:
+                console.print(f"{request.name}: quantize with ModelOpt: {qplan.describe()}")
             result.dry_run = True
             return result
         known = (previous or {}).get("inputs")  # hashes to reuse for files whose stat is unchanged
         if previous and not force and previous.get("settings") == settings:
-            inputs = fingerprint_files(checkpoint.input_files, known)
+            inputs = fingerprint_files(input_files, known)
             if same_inputs(inputs, previous.get("inputs", {})) and outputs_intact(
                 request.output, previous.get("outputs", {})
             ):
@@ -212,15 +226,19 @@ def convert_checkpoint(
         start = time.perf_counter()
         # Hash the inputs on a second thread while the main thread converts (hashlib releases the GIL).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            hashing = pool.submit(fingerprint_files, checkpoint.input_files, known)
+            hashing = pool.submit(fingerprint_files, input_files, known)
             with atomic_directory(request.output) as tmp:
-                (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
-                with Progress(
-                    TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                    console=console, transient=True,
-                ) as progress:
-                    for rank_plan in plan.rank_plans:
-                        _write_rank(checkpoint, rank_plan, DTYPES[plan.dtype], tmp / rank_plan.filename, progress)
+                if qplan is not None:
+                    quantize.write_quantized(request, plan, qplan, tmp, console)
+                else:
+                    (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
+                    with Progress(
+                        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                        TimeRemainingColumn(), console=console, transient=True,
+                    ) as progress:
+                        for rank_plan in plan.rank_plans:
+                            _write_rank(checkpoint, rank_plan, DTYPES[plan.dtype], tmp / rank_plan.filename,
+                                        progress)
                 result.files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
                 write_manifest(
                     tmp,
@@ -247,7 +265,13 @@ def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> lis
     common = {"dtype": build.dtype, "tp_size": build.tp_size, "pp_size": build.pp_size, "allow_pickle": allow_pickle}
     requests = [ConvertRequest("target", spec.target.model, spec.checkpoint_dir("target"), **common)]
     if spec.draft is not None:
-        requests.append(ConvertRequest("draft", spec.draft.model, spec.checkpoint_dir("draft"), **common))
+        quantization = QuantizeSettings.from_spec(spec.draft.quantization)
+        requests.append(
+            ConvertRequest(
+                "draft", spec.draft.model, spec.checkpoint_dir("draft"),
+                quantization=quantization if quantization.enabled else None, **common,
+            )
+        )
     if spec.medusa is not None:
         requests.append(
             ConvertRequest(

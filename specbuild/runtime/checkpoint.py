@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from specbuild.errors import SpecbuildError
+from specbuild.runtime.dequantize import dequantize_rank, quantization_problem
 from specbuild.runtime.rope import rope_scaling_problem
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -86,6 +87,8 @@ class ModelConfig:
     max_draft_len: int = 0
     use_parallel_embedding: bool = False
     embedding_sharding_dim: int = 0
+    quant_algo: str | None = None  # weights dequantized at load; activations emulated (runtime.dequantize)
+    kv_cache_quant_algo: str | None = None
 
     @property
     def attention_scale(self) -> float:
@@ -118,13 +121,9 @@ def _check_supported(config: dict[str, Any], path: Path) -> str:
             f"{path}: architecture {architecture!r} is not supported by the reference runtime",
             hint=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
-    quant = config.get("quantization") or {}
-    for key in ("quant_algo", "kv_cache_quant_algo"):
-        if quant.get(key) is not None:
-            raise RuntimeCheckpointError(
-                f"{path}: quantized checkpoint (quantization.{key} = {quant[key]!r}) cannot be run by the "
-                "reference runtime yet; dequantization arrives with the quantization issue"
-            )
+    problem = quantization_problem(config.get("quantization") or {})
+    if problem:
+        raise RuntimeCheckpointError(f"{path}: {problem}")
     for name, default in _DEFAULTS_REQUIRED.items():
         if config.get(name, default) not in (default, None):
             raise RuntimeCheckpointError(
@@ -193,6 +192,8 @@ def _parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
         max_draft_len=_field(config, path, "max_draft_len", int, 0),
         use_parallel_embedding=bool(config.get("use_parallel_embedding", False)),
         embedding_sharding_dim=int(config.get("embedding_sharding_dim", 0)),
+        quant_algo=(config.get("quantization") or {}).get("quant_algo"),
+        kv_cache_quant_algo=(config.get("quantization") or {}).get("kv_cache_quant_algo"),
     )
 
 
@@ -237,7 +238,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 # -- merging TP shards ---------------------------------------------------------------------------------------------
 _LAYER = re.compile(r"transformer\.layers\.(\d+)\.(.+)")
+# A row-parallel linear's pre-quant scale multiplies its (split) input, so it is split like the input.
 _ROW_PARALLEL = ("attention.dense.weight", "mlp.proj.weight")
+_ROW_PARALLEL_INPUT = ("attention.dense.prequant_scaling_factor", "mlp.proj.prequant_scaling_factor")
 _COLUMN_PARALLEL = ("mlp.fc.weight", "mlp.fc.bias", "mlp.gate.weight", "mlp.gate.bias")
 _MEDUSA = re.compile(r"medusa_heads\.\d+\.(medusa_layers\.\d+\.linear\.(weight|bias)|lm_head\.weight)")
 
@@ -248,6 +251,8 @@ def _split_dim(name: str, cfg: ModelConfig) -> int | None:
     suffix = match.group(2) if match else name
     if suffix in _ROW_PARALLEL:
         return 1
+    if suffix in _ROW_PARALLEL_INPUT:
+        return 0
     if suffix in _COLUMN_PARALLEL or name == "lm_head.weight" or _MEDUSA.fullmatch(name):
         return 0
     if name == "transformer.vocab_embedding.weight" and cfg.use_parallel_embedding:
@@ -328,9 +333,12 @@ def _no_quantization(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, 
 
 def dequantize_hook(config: dict[str, Any]) -> RankHook:
     """What turns one rank's stored tensors into plain weights before merging (scales are per rank, so this
-    runs per rank file). Unquantized checkpoints pass through; `_check_supported` already refused the rest,
-    and the quantization issue adds real dequantizers here."""
-    return _no_quantization
+    runs per rank file). Unquantized checkpoints pass through; `_check_supported` already refused what
+    `runtime.dequantize` cannot read."""
+    quant = config.get("quantization") or {}
+    if quant.get("quant_algo") is None and quant.get("kv_cache_quant_algo") is None:
+        return _no_quantization
+    return lambda tensors, path: dequantize_rank(tensors, path, quant)
 
 
 def _read_rank(path: Path) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbuild.runtime.checkpoint import ModelConfig, RuntimeCheckpointError, load_checkpoint
+from specbuild.runtime.dequantize import fp8_qdq, input_quantizer, kv_cache_scale
 from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.rope import RotaryEmbedding, apply_rotary
 
@@ -78,21 +79,32 @@ class Attention(_Weights):
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attention_scale
         self.sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
+        # Quantized checkpoints: what TensorRT-LLM does to the GEMM inputs and the KV cache (runtime.dequantize).
+        self.qkv_input = input_quantizer(cfg.quant_algo, tensors, prefix + "qkv.")
+        self.dense_input = input_quantizer(cfg.quant_algo, tensors, prefix + "dense.")
+        self.register_buffer("kv_scale", kv_cache_scale(cfg.kv_cache_quant_algo, tensors, prefix))
 
     def forward(self, x: torch.Tensor, step: _Step, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
+        if self.qkv_input is not None:
+            x = self.qkv_input(x)
         q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
         q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if step.cos is not None:
             q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
+        if self.kv_scale is not None:  # an FP8 cache holds keys (after RoPE) and values rounded to fp8
+            k, v = fp8_qdq(k, self.kv_scale), fp8_qdq(v, self.kv_scale)
         step.cache.write(layer, k, v)
         keys = step.cache.keys(layer)[:, :, : step.num_slots]
         values = step.cache.values(layer)[:, :, : step.num_slots]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=self.scale,
                                              enable_gqa=self.heads != self.kv_heads)
-        return F.linear(out.transpose(1, 2).reshape(b, t, -1), self.dense_weight, self.dense_bias)
+        out = out.transpose(1, 2).reshape(b, t, -1)
+        if self.dense_input is not None:
+            out = self.dense_input(out)
+        return F.linear(out, self.dense_weight, self.dense_bias)
 
 
 class MLP(_Weights):
@@ -103,6 +115,12 @@ class MLP(_Weights):
             "fc_weight": "fc.weight", "fc_bias": "fc.bias", "gate_weight": "gate.weight", "gate_bias": "gate.bias",
             "proj_weight": "proj.weight", "proj_bias": "proj.bias"})
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.fc_input = input_quantizer(cfg.quant_algo, tensors, prefix + "fc.")
+        gate_input = input_quantizer(cfg.quant_algo, tensors, prefix + "gate.")
+        self.proj_input = input_quantizer(cfg.quant_algo, tensors, prefix + "proj.")
+        if (gate_input is None) != (self.fc_input is None) or (gate_input and not gate_input.same_as(self.fc_input)):
+            raise RuntimeCheckpointError(f"{prefix}fc and {prefix}gate read the same input but have different "
+                                         "activation or pre-quant scales")
 
         # fc and gate read the same input: one matmul over both weights is one kernel launch instead of two.
         if self.gate_weight is not None:
@@ -112,10 +130,16 @@ class MLP(_Weights):
             self.fc_weight = self.gate_weight = self.fc_bias = self.gate_bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fc_input is not None:
+            x = self.fc_input(x)
         if self.fc_weight is None:
             fc, gate = F.linear(x, self.fc_gate_weight, self.fc_gate_bias).chunk(2, dim=-1)
-            return F.linear(self.act(fc) * gate, self.proj_weight, self.proj_bias)
-        return F.linear(self.act(F.linear(x, self.fc_weight, self.fc_bias)), self.proj_weight, self.proj_bias)
+            hidden = self.act(fc) * gate
+        else:
+            hidden = self.act(F.linear(x, self.fc_weight, self.fc_bias))
+        if self.proj_input is not None:
+            hidden = self.proj_input(hidden)
+        return F.linear(hidden, self.proj_weight, self.proj_bias)
 
 
 class Norm(_Weights):
