@@ -193,3 +193,16 @@ def test_sequences_longer_than_rope_training_only_warn(tmp_path: Path, models: d
     [result] = build_pipeline(spec, console=Console(file=out, width=400))
     assert result.status == "built"
     assert "warning: target engine: sequences of up to 266 tokens, but the model has 256 positions" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("mode", "speculative", "message"),
+    [
+        ("medusa", {"use_draft_logits": True}, "speculative.use_draft_logits: only used in draft_target mode"),
+        ("none", {"max_draft_len": 4}, "speculative.max_draft_len: only used with speculative decoding"),
+    ],
+)
+def test_build_keys_that_the_mode_does_not_use_are_spec_errors(tmp_path: Path, models: dict[str, Path], mode: str,
+                                                                speculative: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        write_pipeline(tmp_path, models, mode=mode, speculative=speculative)

@@ -7,6 +7,7 @@ not rebuilt; each engine directory appears whole or not at all, with `engine.jso
 
 from __future__ import annotations
 
+import queue
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from specbuild.atomic import atomic_directory, check_replaceable
 from specbuild.build.backend import TensorrtStatus, resolve_backend
 from specbuild.build.checkpoints import CheckpointFacts, read_checkpoint_facts
-from specbuild.build.engine_info import EngineInfo, engine_roles
+from specbuild.build.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.build.gpu import Gpu, parse_gpu
 from specbuild.build.plan import BuildPlan, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
@@ -115,10 +116,11 @@ def _outputs(directory: Path) -> dict[str, int]:
     return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def _up_to_date(job: _Job, known: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
-    """(skip?, input fingerprints) from the previous manifest: same settings, same hashes, outputs intact."""
+def _up_to_date(job: _Job) -> tuple[bool, dict[str, Any]]:
+    """(skip?, input fingerprints) from the previous manifest: same settings, same hashes, outputs intact.
+    Hashes of files whose size and mtime are unchanged are reused from it."""
     previous = read_manifest(job.plan.output_dir) or {}
-    inputs = fingerprint_files(job.facts.files, known)
+    inputs = fingerprint_files(job.facts.files, previous.get("inputs"))
     fresh = (
         previous.get("settings") == job.settings
         and same_inputs(inputs, previous.get("inputs", {}))
@@ -129,15 +131,12 @@ def _up_to_date(job: _Job, known: dict[str, Any] | None) -> tuple[bool, dict[str
 
 def _build_one(job: _Job, backend: str, gpus: list[int] | None, force: bool, tools: dict[str, Any]) -> EngineResult:
     plan = job.plan
-    previous = read_manifest(plan.output_dir) or {}
-    fresh, inputs = _up_to_date(job, previous.get("inputs"))
+    fresh, inputs = _up_to_date(job)
     if fresh and not force:
         return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "up to date")
     start = time.perf_counter()
     with atomic_directory(plan.output_dir) as tmp:
         if backend == "tensorrt":
-            from specbuild.build.engine_info import write_engine_info
-
             build_engine(plan, tmp, gpus)
             write_engine_info(tmp, job.info)
         else:
@@ -156,20 +155,20 @@ def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
                   console=console) as progress:
         tasks = {job.plan.role: progress.add_task(f"{job.plan.role} engine (queued)", total=1) for job in jobs}
-        free = list(range(slots))
+        free: queue.SimpleQueue[int] = queue.SimpleQueue()  # GPU slots not in use
+        for slot in range(slots):
+            free.put(slot)
 
         def run(job: _Job) -> EngineResult:
-            slot = free.pop()
+            slot, task = free.get(), tasks[job.plan.role]
             try:
-                progress.update(tasks[job.plan.role], description=f"{job.plan.role} engine on GPU(s) "
-                                f"{','.join(map(str, gpu_sets[slot]))}", completed=0)
-                progress.reset(tasks[job.plan.role])
+                gpus = ",".join(map(str, gpu_sets[slot]))
+                progress.reset(task, description=f"{job.plan.role} engine building on GPU {gpus}")
                 result = _build_one(job, "tensorrt", gpu_sets[slot], force, tools)
-                progress.update(tasks[job.plan.role], completed=1,
-                                description=f"{job.plan.role} engine {result.status}")
+                progress.update(task, completed=1, description=f"{job.plan.role} engine {result.status}")
                 return result
             finally:
-                free.append(slot)
+                free.put(slot)
 
         with ThreadPoolExecutor(max_workers=slots) as pool:
             futures = [pool.submit(run, job) for job in jobs]
@@ -177,6 +176,28 @@ def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force
                 result = future.result()
                 results[result.role] = result
     return [results[job.plan.role] for job in jobs]
+
+
+def _checked_plans(spec: PipelineSpec, backend: str, status: TensorrtStatus | None, console: Console
+                   ) -> tuple[dict[str, CheckpointFacts], list[BuildPlan]]:
+    """Checkpoints read, plans made, every check run: warnings printed, all errors raised together."""
+    facts, problems = _read_facts(spec)
+    gpu, gpu_issues = _target_gpu(spec, status)
+    problems += gpu_issues
+    plans = plan_pipeline(spec, {role: facts.get(role) for role in engine_roles(spec)})
+    memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
+    problems += build_problems(spec, plans, facts, gpu, memory)
+    if backend == "tensorrt" and status is not None and 0 < len(status.gpus) < spec.build.world_size:
+        problems.append(BuildProblem("warning", f"the engines need tp_size x pp_size = {spec.build.world_size} "
+                                     f"GPUs to serve; this machine shows {len(status.gpus)}"))
+    for problem in problems:
+        if problem.severity == "warning":
+            console.print(f"[yellow]warning:[/] {escape(problem.message)}", highlight=False, soft_wrap=True)
+    if any(problem.severity == "error" for problem in problems):
+        raise BuildValidationError(_spec_name(spec), problems)
+    for plan in plans:
+        check_replaceable(plan.output_dir)
+    return facts, plans
 
 
 def build_pipeline(
@@ -197,22 +218,7 @@ def build_pipeline(
         chosen, status = resolve_backend(requested)
     elif requested == "tensorrt":
         chosen = "tensorrt"  # a dry run only writes the scripts for it; it needs no TensorRT-LLM here
-    facts, problems = _read_facts(spec)
-    gpu, gpu_issues = _target_gpu(spec, status)
-    problems += gpu_issues
-    plans = plan_pipeline(spec, {role: facts.get(role) for role in engine_roles(spec)})
-    memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
-    problems += build_problems(spec, plans, facts, gpu, memory)
-    if chosen == "tensorrt" and status is not None and 0 < len(status.gpus) < spec.build.world_size:
-        problems.append(BuildProblem("warning", f"the engines need tp_size x pp_size = {spec.build.world_size} "
-                                     f"GPUs to serve; this machine shows {len(status.gpus)}"))
-    for problem in problems:
-        if problem.severity == "warning":
-            console.print(f"[yellow]warning:[/] {escape(problem.message)}", highlight=False, soft_wrap=True)
-    if any(problem.severity == "error" for problem in problems):
-        raise BuildValidationError(_spec_name(spec), problems)
-    for plan in plans:
-        check_replaceable(plan.output_dir)
+    facts, plans = _checked_plans(spec, chosen, status, console)
     if dry_run:
         _print_plans(plans, chosen, console)
         results = []
