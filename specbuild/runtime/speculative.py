@@ -59,10 +59,19 @@ def accept_rejection_sampling(
     return len(drafts), int(draw(p[len(drafts)], gen))
 
 
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Leviathan et al.'s expected improvement factor for acceptance rate alpha, K drafts, cost ratio c."""
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Leviathan et al.'s expected tokens per verification step, (1 - alpha^(K+1)) / (1 - alpha)."""
     alpha = min(max(alpha, 0.0), 0.999)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (cost_ratio * k + 1))
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: float = 1.0) -> float:
+    """Leviathan et al.'s expected improvement factor for acceptance rate alpha, K drafts, cost ratio c.
+
+    `verify_cost` is the target's forward over K + 1 tokens relative to one over a single token: the paper
+    takes it as 1 (true on a GPU with spare compute); on a CPU it grows with K, and `specbuild tune` measures it.
+    """
+    return expected_tokens_per_step(alpha, k) / (cost_ratio * k + verify_cost)
 
 
 def best_k(alpha: float, cost_ratio: float, k_max: int) -> int:
