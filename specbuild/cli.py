@@ -207,6 +207,49 @@ def build(
         console.print(result.summary(), highlight=False, soft_wrap=True)
 
 
+@app.command()
+def tune(
+    spec_path: Annotated[Path, typer.Argument(help="The pipeline spec (YAML); convert must have run.", metavar="SPEC")],
+    calib: Annotated[
+        Path | None,
+        typer.Option("--calib", help="UTF-8 calibration text file (default: held-out pydoc topics shipped with "
+                     "Python)."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Write a new spec here instead of editing SPEC.")
+    ] = None,
+    prompts: Annotated[int, typer.Option("--prompts", min=1, help="Calibration prompts.")] = 8,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="Tokens per prompt.")] = 32,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", min=1, help="Tokens generated per prompt.")] = 64,
+    max_k: Annotated[int, typer.Option("--max-k", min=1, help="draft_target: largest K tried.")] = 8,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="draft_target: timed passes of the K sweep (fastest kept).")
+    ] = 2,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="medusa: tree node budget (default: the spec's tree size).")
+    ] = None,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=16, help="medusa: ranks measured per head.")] = 10,
+    inline: Annotated[
+        bool, typer.Option("--inline", help="medusa: write the tree into the spec, not medusa_choices/NAME-tuned.json.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads while measuring.")] = 1,
+) -> None:
+    """Measure speculation on calibration text with the reference runtime and write the best settings into the
+    spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
+    ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
+    (next to mc_sim_7b_63). Only the tuned value's text changes; comments and layout stay."""
+    from specbuild.build.tune import TuneOptions, run_tune
+
+    try:
+        options = TuneOptions(calib=calib, output=output, prompts=prompts, prompt_tokens=prompt_tokens,
+                              new_tokens=new_tokens, max_k=max_k, repeats=repeats, nodes=nodes, top_k=top_k,
+                              inline=inline, write=not dry_run, threads=threads)
+        run_tune(spec_path, options, console=console, out=Console())
+    except SpecbuildError as err:
+        raise _fail(err) from None
+
+
 medusa_app = typer.Typer(help="Medusa heads: train them on a frozen base model.", no_args_is_help=True)
 app.add_typer(medusa_app, name="medusa")
 

@@ -1,0 +1,460 @@
+"""`specbuild tune SPEC`: measure speculation on calibration text and write the best settings into the spec.
+
+draft_target: the draft's per-token acceptance rate alpha and the draft/target cost ratio c are measured with
+the reference runtime, and K is the one that maximises Leviathan et al.'s expected speedup
+(1 - alpha^(K+1)) / ((1 - alpha)(cK + v)), with v the measured cost of verifying K + 1 tokens relative to one
+target step (the paper's v = 1). Every K up to --max-k is then also run, so the choice is printed next to
+what each K measured.
+
+medusa: each head's top-k accuracy against the target's own greedy tokens is measured, and the tree is grown
+greedily under the node budget (the Medusa paper's sparse-tree construction, `tune_tree`); the tuned tree's
+predicted and measured tokens per step are printed next to the same-size prefix of mc_sim_7b_63.
+
+Two speed figures per K, and why: "tokens/s" is wall-clock (batch 1, settings interleaved prompt by prompt,
+fastest of --repeats per prompt), what a user sees but noisy on a shared machine; "cost-model tokens/s" is the
+measured tokens per step (exact: greedy decoding) over the measured cost of one step (K draft forwards plus
+one K + 1 token verification, each the fastest of interleaved repeats). The second is stable enough to compare
+K against K, which is what choosing K needs; it leaves out per-round bookkeeping, so it reads higher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from specbuild.build import tune_yaml
+from specbuild.build.tune_measure import (
+    Acceptance,
+    ForwardCosts,
+    HeadAccuracy,
+    KSweep,
+    Prompts,
+    Tick,
+    calibration_prompts,
+    greedy_continuations,
+    measure_forward_costs,
+    measure_head_accuracy,
+    medusa_acceptance,
+    sweep_draft_lengths,
+)
+from specbuild.build.tune_tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree
+from specbuild.errors import SpecbuildError
+from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
+
+REFERENCE_TREE = "mc_sim_7b_63"
+TREE_DIR = "medusa_choices"
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What to measure on, and where the result goes."""
+
+    calib: Path | None = None  # a UTF-8 text file; None: the held-out pydoc topics that ship with Python
+    output: Path | None = None  # write a new spec here instead of editing SPEC
+    prompts: int = 8
+    prompt_tokens: int = 32
+    new_tokens: int = 64
+    max_k: int = 8
+    repeats: int = 2
+    nodes: int | None = None  # Medusa node budget; None: the spec's current tree size
+    top_k: int = 10
+    inline: bool = False  # write the tuned tree into the spec instead of a JSON file next to it
+    write: bool = True
+    threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "prompt_tokens", "new_tokens", "max_k", "repeats", "top_k"):
+            if getattr(self, name) < 1:
+                raise SpecbuildError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_k > MAX_DRAFT_TOKENS:
+            raise SpecbuildError(f"--max-k is at most {MAX_DRAFT_TOKENS}")
+        if self.top_k > MAX_TOP_K:
+            raise SpecbuildError(f"--top-k is at most {MAX_TOP_K}: TensorRT-LLM packs tree indices into 4 bits")
+        if self.nodes is not None and self.nodes < 1:
+            raise SpecbuildError("--nodes must be at least 1")
+
+
+# ---------------------------------------------------------------------------------------------- draft length
+
+
+@dataclass
+class DraftLengthTuning:
+    costs: ForwardCosts
+    sweep: KSweep
+    alpha: float
+    chosen: int
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted(self.sweep.acceptance)
+
+    def predicted_tokens_per_step(self, k: int) -> float:
+        from specbuild.runtime.speculative import expected_tokens_per_step
+
+        return expected_tokens_per_step(self.alpha, k)
+
+    def predicted_speedup(self, k: int) -> float:
+        from specbuild.runtime.speculative import expected_speedup
+
+        return expected_speedup(self.alpha, k, self.costs.cost_ratio, self.costs.verify_cost(k))
+
+    def model_tokens_per_second(self, k: int) -> float:
+        """Measured tokens per step over the measured seconds of one step (see the module docstring)."""
+        return self.sweep.acceptance[k].tokens_per_step / self.costs.step_seconds(k)
+
+    @property
+    def best_measured(self) -> int:
+        return max(self.ks, key=self.model_tokens_per_second)
+
+
+def tune_draft_length(target: Any, draft: Any, prompts: Prompts, options: TuneOptions, ks: Sequence[int],
+                      ticks: Callable[[str, int], Tick] | None = None) -> DraftLengthTuning:
+    """Measure costs and acceptance, pick K by the expected-speedup formula, and sweep every K in `ks`."""
+    ticks = ticks or (lambda _label, _total: lambda: None)
+    context = options.prompt_tokens + options.new_tokens // 2  # the mean context of a generated token
+    cost_repeats = 7
+    costs = measure_forward_costs(target, draft, prompts[0], context, max(ks) + 1, repeats=cost_repeats,
+                                  tick=ticks("forward costs", cost_repeats))
+    sweep = sweep_draft_lengths(target, draft, prompts, options.new_tokens, ks, repeats=options.repeats,
+                                tick=ticks(f"K sweep 1..{max(ks)}", options.repeats * len(prompts)))
+    alpha = sweep.acceptance[max(ks)].alpha  # the longest rounds see the most positions
+    tuning = DraftLengthTuning(costs, sweep, alpha, chosen=ks[0])
+    tuning.chosen = max(ks, key=tuning.predicted_speedup)
+    return tuning
+
+
+# ---------------------------------------------------------------------------------------------- Medusa tree
+
+
+@dataclass
+class TreeRow:
+    name: str
+    choices: list[list[int]]
+    predicted_accepted: float
+    measured: Acceptance
+
+    @property
+    def depth(self) -> int:
+        return max(len(p) for p in self.choices)
+
+    def nodes_per_depth(self) -> list[int]:
+        return [sum(1 for p in self.choices if len(p) == d) for d in range(1, self.depth + 1)]
+
+
+@dataclass
+class TreeTuning:
+    accuracy: HeadAccuracy
+    tree: GrownTree
+    rows: list[TreeRow] = field(default_factory=list)  # tuned first, then the spec's tree and the reference
+
+    @property
+    def tuned(self) -> TreeRow:
+        return self.rows[0]
+
+
+def reference_prefix(budget: int, heads: int) -> list[list[int]]:
+    """The first `budget` nodes of mc_sim_7b_63 that the checkpoint's heads can fill (its list puts every node
+    after its parent, so a prefix is a tree)."""
+    from specbuild.medusa.choices import load_choices
+
+    return [p for p in load_choices(REFERENCE_TREE) if len(p) <= heads][:budget]
+
+
+def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget: int,
+                     compare: Sequence[tuple[str, list[list[int]]]] = (),
+                     ticks: Callable[[str, int], Tick] | None = None) -> TreeTuning:
+    """Measure head accuracies, grow the tree, and measure it (and each tree in `compare`) by decoding."""
+    ticks = ticks or (lambda _label, _total: lambda: None)
+    continuations = greedy_continuations(model, prompts, options.new_tokens)
+    accuracy = measure_head_accuracy(model, prompts, continuations, options.top_k,
+                                     tick=ticks("head accuracy", len(prompts)))
+    try:
+        tree = grow_tree(accuracy.accuracies, budget)
+    except ValueError as err:
+        raise SpecbuildError(f"cannot grow a {budget}-node tree: {err}") from err
+    tuning = TreeTuning(accuracy, tree)
+    batches = -(-len(prompts) // 4)
+    for name, choices in [("tuned", tree.choices), *compare]:
+        measured = medusa_acceptance(model, prompts, options.new_tokens, choices,
+                                     tick=ticks(f"decode with {name}", batches))
+        predicted = expected_accepted_length(choices, accuracy.accuracies)
+        tuning.rows.append(TreeRow(name, [list(p) for p in choices], predicted, measured))
+    return tuning
+
+
+# ---------------------------------------------------------------------------------------------- the spec
+
+
+def _checkpoint(spec: PipelineSpec, role: str) -> Path:
+    directory = spec.checkpoint_dir(role)
+    if not (directory / "config.json").is_file():
+        raise SpecbuildError(
+            f"no converted {role} checkpoint at {directory} (tune measures the converted checkpoints)",
+            hint=f"run `specbuild convert {spec.path}` first",
+        )
+    return directory
+
+
+def _calibration_texts(options: TuneOptions) -> list[str]:
+    if options.calib is None:
+        from specbuild.demo_models import heldout_texts
+
+        return heldout_texts()
+    try:
+        return [options.calib.read_text(encoding="utf-8")]
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise SpecbuildError(f"cannot read calibration text {options.calib}: {reason}") from err
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    """Write to a temporary sibling, then rename: readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                     suffix=".tmp", delete=False) as handle:
+        temporary = Path(handle.name)
+        try:
+            handle.write(text)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    if path.exists():
+        temporary.chmod(path.stat().st_mode & 0o777)
+    else:
+        mask = os.umask(0)
+        os.umask(mask)
+        temporary.chmod(0o666 & ~mask)
+    return temporary
+
+
+@dataclass
+class SpecUpdate:
+    """The values tune writes: K, or a Medusa tree (and its provenance for the tree file)."""
+
+    num_draft_tokens: int | None = None
+    choices: list[list[int]] | None = None
+    tree_source: str = ""
+
+
+def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inline: bool) -> list[Path]:
+    """Change only the tuned values in the spec's YAML text, keeping comments and layout; with `output`, write a
+    new spec there (relative paths rebased so it names the same models). The result is re-loaded and checked
+    before it replaces anything. Returns the files written."""
+    source = spec.path
+    final = (output if output is not None else source).absolute()
+    if final.is_dir():
+        raise SpecbuildError(f"{final} is a directory; give the new spec's file name")
+    text = source.read_text(encoding="utf-8")
+    root = tune_yaml.compose(text, str(source))
+    edits: list[tune_yaml.Edit] = []
+    tree_path: Path | None = None
+    tree_text = ""
+    if update.num_draft_tokens is not None:
+        edits.append(tune_yaml.set_value(text, root, ("speculative", "num_draft_tokens"),
+                                         tune_yaml.scalar(update.num_draft_tokens)))
+    if update.choices is not None:
+        if inline:
+            value = tune_yaml.flow_list(update.choices)
+        else:
+            tree_path = final.parent / TREE_DIR / f"{spec.name}-tuned.json"
+            paths = ",\n".join(f"    {json.dumps(path)}" for path in update.choices)
+            tree_text = f'{{\n  "source": {json.dumps(update.tree_source)},\n  "choices": [\n{paths}\n  ]\n}}'
+            value = tune_yaml.scalar(f"{TREE_DIR}/{tree_path.name}")
+        edits.append(tune_yaml.set_value(text, root, ("medusa", "choices"), value))
+    if final.parent != source.parent.absolute():
+        edits += tune_yaml.rebase_paths(text, root, spec, final.parent, skip=[("medusa", "choices")])
+    new_text = tune_yaml.apply(text, edits)
+    if tree_path is None:
+        _replace_checked(final, new_text, update)
+        return [final]
+    # The edited spec can only be checked with its tree file in place: put it there, and put back what was there
+    # before (an earlier tune's tree, which the old spec may name) if the check fails.
+    previous = tree_path.read_bytes() if tree_path.is_file() else None
+    os.replace(_write_atomic(tree_path, tree_text + "\n"), tree_path)
+    try:
+        _replace_checked(final, new_text, update)
+    except BaseException:
+        if previous is None:
+            tree_path.unlink(missing_ok=True)
+        else:
+            os.replace(_write_atomic(tree_path, previous.decode("utf-8")), tree_path)
+        raise
+    return [tree_path, final]
+
+
+def _replace_checked(final: Path, text: str, update: SpecUpdate) -> None:
+    temporary = _write_atomic(final, text)
+    try:
+        _check_written(temporary, update)
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _check_written(path: Path, update: SpecUpdate) -> None:
+    """The edited spec must load and hold the tuned values; a bug here must not replace a working spec."""
+    try:
+        reloaded = load_spec(path)
+    except SpecbuildError as err:
+        raise SpecbuildError(f"the tuned spec does not validate, so nothing was replaced: {err.message}") from err
+    if update.num_draft_tokens is not None and reloaded.speculative.num_draft_tokens != update.num_draft_tokens:
+        raise SpecbuildError("internal error: the edited spec does not hold the tuned K; nothing was replaced")
+    if update.choices is not None and (reloaded.medusa is None
+                                       or reloaded.medusa.resolved_choices() != update.choices):
+        raise SpecbuildError("internal error: the edited spec does not hold the tuned tree; nothing was replaced")
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+@dataclass
+class TuneReport:
+    spec: PipelineSpec
+    prompts: Prompts
+    draft_length: DraftLengthTuning | None = None
+    tree: TreeTuning | None = None
+    written: list[Path] = field(default_factory=list)
+
+
+@contextmanager
+def _progress(console: Console) -> Iterator[Callable[[str, int], Tick]]:
+    """Hands out one progress task per measurement phase; each returns its `tick`."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+
+        def phase(label: str, total: int) -> Tick:
+            task = progress.add_task(label, total=total)
+            return lambda: progress.advance(task)
+
+        yield phase
+
+
+def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = None,
+             out: Console | None = None) -> TuneReport:
+    """Load SPEC's converted checkpoints, measure, print the tables to `out`, and write the choices."""
+    import torch
+
+    from specbuild.runtime.cli_generate import load_tokenizer
+    from specbuild.runtime.model import CausalLM
+
+    console = console or Console(stderr=True)
+    out = out or Console()
+    spec = load_spec(spec_path)
+    mode = spec.speculative.mode
+    if mode == "none":
+        raise SpecbuildError(f"{spec_path}: speculative.mode is 'none'; there is nothing to tune",
+                             hint="set speculative.mode to draft_target or medusa")
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    roles = ("target", "draft") if mode == "draft_target" else ("medusa",)
+    directories = {role: _checkpoint(spec, role) for role in roles}
+    tokenizer = load_tokenizer(spec.target.model)
+    try:
+        prompts = calibration_prompts(lambda s: tokenizer.encode(s, add_special_tokens=False, verbose=False),
+                                      _calibration_texts(options), options.prompts, options.prompt_tokens)
+    except ValueError as err:
+        raise SpecbuildError(str(err)) from err
+    models = {role: CausalLM.from_checkpoint(path) for role, path in directories.items()}
+    report = TuneReport(spec, prompts)
+    calib = str(options.calib) if options.calib else "held-out pydoc topics"
+    out.print(f"calibration: {len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}, "
+              f"{options.new_tokens} new tokens each, greedy, torch threads {torch.get_num_threads()}",
+              highlight=False)
+    update = SpecUpdate()
+    with _progress(console) as phase:
+        if mode == "draft_target":
+            limit = getattr(spec.speculative, "max_draft_len", None) or options.max_k
+            ks = list(range(1, min(options.max_k, limit) + 1))
+            report.draft_length = tune_draft_length(models["target"], models["draft"], prompts, options, ks, phase)
+            update.num_draft_tokens = report.draft_length.chosen
+        else:
+            assert spec.medusa is not None
+            current = spec.medusa.resolved_choices()
+            budget = options.nodes or len(current)
+            heads = models["medusa"].config.num_medusa_heads
+            compare = [(f"spec: {_tree_name(spec)}", current),
+                       (f"{REFERENCE_TREE}[:{budget}]", reference_prefix(budget, heads))]
+            report.tree = tune_medusa_tree(models["medusa"], prompts, options, budget, compare, phase)
+            update.choices = report.tree.tree.choices
+            update.tree_source = (f"specbuild tune: greedy sparse tree ({budget} nodes) from head top-{options.top_k} "
+                                  f"accuracies on {calib} ({len(prompts)} prompts)")
+    if report.draft_length is not None:
+        out.print(draft_length_table(report.draft_length))
+    if report.tree is not None:
+        out.print(head_accuracy_table(report.tree.accuracy))
+        out.print(tree_table(report.tree))
+    if options.write:
+        report.written = write_spec(spec, update, options.output, options.inline)
+        for path in report.written:
+            console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        if update.choices is not None and len(update.choices) != spec.max_draft_len:
+            console.print(f"the tree now has {len(update.choices)} nodes, not {spec.max_draft_len}: the Medusa "
+                          f"checkpoint's max_draft_len follows it, so run `specbuild convert {report.written[-1]}` "
+                          "again", highlight=False, soft_wrap=True)
+    return report
+
+
+def _tree_name(spec: PipelineSpec) -> str:
+    assert spec.medusa is not None
+    choices = spec.medusa.choices
+    return "inline" if not isinstance(choices, str) else Path(choices).stem if choices.endswith(".json") else choices
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def draft_length_table(t: DraftLengthTuning) -> Table:
+    c = t.costs
+    table = Table(title=(f"Draft length K: alpha {t.alpha:.3f} (measured at K={max(t.ks)}), cost ratio c "
+                         f"{c.cost_ratio:.3f} (draft {c.draft * 1e3:.2f} ms / target {c.target[1] * 1e3:.2f} ms "
+                         f"per forward at {c.context} tokens of context)"), title_justify="left")
+    for name in ("K", "verify\ncost v", "tokens/step\npredicted", "tokens/step\nmeasured", "speedup\npredicted",
+                 "tokens/s\ncost model", "tokens/s\nwall", "wall vs\nplain", ""):
+        table.add_column(name, justify="right" if name else "left")
+    plain = t.sweep.tokens_per_second(0)
+    best = t.best_measured
+    for k in t.ks:
+        marks = ", ".join(m for m, on in (("chosen", k == t.chosen), ("best", k == best)) if on)
+        table.add_row(str(k), f"{c.verify_cost(k):.2f}", f"{t.predicted_tokens_per_step(k):.2f}",
+                      f"{t.sweep.acceptance[k].tokens_per_step:.2f}", f"{t.predicted_speedup(k):.2f}x",
+                      f"{t.model_tokens_per_second(k):.0f}", f"{t.sweep.tokens_per_second(k):.0f}",
+                      f"{t.sweep.tokens_per_second(k) / plain:.2f}x", marks)
+    share = t.model_tokens_per_second(t.chosen) / t.model_tokens_per_second(best)
+    table.caption = (f"plain decoding {plain:.0f} tokens/s (wall). Chosen K={t.chosen}: cost-model speed "
+                     f"{share:.1%} of the best K={best}.")
+    return table
+
+
+def head_accuracy_table(accuracy: HeadAccuracy) -> Table:
+    ks = [k for k in (1, 2, 3, 5, 10, 16) if k <= len(accuracy.hits[0])]
+    table = Table(title="Medusa heads: top-k accuracy against the target's greedy tokens", title_justify="left")
+    table.add_column("head (predicts)", justify="left")
+    for k in ks:
+        table.add_column(f"top-{k}", justify="right")
+    table.add_column("positions", justify="right")
+    for h in range(len(accuracy.hits)):
+        table.add_row(f"{h} (t+{h + 2})", *(f"{accuracy.top_k(h, k):.3f}" for k in ks), str(accuracy.positions[h]))
+    return table
+
+
+def tree_table(t: TreeTuning) -> Table:
+    table = Table(title="Medusa tree: tokens per step (accepted tree tokens + the target's own)", title_justify="left")
+    for name, justify in (("tree", "left"), ("nodes", "right"), ("depth", "right"), ("nodes per depth", "left"),
+                          ("predicted", "right"), ("measured", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in t.rows:
+        table.add_row(row.name, str(len(row.choices)), str(row.depth), str(row.nodes_per_depth()),
+                      f"{1 + row.predicted_accepted:.3f}", f"{row.measured.tokens_per_step:.3f}")
+    table.caption = ("predicted: 1 + the sum over nodes of the product of the path's per-head accuracies (the "
+                     "paper's independence model); measured: greedy Medusa decoding of the calibration prompts")
+    return table
