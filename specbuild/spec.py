@@ -379,9 +379,6 @@ class SpeculativeSpec(_Section):
     mode: SpeculativeMode = "none"
     num_draft_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] = 4
     """K, the tokens the draft proposes per step (draft_target only; the target engine's max_draft_len)."""
-
-
-class BuildSpec(_Section):
     max_draft_len: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     """Draft tokens the engine can verify per step (trtllm-build --max_draft_len). Default: K (draft_target)
     or the tree's node count (medusa). More than that lets the service raise K later without a rebuild, at
@@ -411,6 +408,9 @@ class BuildSpec(_Section):
         if issues:
             _raise_issues(issues)
         return self
+
+
+class BuildSpec(_Section):
     """Engine limits. They fix memory use, so the three max_* have no default (trtllm-build's batch 2048 is
     a trap)."""
 
@@ -423,9 +423,6 @@ class BuildSpec(_Section):
     max_batch_size: Count
     max_input_len: Count
     max_output_len: Count
-
-    @property
-    def world_size(self) -> int:
     max_num_tokens: Count | None = None
     """Tokens one engine step processes across the batch (trtllm-build --max_num_tokens). Default: enough for a
     whole prompt and for batch x (draft length + 1) verification tokens, at most 8192 unless those need more."""
@@ -439,6 +436,9 @@ class BuildSpec(_Section):
     gpu_memory_gb: Annotated[float, Field(gt=0)] | None = None
     """Memory of that GPU in GB; `build` warns when weights + KV cache for the limits above would not fit.
     Default: the named GPU's memory, or what nvidia-smi shows."""
+
+    @property
+    def world_size(self) -> int:
         return self.tp_size * self.pp_size
 
     @property
