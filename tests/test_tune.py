@@ -217,6 +217,20 @@ def test_a_spec_that_would_not_validate_is_not_replaced(tmp_path: Path, demo_mod
     assert sorted(p.name for p in spec_path.parent.iterdir()) == ["pipeline.yaml"]
 
 
+def test_inline_tree_replaces_a_block_list(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    from specbuild.build.tune import SpecUpdate
+
+    spec_path = tmp_path / "medusa.yaml"
+    spec_path.write_text(MEDUSA_SPEC.format(out=tmp_path / "build", models=demo_models["target"].parent))
+    tree = [[0], [1], [0, 0], [2], [0, 0, 0]]
+    write_spec(load_spec(spec_path), SpecUpdate(choices=tree), None, inline=True)
+    text = spec_path.read_text()
+    assert "  choices: [[0], [1], [0, 0], [2], [0, 0, 0]]\n\nspeculative:" in text
+    reloaded = load_spec(spec_path)
+    assert reloaded.medusa is not None and reloaded.medusa.resolved_choices() == tree
+    assert not (tmp_path / "medusa_choices").exists()
+
+
 # ------------------------------------------------------------------------------------------------ demo models
 
 
@@ -316,3 +330,12 @@ def test_cli_errors_name_the_missing_checkpoint_and_the_fix(tmp_path: Path, demo
     assert result.exit_code == 1 and "nothing to tune" in result.output
     with pytest.raises(SpecbuildError, match="--top-k is at most 16"):
         TuneOptions(top_k=17)
+
+
+def test_unreadable_calibration_text_is_named(converted: dict[str, Path], tmp_path: Path) -> None:
+    missing = tmp_path / "calib.txt"
+    with pytest.raises(SpecbuildError, match=f"cannot read calibration text {missing}"):
+        run_tune(converted["draft"], TuneOptions(calib=missing), console=QUIET, out=QUIET)
+    (tmp_path / "short.txt").write_text("too short")
+    with pytest.raises(SpecbuildError, match="too few for 8 prompts"):
+        run_tune(converted["draft"], TuneOptions(calib=tmp_path / "short.txt"), console=QUIET, out=QUIET)
