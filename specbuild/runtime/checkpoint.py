@@ -294,7 +294,7 @@ def _merge_tp(name: str, parts: list[torch.Tensor], cfg: ModelConfig, files: lis
     """One tensor of one PP stage from its TP ranks."""
     if len(parts) == 1:
         return parts[0]
-    if ".attention.qkv." in name:
+    if ".attention.qkv." in name and name.endswith((".weight", ".bias")):  # not its (replicated) scales
         return _merge_qkv(name, parts, cfg, files)
     dim = _split_dim(name, cfg)
     shapes = {tuple(p.shape) for p in parts}
