@@ -73,7 +73,7 @@ class TritonPythonModel:
         while done < n:
             time.sleep(self.delay)
             take = min(per_step, n - done)
-            chunks.append(" ".join(words[done:done + take]))
+            chunks.append((" " if done else "") + " ".join(words[done:done + take]))
             done += take
             if k:
                 accepted += take - 1
@@ -81,7 +81,7 @@ class TritonPythonModel:
             if stream:
                 sender.send(self._response(chunks[-1], take, accepted, drafted))
         if not stream:
-            sender.send(self._response(" ".join(chunks), n, accepted, drafted))
+            sender.send(self._response("".join(chunks), n, accepted, drafted))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     @staticmethod

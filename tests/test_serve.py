@@ -7,7 +7,11 @@ reason and nothing is left running; ports are honoured or picked; `stop()` leave
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -141,3 +145,58 @@ def test_sharded_tensorrt_engines_get_one_mpi_rank_per_gpu(tmp_path: Path, engin
 def test_single_gpu_engines_need_no_mpi(tmp_path: Path) -> None:
     assert tensorrt_models(_trtllm_repo(tmp_path, tp=1, pp=1, engine_json=True)).world_size == 1
     assert tensorrt_models(tinyllm_repository(tmp_path / "py")).names == ()
+
+
+def _specbuild(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specbuild.cli", *args]
+
+
+def test_serve_cli_exits_non_zero_naming_the_failing_model(tmp_path: Path) -> None:
+    repo = broken_repository(tmp_path / "repo")
+    done = subprocess.run(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "model 'broken' failed to load" in done.stderr
+    assert "tokenizer_dir /no/such/tokenizer does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert processes_using(repo) == []
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_cli_serves_until_interrupted_then_leaves_nothing(tmp_path: Path, stop_signal: int) -> None:
+    repo = tinyllm_repository(tmp_path / "repo", ensemble=False)
+    proc = subprocess.Popen(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "metrics" in line:
+                break
+        assert lines and lines[0].startswith("ready: tinyllm"), "".join(lines) + (proc.stderr.read() if
+                                                                                  proc.stderr else "")
+        http = next(line.split()[-1] for line in lines if line.strip().startswith("HTTP"))
+        with urllib.request.urlopen(f"{http}/v2/health/ready", timeout=10) as response:
+            assert response.status == 200
+        assert processes_using(repo) != []
+        proc.send_signal(stop_signal)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert processes_using(repo) == []
+
+
+def test_serve_cli_prompts_over_grpc_and_http_then_stops(tmp_path: Path) -> None:
+    repo = tinyllm_repository(tmp_path / "repo", ensemble=False)
+    done = subprocess.run(_specbuild("serve", str(repo), "--prompt", "hello world", "--prompt", "bye",
+                                     "--max-tokens", "4", "--num-draft-tokens", "2"),
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert "asking tinyllm" in done.stdout
+    assert "gRPC stream (2 responses): hello0 hello1 hello2 hello3" in done.stdout
+    assert "HTTP generate: bye0 bye1 bye2 bye3" in done.stdout
+    assert "acceptance_rate 0.500, total_accepted_draft_tokens 2, total_draft_tokens 4" in done.stdout
+    assert processes_using(repo) == []

@@ -147,6 +147,14 @@ class TritonServer:
                 self._log = None
             _remove_shared_memory(self._shm_prefix)
 
+    @property
+    def running(self) -> bool:
+        """Whether the server process is still alive (it can die under us, e.g. killed by the OOM killer)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self._log_text().strip().splitlines()[-lines:])
+
     def models(self) -> list[dict[str, Any]]:
         """The repository index: name, version, state and (for failures) reason of every model."""
         return _post_json(f"http://{self.http_url}/v2/repository/index")

@@ -1,0 +1,225 @@
+"""Client-side serving benchmark: concurrent clients over a prompt set against a running server.
+
+Each of `concurrency` workers owns one connection (a gRPC stream, or an HTTP session) and sends requests
+back to back, so `concurrency` requests are in flight at all times. Per request we time the first response
+with text (TTFT) and the last; inter-token latency is (latency − TTFT) / (tokens − 1), the genai-perf
+definition, which stays meaningful when a speculative server sends several tokens per response. Output tokens
+are counted with the deployment's tokenizer when we have it (re-encoding the answer text), else with the
+model's `num_output_tokens` outputs, else as whitespace-separated words; the report says which.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specbuild.deploy.client import Generation, LLMClient, Protocol
+from specbuild.errors import SpecbuildError
+
+DEFAULT_PROMPTS = (
+    "The for statement",
+    "The while statement",
+    "The try statement specifies",
+    "Class definitions",
+    "The import statement",
+    "Boolean operations",
+    "The with statement",
+    "Function definitions",
+)
+"""Openings from Python's own documentation: the demo models were trained on that text (pydoc_data.topics)."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """What to send: the same Load against two endpoints makes a fair comparison."""
+
+    prompts: Sequence[str] = DEFAULT_PROMPTS
+    max_tokens: int = 64
+    concurrency: int = 1
+    requests: int | None = None
+    """Measured requests in all; default: every prompt once, and at least two per worker."""
+    stream: bool | None = None
+    """None: stream when the model is decoupled (see LLMClient.generate)."""
+    num_draft_tokens: int | None = None
+    warmup: bool = True
+
+    @property
+    def total_requests(self) -> int:
+        return self.requests or max(len(self.prompts), 2 * self.concurrency)
+
+
+class TokenCounter:
+    """Counts output tokens the same way for every endpoint, so tokens/s compare."""
+
+    def __init__(self, tokenizer: Path | None = None) -> None:
+        self._encode: Callable[[str], int] | None = None
+        self.source = "model outputs (num_output_tokens), else words"
+        if tokenizer is not None:
+            self._encode = _load_tokenizer(tokenizer)
+            self.source = f"tokenizer {tokenizer}"
+
+    def count(self, generation: Generation) -> tuple[int, str]:
+        if self._encode is not None:
+            return self._encode(generation.text), "tokenizer"
+        if generation.reported_tokens is not None:
+            return generation.reported_tokens, "num_output_tokens"
+        return len(generation.text.split()), "words"
+
+
+def _load_tokenizer(path: Path) -> Callable[[str], int]:
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(str(path / "tokenizer.json"))
+        return lambda text: len(fast.encode(text, add_special_tokens=False).ids)
+    try:
+        from transformers import AutoTokenizer
+
+        slow = AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:
+        raise SpecbuildError(f"{path}: cannot load a tokenizer ({err})", hint="pass a tokenizer directory") from None
+    return lambda text: len(slow.encode(text, add_special_tokens=False))
+
+
+@dataclass
+class Summary:
+    """The figures for one endpoint at one concurrency."""
+
+    url: str
+    model: str
+    protocol: str
+    concurrency: int
+    requests: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    request_tokens_per_s: float
+    ttft_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    latency_ms: dict[str, float]
+    acceptance_rate: float | None
+    """Accepted draft tokens / draft tokens over all requests (None when the model reports no drafts)."""
+    mean_request_acceptance_rate: float | None
+    accepted_draft_tokens: int
+    draft_tokens: int
+    tokens_counted_by: str
+    first_error: str | None = None
+    sample_answer: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_load(
+    url: str,
+    load: Load,
+    *,
+    model: str | None = None,
+    protocol: Protocol = "grpc",
+    counter: TokenCounter | None = None,
+    timeout_s: float = 300.0,
+) -> Summary:
+    """Drive `url` with `load` and summarise; a SpecbuildError when no request succeeds."""
+    counter = counter or TokenCounter()
+    clients = [LLMClient(url, model, protocol, timeout_s) for _ in range(load.concurrency)]
+    try:
+        if load.stream is None:
+            load = replace(load, stream=clients[0].model.decoupled)
+        jobs = iter(range(load.total_requests))
+        lock = threading.Lock()
+        results: list[tuple[Generation | None, str | None]] = []
+        barrier = threading.Barrier(load.concurrency + 1)
+        warm_errors: list[str] = []
+
+        def send(client: LLMClient, prompt: str) -> Generation:
+            return client.generate(prompt, load.max_tokens, stream=load.stream,
+                                   num_draft_tokens=load.num_draft_tokens)
+
+        def worker(index: int, client: LLMClient) -> None:
+            try:
+                if load.warmup:
+                    send(client, load.prompts[index % len(load.prompts)])
+            except SpecbuildError as err:
+                warm_errors.append(str(err))
+            finally:
+                barrier.wait()
+            while True:
+                with lock:
+                    job = next(jobs, None)
+                if job is None:
+                    return
+                try:
+                    outcome: tuple[Generation | None, str | None] = (send(client, load.prompts[job %
+                                                                                        len(load.prompts)]), None)
+                except SpecbuildError as err:
+                    outcome = (None, str(err))
+                with lock:
+                    results.append(outcome)
+
+        threads = [threading.Thread(target=worker, args=(i, c), daemon=True) for i, c in enumerate(clients)]
+        for thread in threads:
+            thread.start()
+        barrier.wait()
+        start = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - start
+    finally:
+        for client in clients:
+            client.close()
+    return summarise(url, clients[0].model.name, protocol, load, results, wall, counter)
+
+
+def summarise(
+    url: str,
+    model: str,
+    protocol: str,
+    load: Load,
+    results: list[tuple[Generation | None, str | None]],
+    wall_s: float,
+    counter: TokenCounter,
+) -> Summary:
+    done = [g for g, _ in results if g is not None]
+    errors = [e for _, e in results if e is not None]
+    if not done:
+        raise SpecbuildError(f"{url} ({model}): every request failed: {errors[0] if errors else 'no requests'}")
+    counted = [counter.count(g) for g in done]
+    tokens = [n for n, _ in counted]
+    sources = sorted({s for _, s in counted})
+    itl = [(g.latency_s - g.ttft_s) / (n - 1) for g, n in zip(done, tokens, strict=True) if n > 1]
+    accepted = sum(g.accepted_draft_tokens or 0 for g in done)
+    drafted = sum(g.draft_tokens or 0 for g in done)
+    rates = [g.acceptance_rate for g in done if g.acceptance_rate is not None and g.draft_tokens]
+    return Summary(
+        url=url, model=model, protocol=protocol, concurrency=load.concurrency, requests=len(done),
+        errors=len(errors), wall_s=wall_s, output_tokens=sum(tokens),
+        output_tokens_per_s=sum(tokens) / wall_s if wall_s > 0 else 0.0,
+        request_tokens_per_s=statistics.fmean(n / g.latency_s for g, n in zip(done, tokens, strict=True)),
+        ttft_ms=_stats([g.ttft_s * 1e3 for g in done]),
+        itl_ms=_stats([x * 1e3 for x in itl]),
+        latency_ms=_stats([g.latency_s * 1e3 for g in done]),
+        acceptance_rate=accepted / drafted if drafted else None,
+        mean_request_acceptance_rate=statistics.fmean(rates) if rates else None,
+        accepted_draft_tokens=accepted, draft_tokens=drafted,
+        tokens_counted_by=counter.source if counter.source.startswith("tokenizer") else ", ".join(sources),
+        first_error=errors[0] if errors else None, sample_answer=done[0].text,
+        extra={"stream": load.stream, "max_tokens": load.max_tokens, "num_draft_tokens": load.num_draft_tokens},
+    )
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan")}
+    ordered = sorted(values)
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": statistics.median(ordered),
+        "p90": ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))],
+    }

@@ -1,0 +1,275 @@
+"""One LLM request against a deployed repository, over gRPC streaming or HTTP generate, timed per response.
+
+Tensor names are the Triton TensorRT-LLM backend's (shared/reference/triton-backend.md §1.2, §3): inputs
+`text_input`, `max_tokens`, `stream`, `num_draft_tokens`, `return_perf_metrics`; outputs `text_output` and the
+acceptance statistics `acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`. Optional inputs
+are sent only when the model's config declares them, so the same client drives the ensemble, the BLS and any
+python model with those names. gRPC uses the bidirectional stream with `enable_empty_final_response=True` and
+waits for `triton_final_response` (the only RPC that works for decoupled models); HTTP uses
+`/v2/models/<m>/generate` (one response) or `/generate_stream` (server-sent events).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from specbuild.errors import SpecbuildError
+
+Protocol = Literal["grpc", "http"]
+ACCEPTANCE_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+COUNT_OUTPUT = "num_output_tokens"
+_TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
+                 "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32", "TYPE_FP16": "FP16"}
+_NUMPY = {"BYTES": object, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
+          "FP32": np.float32, "FP16": np.float16}
+_ids = itertools.count()
+
+
+@dataclass
+class Generation:
+    """What one request produced and when: response times are seconds after the request was sent."""
+
+    text: str = ""
+    response_times: list[float] = field(default_factory=list)
+    latency_s: float = 0.0
+    reported_tokens: int | None = None
+    """Sum of the model's `num_output_tokens` outputs, when it returns them."""
+    acceptance_rate: float | None = None
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to the first response that carried text (the whole answer, when not streaming)."""
+        return self.response_times[0] if self.response_times else self.latency_s
+
+
+@dataclass(frozen=True)
+class ModelInterface:
+    """What a deployed model accepts: input name → Triton datatype, batching, decoupled."""
+
+    name: str
+    inputs: dict[str, str]
+    batched: bool
+    decoupled: bool
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelInterface:
+        inputs = {i["name"]: _TRITON_TYPES.get(i.get("data_type", ""), "BYTES") for i in config.get("input", [])}
+        policy = config.get("model_transaction_policy") or {}
+        return cls(config["name"], inputs, int(config.get("max_batch_size", 0)) > 0, bool(policy.get("decoupled")))
+
+
+def entry_model(names: list[str]) -> str:
+    """The model clients should call: the BLS when the repository has a draft model, else the ensemble."""
+    if "tensorrt_llm_bls" in names and "tensorrt_llm_draft" in names:
+        return "tensorrt_llm_bls"
+    for name in ("ensemble", "tensorrt_llm_bls"):
+        if name in names:
+            return name
+    if len(names) == 1:
+        return names[0]
+    raise SpecbuildError(
+        f"cannot tell which model to call among {sorted(names)}", hint="name it with --model"
+    )
+
+
+class LLMClient:
+    """A connection to one model; not thread-safe: give each concurrent worker its own."""
+
+    def __init__(self, url: str, model: str | None = None, protocol: Protocol = "grpc", timeout_s: float = 300.0):
+        self.url, self.protocol, self.timeout_s = _strip_scheme(url), protocol, timeout_s
+        self._grpc: Any = None
+        self._responses: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
+        self._http: Any = None
+        try:
+            if protocol == "grpc":
+                import tritonclient.grpc as grpcclient
+
+                self._grpc = grpcclient.InferenceServerClient(self.url)
+                names = [m.name for m in self._grpc.get_model_repository_index().models]
+                model = model or entry_model(names)
+                config = self._grpc.get_model_config(model, as_json=True)["config"]
+            else:
+                import requests
+
+                self._http = requests.Session()
+                if model is None:
+                    index = self._http.post(f"http://{self.url}/v2/repository/index", json={}, timeout=30)
+                    model = entry_model([m["name"] for m in index.json()])
+                response = self._http.get(f"http://{self.url}/v2/models/{model}/config", timeout=30)
+                if response.status_code != 200:
+                    raise SpecbuildError(f"{self.url}: model {model!r}: {_http_error(response)}")
+                config = response.json()
+        except SpecbuildError:
+            self.close()
+            raise
+        except Exception as err:  # connection refused, unknown model: one clear line, not a gRPC traceback
+            self.close()
+            raise SpecbuildError(f"cannot reach model {model or '(entry model)'} at {url} over {protocol}: {err}",
+                                 hint="is the server running (`specbuild serve REPO`) and is this its "
+                                      f"{protocol} address?") from None
+        self.model = ModelInterface.from_config(config)
+        self._stream_open = False
+
+    def close(self) -> None:
+        if self._grpc is not None:
+            if getattr(self, "_stream_open", False):
+                self._grpc.stop_stream()
+            self._grpc.close()
+            self._grpc = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request_fields(self, prompt: str, max_tokens: int, stream: bool, num_draft_tokens: int | None) -> dict:
+        """The inputs to send: required ones, plus the optional ones this model declares."""
+        fields: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens}
+        if "stream" in self.model.inputs:
+            fields["stream"] = stream
+        if num_draft_tokens is not None and "num_draft_tokens" in self.model.inputs:
+            fields["num_draft_tokens"] = num_draft_tokens
+        if "return_perf_metrics" in self.model.inputs:
+            fields["return_perf_metrics"] = True  # the acceptance outputs are perf metrics in the TRT-LLM backend
+        return fields
+
+    def generate(
+        self, prompt: str, max_tokens: int, *, stream: bool | None = None, num_draft_tokens: int | None = None
+    ) -> Generation:
+        """Send one request and collect every response; raises SpecbuildError with the server's message.
+
+        `stream=None` streams exactly when the model is decoupled: the TensorRT-LLM backend refuses `stream`
+        on a non-decoupled model, and a decoupled one answers token by token only when asked to.
+        """
+        stream = self.model.decoupled if stream is None else stream
+        fields = self.request_fields(prompt, max_tokens, stream, num_draft_tokens)
+        if self.protocol == "grpc":
+            return self._generate_grpc(fields)
+        return self._generate_http(fields, stream)
+
+    # -- gRPC ---------------------------------------------------------------------------------------------
+
+    def _generate_grpc(self, fields: dict[str, Any]) -> Generation:
+        import tritonclient.grpc as grpcclient
+
+        if not self._stream_open:
+            self._grpc.start_stream(callback=lambda result, error: self._responses.put((time.perf_counter(), result,
+                                                                                        error)))
+            self._stream_open = True
+        inputs = []
+        for name, value in fields.items():
+            dtype = self.model.inputs.get(name, "BYTES")
+            array = np.array([value.encode() if isinstance(value, str) else value], dtype=_NUMPY[dtype])
+            if self.model.batched:
+                array = array.reshape(1, 1)
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        result = Generation()
+        start = time.perf_counter()
+        self._grpc.async_stream_infer(self.model.name, inputs, request_id=str(next(_ids)),
+                                      enable_empty_final_response=True)
+        while True:
+            try:
+                when, response, error = self._responses.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise SpecbuildError(f"{self.model.name}: no response within {self.timeout_s:.0f}s") from None
+            if error is not None:
+                raise SpecbuildError(f"{self.model.name} (gRPC): {_grpc_message(error)}")
+            message = response.get_response()
+            outputs = {out.name: response.as_numpy(out.name) for out in message.outputs}
+            if outputs:
+                _absorb(result, outputs, when - start)
+            if message.parameters["triton_final_response"].bool_param:
+                result.latency_s = when - start
+                return result
+
+    # -- HTTP ---------------------------------------------------------------------------------------------
+
+    def _generate_http(self, fields: dict[str, Any], stream: bool) -> Generation:
+        endpoint = "generate_stream" if stream else "generate"
+        url = f"http://{self.url}/v2/models/{self.model.name}/{endpoint}"
+        result = Generation()
+        start = time.perf_counter()
+        response = self._http.post(url, json=fields, stream=stream, timeout=self.timeout_s)
+        if response.status_code != 200:
+            raise SpecbuildError(f"{self.model.name} (HTTP {endpoint}): {_http_error(response)}")
+        if not stream:
+            _absorb(result, response.json(), time.perf_counter() - start)
+        else:
+            for line in response.iter_lines():
+                if not line.startswith(b"data:"):
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:  # the status code is fixed by the first event; later ones carry errors
+                    raise SpecbuildError(f"{self.model.name} (HTTP {endpoint}): {event['error']}")
+                _absorb(result, event, time.perf_counter() - start)
+        result.latency_s = time.perf_counter() - start
+        return result
+
+
+def _absorb(result: Generation, outputs: dict[str, Any], when: float) -> None:
+    """Fold one response into the result: text chunks (deltas, or the whole text so far), counts, acceptance."""
+    if "text_output" in outputs:
+        chunk = _text(outputs["text_output"])
+        if result.text and chunk.startswith(result.text):
+            result.text = chunk  # cumulative responses (e.g. a BLS with accumulate_tokens)
+        else:
+            result.text += chunk
+        if chunk:
+            result.response_times.append(when)
+    if COUNT_OUTPUT in outputs:
+        result.reported_tokens = (result.reported_tokens or 0) + int(_number(outputs[COUNT_OUTPUT]))
+    if "acceptance_rate" in outputs:
+        result.acceptance_rate = float(_number(outputs["acceptance_rate"]))
+    if "total_accepted_draft_tokens" in outputs:
+        result.accepted_draft_tokens = int(_number(outputs["total_accepted_draft_tokens"]))
+    if "total_draft_tokens" in outputs:
+        result.draft_tokens = int(_number(outputs["total_draft_tokens"]))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(v) for v in value)
+    items = np.asarray(value, dtype=object).reshape(-1)
+    return "".join(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in items)
+
+
+def _number(value: Any) -> float:
+    while isinstance(value, list):
+        value = value[0]
+    return float(np.asarray(value).reshape(-1)[0])
+
+
+def _strip_scheme(url: str) -> str:
+    for scheme in ("http://", "https://", "grpc://"):
+        if url.startswith(scheme):
+            return url[len(scheme):].rstrip("/")
+    return url.rstrip("/")
+
+
+def _http_error(response: Any) -> str:
+    try:
+        return str(response.json().get("error", response.text))
+    except ValueError:
+        return f"HTTP {response.status_code}: {response.text.strip()[:500]}"
+
+
+def _grpc_message(error: Any) -> str:
+    message = getattr(error, "message", None)
+    return str(message() if callable(message) else error)

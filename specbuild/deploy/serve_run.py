@@ -1,0 +1,96 @@
+"""What `specbuild serve` does once the arguments are parsed: start, report, serve or ask, stop.
+
+SIGTERM is turned into the same path as Ctrl-C (KeyboardInterrupt), so `kill`, a CI timeout or a terminal
+Ctrl-C all stop tritonserver and its python stubs through `TritonServer.stop()`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+from rich.markup import escape
+
+from specbuild.deploy.client import Generation, LLMClient, entry_model
+from specbuild.deploy.server import TritonServer
+from specbuild.errors import SpecbuildError
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    repository: Path
+    http_port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    log_file: Path | None = None
+    ready_timeout_s: float = 600.0
+    host: str = "127.0.0.1"
+    prompts: tuple[str, ...] = ()
+    max_tokens: int = 32
+    num_draft_tokens: int | None = None
+    model: str | None = None
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(options: ServeOptions, console: Console, out: Console) -> None:
+    """Serve until Ctrl-C (or, with prompts, answer them and stop). Raises SpecbuildError on failure."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    server = TritonServer(
+        options.repository, http_port=options.http_port, grpc_port=options.grpc_port,
+        metrics_port=options.metrics_port, log_file=options.log_file, ready_timeout_s=options.ready_timeout_s,
+        host=options.host,
+    )
+    console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
+                  highlight=False)
+    try:
+        with console.status("waiting until every model is ready…"):
+            server.start()
+        names = sorted(m["name"] for m in server.models())
+        out.print(f"ready: {', '.join(names)}", highlight=False)
+        out.print(f"  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
+                  f"  metrics http://{server.metrics_url}/metrics", highlight=False)
+        if options.prompts:
+            ask(server, options, names, out)
+            return
+        console.print("serving until Ctrl-C", highlight=False)
+        while server.running:
+            time.sleep(0.5)
+        raise SpecbuildError(f"tritonserver exited unexpectedly; last lines of its log:\n{server.log_tail()}")
+    except KeyboardInterrupt:
+        console.print("stopping tritonserver…", highlight=False)
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Console) -> None:
+    """Each prompt over gRPC streaming and over HTTP generate, with the answers and acceptance statistics."""
+    model = options.model or entry_model(names)
+    with LLMClient(server.grpc_url, model, "grpc") as grpc, LLMClient(server.http_url, model, "http") as http:
+        out.print(f"asking {model} ({'decoupled, streaming' if grpc.model.decoupled else 'one response'})",
+                  highlight=False)
+        for prompt in options.prompts:
+            out.rule(escape(prompt))
+            streamed = grpc.generate(prompt, options.max_tokens, num_draft_tokens=options.num_draft_tokens)
+            out.print(f"[bold]gRPC stream[/] ({len(streamed.response_times)} responses): "
+                      f"{escape(streamed.text)}", highlight=False)
+            whole = http.generate(prompt, options.max_tokens, stream=False, num_draft_tokens=options.num_draft_tokens)
+            out.print(f"[bold]HTTP generate[/]: {escape(whole.text)}", highlight=False)
+            out.print(f"  {acceptance_line(streamed)}; {streamed.latency_s * 1e3:.0f} ms "
+                      f"(first text after {streamed.ttft_s * 1e3:.0f} ms)", highlight=False)
+
+
+def acceptance_line(generation: Generation) -> str:
+    if not generation.draft_tokens:
+        return "no draft tokens (not speculating)" if generation.draft_tokens == 0 else "no acceptance outputs"
+    rate = generation.acceptance_rate if generation.acceptance_rate is not None else (
+        (generation.accepted_draft_tokens or 0) / generation.draft_tokens)
+    return (f"acceptance_rate {rate:.3f}, total_accepted_draft_tokens {generation.accepted_draft_tokens}, "
+            f"total_draft_tokens {generation.draft_tokens}")
