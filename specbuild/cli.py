@@ -250,6 +250,96 @@ def tune(
         raise _fail(err) from None
 
 
+@app.command()
+def serve(
+    repository: Annotated[Path, typer.Argument(help="Triton model repository (what `specbuild deploy` wrote).")],
+    http_port: Annotated[int | None, typer.Option("--http-port", help="Default: a free port.")] = None,
+    grpc_port: Annotated[int | None, typer.Option("--grpc-port", help="Default: a free port.")] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Default: a free port.")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 for every interface).")] = (
+        "127.0.0.1"),
+    log_file: Annotated[
+        Path | None, typer.Option("--log-file", help="Server log (default: tritonserver.log beside REPOSITORY).")
+    ] = None,
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for every model.")] = 600.0,
+    prompt: Annotated[
+        list[str] | None,
+        typer.Option("--prompt", help="Once ready, ask this over gRPC streaming and HTTP generate, print the "
+                     "answers and acceptance statistics, then stop. Repeatable."),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per --prompt.")] = 32,
+    num_draft_tokens: Annotated[
+        int | None, typer.Option("--num-draft-tokens", min=1, help="Draft tokens per step (default: the deployment's).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model for --prompt (default: tensorrt_llm_bls with a draft, else "
+                                 "ensemble).")
+    ] = None,
+) -> None:
+    """Start tritonserver on REPOSITORY, wait until every model is ready, and serve until Ctrl-C.
+
+    Uses `tritonserver` from PATH (NGC containers) or the one bundled in nvidia-pytriton; sharded TensorRT-LLM
+    engines (tp×pp > 1) get one MPI rank per GPU. Exits non-zero with the failing model's error."""
+    from specbuild.deploy.serve_run import ServeOptions
+    from specbuild.deploy.serve_run import serve as run_serve
+
+    options = ServeOptions(repository=repository, http_port=http_port, grpc_port=grpc_port,
+                           metrics_port=metrics_port, log_file=log_file, ready_timeout_s=ready_timeout, host=host,
+                           prompts=tuple(prompt or ()), max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
+                           model=model)
+    try:
+        run_serve(options, console=console, out=Console())
+    except SpecbuildError as err:
+        raise _fail(err) from None
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Argument(help="Server address: host:port of its gRPC (default) or HTTP endpoint.")],
+    model: Annotated[str | None, typer.Option("--model", help="Default: the repository's entry model.")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="grpc (streaming) or http (generate).")] = "grpc",
+    concurrency: Annotated[
+        list[int] | None, typer.Option("--concurrency", min=1, help="Clients in flight; repeat for several runs.")
+    ] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="Prompt file, one per line.")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per request.")] = 64,
+    requests: Annotated[
+        int | None, typer.Option("--requests", min=1, help="Measured requests per run (default: every prompt, at "
+                                 "least 2 per client).")
+    ] = None,
+    stream: Annotated[
+        bool | None, typer.Option("--stream/--no-stream", help="Default: stream when the model is decoupled.")
+    ] = None,
+    num_draft_tokens: Annotated[int | None, typer.Option("--num-draft-tokens", min=1)] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="Count output tokens with this tokenizer (e.g. "
+                                  "REPO/preprocessing/tokenizer); default: the model's counts, else words.")
+    ] = None,
+    compare: Annotated[
+        str | None, typer.Option("--compare", help="A second endpoint under the same load, e.g. the target "
+                                 "deployed without speculation; ratios are URL vs this one.")
+    ] = None,
+    compare_model: Annotated[str | None, typer.Option("--compare-model")] = None,
+    png: Annotated[Path | None, typer.Option("--png", help="Also plot tokens/s, TTFT and ITL (needs matplotlib).")] = (
+        None),
+    json_output: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON object.")] = False,
+) -> None:
+    """Measure a running server from the client side: TTFT, inter-token latency, output tokens/s, acceptance."""
+    from specbuild.deploy.bench_run import BenchOptions, run_bench
+
+    if protocol not in ("grpc", "http"):
+        raise _fail(SpecbuildError(f"--protocol must be grpc or http, not {protocol!r}"))
+    options = BenchOptions(url=url, model=model, protocol="grpc" if protocol == "grpc" else "http",
+                           concurrency=tuple(concurrency or (1,)),
+                           prompts_file=prompts, max_tokens=max_tokens, requests=requests, stream=stream,
+                           num_draft_tokens=num_draft_tokens, tokenizer=tokenizer, compare=compare,
+                           compare_model=compare_model, png=png, json_output=json_output)
+    try:
+        run_bench(options, console=console, out=Console())
+    except SpecbuildError as err:
+        raise _fail(err) from None
+
+
 medusa_app = typer.Typer(help="Medusa heads: train them on a frozen base model.", no_args_is_help=True)
 app.add_typer(medusa_app, name="medusa")
 
