@@ -85,7 +85,7 @@ def calibration_batches(
     shorter than one window gives one shorter sample. No tokens at all is an error."""
     ids: list[int] = []
     for text in texts:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.extend(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
         if len(ids) >= size * seq_len:
             break
     if not ids:

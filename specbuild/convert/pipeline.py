@@ -75,10 +75,10 @@ class ConvertResult:
     def summary(self) -> str:
         r = self.request
         what = f"{r.name}: {self.architecture} {self.dtype} tp={r.tp_size} pp={r.pp_size}"
-        if self.skipped:
-            return f"{what} -> {r.output} is up to date (inputs and settings unchanged; --force redoes it)"
         if r.quantization is not None and r.quantization.enabled:
             what += f" quantized {r.quantization.format}, kv cache {r.quantization.kv_cache}"
+        if self.skipped:
+            return f"{what} -> {r.output} is up to date (inputs and settings unchanged; --force redoes it)"
         if self.dry_run:
             return f"{what} -> {r.output} (dry run: nothing written)"
         size = sum(self.files.values()) / 1e6

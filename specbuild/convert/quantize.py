@@ -254,9 +254,16 @@ def load_model(source: Path, device: torch.device, dtype: str) -> PreTrainedMode
     """The HF model to calibrate: float32 on CPU (half-precision matmuls are slow and inexact there), the export
     dtype on CUDA."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     torch_dtype = torch.float32 if device.type == "cpu" else EXPORT_DTYPES[dtype]
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a second progress bar for a small draft's load is noise
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return model.to(device).eval()
 
 
