@@ -80,11 +80,11 @@ def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Cons
             out.rule(escape(prompt))
             streamed = grpc.generate(prompt, options.max_tokens, num_draft_tokens=options.num_draft_tokens)
             out.print(f"[bold]gRPC stream[/] ({len(streamed.response_times)} responses): "
-                      f"{escape(streamed.text)}", highlight=False)
+                      f"{escape(streamed.text)}", highlight=False, soft_wrap=True)
             whole = http.generate(prompt, options.max_tokens, stream=False, num_draft_tokens=options.num_draft_tokens)
-            out.print(f"[bold]HTTP generate[/]: {escape(whole.text)}", highlight=False)
+            out.print(f"[bold]HTTP generate[/]: {escape(whole.text)}", highlight=False, soft_wrap=True)
             out.print(f"  {acceptance_line(streamed)}; {streamed.latency_s * 1e3:.0f} ms "
-                      f"(first text after {streamed.ttft_s * 1e3:.0f} ms)", highlight=False)
+                      f"(first text after {streamed.ttft_s * 1e3:.0f} ms)", highlight=False, soft_wrap=True)
 
 
 def acceptance_line(generation: Generation) -> str:

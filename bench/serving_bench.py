@@ -1,0 +1,202 @@
+"""Serving benchmark: the demo deployments behind a real tritonserver, measured from the client side.
+
+Builds (or reuses, every stage is incremental) the three demo deployments through the stage functions —
+draft-target (configs/demo.yaml), Medusa (configs/demo-medusa.yaml) and the same target without speculation
+(configs/demo-plain.yaml) — serves all three at once with the tritonserver bundled in nvidia-pytriton (or the
+one on PATH), and drives each entry model over gRPC streaming at concurrency 1 and 8 with `specbuild bench`'s
+load generator. Rounds interleave the deployments (so a busy neighbour on a shared machine slows all of them
+alike) and the median round by tokens/s is kept. Output tokens are counted with the deployment's own tokenizer
+(re-encoding each answer), the same for every deployment.
+
+Writes bench/results/serving.json (every figure, machine info), serving.md (the table) and serving.png.
+Run with `.venv/bin/python bench/serving_bench.py [--help]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from machine_info import machine_info
+from rich.console import Console
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+
+from specbuild.deploy.bench import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load  # noqa: E402
+from specbuild.deploy.bench_report import plot, speedup, table  # noqa: E402
+from specbuild.deploy.client import LLMClient  # noqa: E402
+from specbuild.deploy.server import TritonServer  # noqa: E402
+from specbuild.errors import SpecbuildError  # noqa: E402
+
+DEPLOYMENTS = {"plain": "configs/demo-plain.yaml", "draft-target": "configs/demo.yaml",
+               "medusa": "configs/demo-medusa.yaml"}
+BASELINE = "plain"
+SPEEDUP_MIN = 1.3  # target: each speculative deployment's tokens/s vs plain, concurrency 1
+console = Console(stderr=True)
+
+
+def prepare(spec_path: Path) -> Path:
+    """convert → build → deploy for one spec (each a no-op when up to date); returns the repository."""
+    from specbuild.build import build_pipeline
+    from specbuild.convert.pipeline import convert_checkpoint, requests_from_spec
+    from specbuild.deploy.repository import deploy_repository
+    from specbuild.spec import load_spec
+
+    spec = load_spec(spec_path)
+    for request in requests_from_spec(spec):
+        convert_checkpoint(request, console=console)
+    build_pipeline(spec, console=console)
+    result = deploy_repository(spec, console=console)
+    console.print(f"{spec_path.name}: {result.summary()}", highlight=False, soft_wrap=True)
+    return result.repository
+
+
+def existing(spec_path: Path) -> Path:
+    from specbuild.spec import load_spec
+
+    repository = load_spec(spec_path).deploy.model_repository
+    if repository is None or not (repository / "manifest.json").is_file():
+        raise SpecbuildError(f"{spec_path.name}: no deployed repository at {repository}",
+                             hint="run without --no-prepare")
+    return repository
+
+
+def median_round(rounds: list[Summary]) -> Summary:
+    ordered = sorted(rounds, key=lambda s: s.output_tokens_per_s)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    chosen.extra["rounds_tokens_per_s"] = [round(s.output_tokens_per_s, 2) for s in rounds]
+    return chosen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
+    parser.add_argument("--requests", type=int, default=None, help="per run (default: 8, or 2 per client)")
+    parser.add_argument("--out", type=Path, default=BENCH / "results")
+    parser.add_argument("--no-prepare", action="store_true",
+                        help="serve the deployments as they are, without convert/build/deploy")
+    args = parser.parse_args()
+
+    from specbuild.demo_models import build_demo_models
+
+    build_demo_models(ROOT / "demo" / "models")
+    repositories, failed = {}, {}
+    for name, path in DEPLOYMENTS.items():
+        try:
+            repositories[name] = existing(ROOT / path) if args.no_prepare else prepare(ROOT / path)
+        except SpecbuildError as err:  # report the others; the failure is recorded beside them
+            console.print(f"[red]{name} ({path}) could not be deployed:[/] {err}", highlight=False, soft_wrap=True)
+            failed[name] = str(err)
+    if BASELINE not in repositories or len(repositories) < 2:
+        console.print("nothing to compare: the plain deployment and at least one speculative one are needed")
+        return 1
+    tokenizer = repositories[BASELINE] / "preprocessing" / "tokenizer"
+    counter = TokenCounter(tokenizer if tokenizer.is_dir() else None)
+
+    names = list(repositories)
+    results: dict[str, dict[int, Summary]] = {name: {} for name in names}
+    entry: dict[str, str] = {}
+    with ExitStack() as stack:
+        servers = {}
+        for name, repo in repositories.items():
+            with console.status(f"starting tritonserver for {name}…"):
+                servers[name] = stack.enter_context(TritonServer(repo, log_file=args.out.parent / "work" /
+                                                                 f"serving-{name}.log"))
+            with LLMClient(servers[name].grpc_url) as client:
+                entry[name] = client.model.name
+        for concurrency in args.concurrency:
+            load = Load(prompts=DEFAULT_PROMPTS, max_tokens=args.max_tokens, concurrency=concurrency,
+                        requests=args.requests)
+            rounds: dict[str, list[Summary]] = {name: [] for name in names}
+            for index in range(args.rounds):
+                for name, server in servers.items():
+                    with console.status(f"round {index + 1}/{args.rounds}: {name}, concurrency {concurrency}…"):
+                        rounds[name].append(run_load(server.grpc_url, load, counter=counter))
+            for name in names:
+                results[name][concurrency] = median_round(rounds[name])
+            Console().print(table({n: results[n][concurrency] for n in names}, baseline=BASELINE,
+                                  title=f"concurrency {concurrency}, gRPC streaming, {args.max_tokens} new tokens"))
+
+    report = to_report(results, entry, args, counter)
+    report["not_deployed"] = failed
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serving.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "serving.md").write_text(markdown(report))
+    plot({name: list(by_c.values()) for name, by_c in results.items()}, args.out / "serving.png",
+         f"demo deployments on tritonserver, gRPC streaming, {args.max_tokens} new tokens")
+    console.print(f"wrote {args.out / 'serving.json'}, serving.md, serving.png", highlight=False)
+    met = report["target_met"]
+    console.print(f"target (speculative ≥ {SPEEDUP_MIN}× plain tokens/s at concurrency 1): "
+                  f"{'met' if met else 'NOT met'}", highlight=False)
+    return 0
+
+
+def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], args: argparse.Namespace,
+              counter: TokenCounter) -> dict[str, Any]:
+    ratios = {
+        name: {str(c): {"output_tokens_per_s": speedup(s, results[BASELINE][c], "output_tokens_per_s"),
+                        "ttft_mean": speedup(s, results[BASELINE][c], "ttft_ms.mean"),
+                        "itl_mean": speedup(s, results[BASELINE][c], "itl_ms.mean")}
+               for c, s in by_c.items()}
+        for name, by_c in results.items() if name != BASELINE
+    }
+    at_one = [r["1"]["output_tokens_per_s"] for r in ratios.values() if "1" in r]
+    return {
+        "what": "demo deployments served by tritonserver; client-side figures over gRPC streaming",
+        "deployments": {name: {"spec": DEPLOYMENTS[name], "entry_model": entry[name]} for name in results},
+        "load": {"prompts": list(DEFAULT_PROMPTS), "max_tokens": args.max_tokens, "rounds": args.rounds,
+                 "concurrency": args.concurrency, "tokens_counted_by": counter.source},
+        "results": {name: {str(c): s.to_json() for c, s in by_c.items()} for name, by_c in results.items()},
+        "ratios_vs_plain": ratios,
+        "target": f"speculative deployments >= {SPEEDUP_MIN}x plain output tokens/s at concurrency 1",
+        "target_met": len(at_one) == len(DEPLOYMENTS) - 1 and all(r is not None and r >= SPEEDUP_MIN for r in at_one),
+        "machine": machine_info(["nvidia-pytriton", "tritonclient", "transformers"]),
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# Serving benchmark: demo deployments on tritonserver",
+        "",
+        f"{report['what']}. Tokens counted by {report['load']['tokens_counted_by']}; "
+        f"{report['load']['max_tokens']} new tokens per request over {len(report['load']['prompts'])} prompts; "
+        f"median of {report['load']['rounds']} interleaved rounds. ITL = (latency − TTFT) / (tokens − 1).",
+        "",
+        "| deployment | entry model | concurrency | output tok/s | × plain | TTFT mean ms | ITL mean ms "
+        "| latency mean ms | acceptance |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, by_c in report["results"].items():
+        for c, s in by_c.items():
+            ratio = report["ratios_vs_plain"].get(name, {}).get(c, {}).get("output_tokens_per_s")
+            acc = s["acceptance_rate"]
+            lines.append(
+                f"| {name} | {report['deployments'][name]['entry_model']} | {c} | {s['output_tokens_per_s']:.1f} | "
+                f"{f'{ratio:.2f}×' if ratio else '–'} | {s['ttft_ms']['mean']:.1f} | {s['itl_ms']['mean']:.2f} | "
+                f"{s['latency_ms']['mean']:.0f} | {f'{acc:.3f}' if acc is not None else '–'} |"
+            )
+    for name, error in report.get("not_deployed", {}).items():
+        lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name]}): `{error.splitlines()[0]}`"]
+    m = report["machine"]
+    lines += [
+        "",
+        f"Target: {report['target']}: **{'met' if report['target_met'] else 'not met'}**.",
+        "",
+        f"Machine: {m['nproc']} cores, {m['ram_gib']} GiB, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
+        f"nvidia-pytriton {m.get('nvidia-pytriton')}, commit {m['git_commit']}, {m['date']}, "
+        f"load average at the end {m['loadavg_end']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
