@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import tritonclient.http as httpclient
 
 from specbuild.deploy.server import TritonServer
 from specbuild.deploy.server_launch import Ports, mpi_command, tensorrt_models
+from specbuild.deploy.triton_env import bundled_tritonserver
 from specbuild.errors import SpecbuildError
 from tests.serve_fixtures import (
     bad_config_repository,
@@ -200,3 +202,21 @@ def test_serve_cli_prompts_over_grpc_and_http_then_stops(tmp_path: Path) -> None
     assert "HTTP generate: bye0 bye1 bye2 bye3" in done.stdout
     assert "acceptance_rate 0.500, total_accepted_draft_tokens 2, total_draft_tokens 4" in done.stdout
     assert processes_using(repo) == []
+
+
+def test_bundled_server_is_set_up_once_with_the_stub_for_this_python(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECBUILD_CACHE", str(tmp_path / "cache"))
+    first = bundled_tritonserver()
+    stub = first.backend_directory / "python" / "triton_python_backend_stub" if first.backend_directory else None
+    assert stub is not None and stub.is_file() and os.access(stub, os.X_OK)
+    assert f"py{sys.version_info.major}.{sys.version_info.minor}" in str(first.binary)
+    assert first.binary.is_relative_to(tmp_path / "cache") and os.access(first.binary, os.X_OK)
+    stamp = stub.stat().st_mtime_ns
+    again = bundled_tritonserver()
+    assert again.binary == first.binary and stub.stat().st_mtime_ns == stamp, "prepared once, then reused"
+    libdir = sysconfig.get_config_var("LIBDIR")
+    assert libdir in again.env["LD_LIBRARY_PATH"].split(os.pathsep)
+    assert any(p.endswith("nvidia_pytriton.libs") for p in again.env["LD_LIBRARY_PATH"].split(os.pathsep))
+    assert again.env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent), "stubs import our packages"
+    assert again.env["OMP_NUM_THREADS"] == "1", "one thread per python model process, not one per core"
