@@ -269,7 +269,8 @@ def serve(
     ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per --prompt.")] = 32,
     num_draft_tokens: Annotated[
-        int | None, typer.Option("--num-draft-tokens", min=1, help="Draft tokens per step (default: the deployment's).")
+        int | None,
+        typer.Option("--num-draft-tokens", min=0, help="Draft tokens per round (0: none; default: the deployment's)."),
     ] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="Model for --prompt (default: tensorrt_llm_bls with a draft, else "
@@ -310,7 +311,9 @@ def bench(
     stream: Annotated[
         bool | None, typer.Option("--stream/--no-stream", help="Default: stream when the model is decoupled.")
     ] = None,
-    num_draft_tokens: Annotated[int | None, typer.Option("--num-draft-tokens", min=1)] = None,
+    num_draft_tokens: Annotated[
+        int | None, typer.Option("--num-draft-tokens", min=0, help="0: the same deployment without speculating.")
+    ] = None,
     tokenizer: Annotated[
         Path | None, typer.Option("--tokenizer", help="Count output tokens with this tokenizer (e.g. "
                                   "REPO/preprocessing/tokenizer); default: the model's counts, else words.")
