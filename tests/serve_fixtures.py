@@ -131,6 +131,18 @@ class TritonPythonModel:
         return []
 '''
 
+SLOW_MODEL = '''
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(120)  # a large checkpoint loading
+
+    def execute(self, requests):
+        return []
+'''
+
 BAD_CONFIG = 'name: "badcfg"\nbackend: "python"\nmax_batch_size: eight\n'
 
 
@@ -160,6 +172,12 @@ def bad_config_repository(repo: Path) -> Path:
     """tinyllm plus a config.pbtxt Triton cannot parse, as an unfilled template variable would leave."""
     tinyllm_repository(repo, ensemble=False)
     _model(repo, "badcfg", BAD_CONFIG, BROKEN_MODEL)
+    return repo
+
+
+def slow_repository(repo: Path) -> Path:
+    """A model that takes two minutes to initialize: for interrupting a server while it loads."""
+    _model(repo, "slow", TINYLLM_CONFIG.replace('"tinyllm"', '"slow"').replace("STEP_DELAY", "0"), SLOW_MODEL)
     return repo
 
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import time
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tests.serve_fixtures import (
     bad_config_repository,
     broken_repository,
     processes_using,
+    slow_repository,
     tinyllm_repository,
 )
 
@@ -220,3 +222,23 @@ def test_bundled_server_is_set_up_once_with_the_stub_for_this_python(tmp_path: P
     assert any(p.endswith("nvidia_pytriton.libs") for p in again.env["LD_LIBRARY_PATH"].split(os.pathsep))
     assert again.env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent), "stubs import our packages"
     assert again.env["OMP_NUM_THREADS"] == "1", "one thread per python model process, not one per core"
+
+
+def test_ctrl_c_while_models_load_stops_the_server_and_its_stubs(tmp_path: Path) -> None:
+    repo = slow_repository(tmp_path / "repo")
+    proc = subprocess.Popen(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in processes_using(repo)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the model never started loading"
+            time.sleep(0.2)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        assert time.monotonic() - started < 30, "stopping must not wait for the load to finish"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert processes_using(repo) == []
