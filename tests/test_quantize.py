@@ -8,8 +8,9 @@ The agreement reference is ModelOpt's fake-quantized PyTorch model after `match_
 pre-export step: shared scales for the linears TensorRT-LLM fuses, FP8 KV scales of at least 1) with the
 tensors the checkpoint stores in float16 (embedding, norms, lm_head, pre-quant scales) rounded to float16, as
 they are stored: the runtime must then compute the same logits up to float32 summation order. Measured on
-8 x 128 held-out tokens: top-1 agreement 100 % for all five formats, mean |logit difference| below 2e-4
-against 2e-2 to 7e-2 from the unquantized model.
+8 x 128 held-out tokens: top-1 agreement 100 % for all five formats (fp8 with its FP8 KV cache emulated);
+mean |logit difference| to the fake-quantized model 5e-7 (int4_awq) to 1.1e-4 (fp8), to the unquantized
+model 3.5e-3 (int8_wo) to 6.5e-2 (w4a8_awq), at least 300x apart.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ QUIET = Console(stderr=True, quiet=True)
 CALIB = {"calib_source": "builtin", "calib_size": 16, "calib_seq_len": 128}
 AWQ = ("int4_awq", "w4a8_awq")
 AGREEMENT_MIN = 0.99  # the issue's bar; measured 1.000 for every format
-QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                     "c_attn", "c_proj", "c_fc")  # Llama family, GPT-2
 
 
 def settings(fmt: str) -> QuantizeSettings:
@@ -123,7 +125,7 @@ def test_runtime_matches_modelopt_fake_quant(fmt: str, sources: dict[str, Path],
                                              heldout_ids: torch.Tensor) -> None:
     """Top-1 agreement >= 99 % (measured 100 %) between the runtime on the exported checkpoint and ModelOpt's
     fake-quantized model; and the quantized weights are really used: the runtime is at least 20x closer to the
-    fake-quantized model than to the unquantized one (mean |logit difference|; measured > 100x)."""
+    fake-quantized model than to the unquantized one (mean |logit difference|; measured >= 300x)."""
     from transformers import AutoModelForCausalLM
 
     source = source_for(fmt, sources)
@@ -136,6 +138,23 @@ def test_runtime_matches_modelopt_fake_quant(fmt: str, sources: dict[str, Path],
     to_unquantized = (ours - unquantized).abs().mean().item()
     assert agreement >= AGREEMENT_MIN, (fmt, agreement)
     assert to_unquantized > 20 * to_reference, (fmt, to_reference, to_unquantized)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_other_families_match_modelopt_fake_quant(family: str, demo_models: dict[str, Path], tmp_path: Path,
+                                                  heldout_ids: torch.Tensor) -> None:
+    """Qwen2 (qkv bias, ModelOpt decoder `qwen`) and GPT-2 (LayerNorm, ungated MLP, Conv1D linears, decoder
+    `gpt`) with SmoothQuant's int8 activations: the same agreement bar as the demo draft (these demo models are
+    untrained, so their logits are nearly flat and top-1 is a stricter test)."""
+    quantization = settings("int8_sq")
+    source = demo_models[family]
+    convert_checkpoint(ConvertRequest(family, source, tmp_path / family, "float32", quantization=quantization),
+                       console=QUIET)
+    ids = heldout_ids[:4]
+    with torch.no_grad():
+        reference = fake_quantized(source, quantization)(ids).logits
+    ours = runtime_logits(tmp_path / family, ids)
+    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean().item() >= AGREEMENT_MIN
 
 
 EXPECTED_ALGOS = {"fp8": ("FP8", "FP8"), "int8_sq": ("W8A8_SQ_PER_CHANNEL", None), "int8_wo": ("W8A16", None),

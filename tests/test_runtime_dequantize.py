@@ -129,11 +129,15 @@ def test_missing_or_malformed_scales_name_the_tensor(float_checkpoint: Path, tmp
     name = "transformer.layers.1.mlp.proj.weights_scaling_factor"
     del tensors[name]
     broken = _write(tmp_path / "no-scale", tensors, config, {})
-    with pytest.raises(SpecbuildError, match=r"mlp\.proj\.weight' is torch\.int8 but has no weights_scaling_factor"):
+    with pytest.raises(SpecbuildError, match=r"mlp\.proj\.weight' is torch\.int8 without a weights_scaling_factor"):
         CausalLM.from_checkpoint(broken)
     tensors[name] = torch.ones(3)
     with pytest.raises(SpecbuildError, match=r"mlp\.proj\.weights_scaling_factor' has shape \[3\], expected \[128\]"):
         CausalLM.from_checkpoint(_write(tmp_path / "bad-scale", tensors, config, {}))
+    float_tensors = _read(float_checkpoint)
+    with pytest.raises(SpecbuildError, match=r"'transformer\.layers\.0\.attention\.\w+\.weight' is torch\.float32 "
+                       r"without a weights_scaling_factor, but quantization\.quant_algo is 'W8A16'"):
+        CausalLM.from_checkpoint(_write(tmp_path / "float-weights", float_tensors, config, {}))
     tensors[name] = torch.ones(128)  # valid SmoothQuant weights, but no activation scales
     with pytest.raises(SpecbuildError, match=r"activation_scaling_factor' is missing \(W8A8_SQ_PER_CHANNEL"):
         CausalLM.from_checkpoint(_write(tmp_path / "sq", tensors, config, {"quant_algo": "W8A8_SQ_PER_CHANNEL"}))

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.dequantize import dequantize_rank, quantization_problem
+from specbuild.runtime.dequantize import QuantizedCheckpointError, dequantize_rank, quantization_problem
 from specbuild.runtime.rope import rope_scaling_problem
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -338,7 +338,14 @@ def dequantize_hook(config: dict[str, Any]) -> RankHook:
     quant = config.get("quantization") or {}
     if quant.get("quant_algo") is None and quant.get("kv_cache_quant_algo") is None:
         return _no_quantization
-    return lambda tensors, path: dequantize_rank(tensors, path, quant)
+
+    def hook(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+        try:
+            return dequantize_rank(tensors, path, quant)
+        except QuantizedCheckpointError as err:
+            raise RuntimeCheckpointError(err.message, hint=err.hint) from err
+
+    return hook
 
 
 def _read_rank(path: Path) -> dict[str, torch.Tensor]:

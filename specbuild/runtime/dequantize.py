@@ -21,6 +21,8 @@ keys (after RoPE) and values are rounded to fp8 with `kv_cache_scaling_factor` b
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,16 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], base: str, quant: dict[s
     return values
 
 
+_LINEAR = re.compile(r"transformer\.layers\.\d+\.(attention\.(qkv|dense)|mlp\.(fc|gate|proj))\.weight")
+
+
+def _excluded(name: str, quant: dict[str, Any]) -> bool:
+    """Is the module of weight `name` left unquantized by `quantization.exclude_modules` (glob patterns)?"""
+    module = name[: -len(".weight")]
+    return any(fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module.split(".")[-1], pattern)
+               for pattern in quant.get("exclude_modules") or ())
+
+
 def dequantize_rank(tensors: dict[str, torch.Tensor], path: Path, quant: dict[str, Any]) -> dict[str, torch.Tensor]:
     """One rank file's tensors with every quantized weight dequantized to float32 and its weight scales dropped;
     activation, pre-quant and KV-cache scales stay (float32) for the model to apply at run time."""
@@ -127,6 +139,11 @@ def dequantize_rank(tensors: dict[str, torch.Tensor], path: Path, quant: dict[st
                     f"{path}: {name!r} has a weights_scaling_factor but config.json's quantization.quant_algo is null"
                 )
             result[name] = dequantize_weight(tensors, base, quant, path)
+        elif algo is not None and _LINEAR.fullmatch(name) and not _excluded(name, quant):
+            raise QuantizedCheckpointError(
+                f"{path}: tensor {name!r} is {tensor.dtype} without a weights_scaling_factor, but "
+                f"quantization.quant_algo is {algo!r}: its layers' weights should be quantized"
+            )
         elif not tensor.dtype.is_floating_point or tensor.dtype == torch.float8_e4m3fn:
             raise QuantizedCheckpointError(
                 f"{path}: tensor {name!r} is {tensor.dtype} but has no weights_scaling_factor"

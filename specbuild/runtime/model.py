@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbuild.runtime.checkpoint import ModelConfig, RuntimeCheckpointError, load_checkpoint
-from specbuild.runtime.dequantize import fp8_qdq, input_quantizer, kv_cache_scale
+from specbuild.runtime.dequantize import QuantizedCheckpointError, fp8_qdq, input_quantizer, kv_cache_scale
 from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.rope import RotaryEmbedding, apply_rotary
 
@@ -116,8 +116,9 @@ class MLP(_Weights):
             "proj_weight": "proj.weight", "proj_bias": "proj.bias"})
         self.act = ACTIVATIONS[cfg.hidden_act]
         self.fc_input = input_quantizer(cfg.quant_algo, tensors, prefix + "fc.")
-        gate_input = input_quantizer(cfg.quant_algo, tensors, prefix + "gate.")
         self.proj_input = input_quantizer(cfg.quant_algo, tensors, prefix + "proj.")
+        gate_input = input_quantizer(cfg.quant_algo, tensors, prefix + "gate.") if self.gate_weight is not None else (
+            self.fc_input)
         if (gate_input is None) != (self.fc_input is None) or (gate_input and not gate_input.same_as(self.fc_input)):
             raise RuntimeCheckpointError(f"{prefix}fc and {prefix}gate read the same input but have different "
                                          "activation or pre-quant scales")
@@ -249,7 +250,7 @@ class CausalLM(nn.Module):
         loaded = load_checkpoint(Path(directory), dtype=dtype)
         try:
             model = cls(loaded.model_config, loaded.tensors)
-        except RuntimeCheckpointError as err:
+        except (RuntimeCheckpointError, QuantizedCheckpointError) as err:
             raise RuntimeCheckpointError(f"{loaded.directory / 'config.json'}: {err.message}") from err
         return model.to(device).eval()
 
