@@ -233,17 +233,34 @@ def test_calibration_from_a_directory_of_text_files(sources: dict[str, Path], tm
     assert not convert_checkpoint(request, console=QUIET).skipped
 
 
-def test_tensor_parallel_export_runs_like_one_rank(sources: dict[str, Path], exports: dict[str, Path],
-                                                   heldout_ids: torch.Tensor, tmp_path: Path) -> None:
-    """tp=2 (ModelOpt's inference_tensor_parallel, passed explicitly): SmoothQuant's per-rank pre-quant scales
-    of the row-parallel layers are split with their inputs, the vocab-split embedding is put back whole, and
-    the runtime merges the ranks into the tp=1 model (same logits up to float32 summation order)."""
-    request = ConvertRequest("draft", sources["draft"], tmp_path / "tp2", "float32", tp_size=2,
-                             quantization=settings("int8_sq"))
+@pytest.mark.parametrize(("fmt", "tp", "pp"), [("int8_sq", 2, 1), ("fp8", 2, 2)])
+def test_parallel_export_runs_like_one_rank(fmt: str, tp: int, pp: int, sources: dict[str, Path],
+                                            exports: dict[str, Path], heldout_ids: torch.Tensor,
+                                            tmp_path: Path) -> None:
+    """tp/pp are passed to ModelOpt's export explicitly: SmoothQuant's pre-quant scales of the row-parallel
+    layers are split with their inputs, the vocab-split embedding is put back whole, per-rank scales and the
+    FP8 KV-cache scales are replicated, and the runtime merges the ranks into the tp=1 model (same logits up to
+    float32 summation order)."""
+    request = ConvertRequest("draft", sources["draft"], tmp_path / "ranks", "float32", tp_size=tp, pp_size=pp,
+                             quantization=settings(fmt))
     convert_checkpoint(request, console=QUIET)
-    assert sorted(p.name for p in (tmp_path / "tp2").glob("rank*")) == ["rank0.safetensors", "rank1.safetensors"]
+    assert len(list((tmp_path / "ranks").glob("rank*.safetensors"))) == tp * pp
     ids = heldout_ids[:2]
-    assert torch.allclose(runtime_logits(tmp_path / "tp2", ids), runtime_logits(exports["int8_sq"], ids), atol=1e-3)
+    assert torch.allclose(runtime_logits(tmp_path / "ranks", ids), runtime_logits(exports[fmt], ids), atol=1e-3)
+
+
+def test_fp8_kv_cache_alone(sources: dict[str, Path], tmp_path: Path, heldout_ids: torch.Tensor) -> None:
+    """`format: none, kv_cache: fp8`: float16 weights, an FP8 KV cache (quant_algo null, kv FP8); the runtime
+    rounds keys and values to fp8, so its logits move a little from the float16 checkpoint's."""
+    quantization = QuantizeSettings("none", "fp8", **CALIB)
+    convert_checkpoint(ConvertRequest("draft", sources["draft"], tmp_path / "kv", "float32",
+                                      quantization=quantization), console=QUIET)
+    convert_checkpoint(ConvertRequest("draft", sources["draft"], tmp_path / "fp16", "float16"), console=QUIET)
+    quant = json.loads((tmp_path / "kv/config.json").read_text())["quantization"]
+    assert (quant["quant_algo"], quant["kv_cache_quant_algo"]) == (None, "FP8")
+    ids = heldout_ids[:2]
+    difference = (runtime_logits(tmp_path / "kv", ids) - runtime_logits(tmp_path / "fp16", ids)).abs()
+    assert 1e-4 < difference.mean().item() < 0.1
 
 
 # -- ModelOpt's gaps, each repaired and checked -------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import xxhash
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors import safe_open
@@ -137,6 +138,8 @@ class QuantPlan:
             "calib_source": str(Path(s.calib_source).resolve()) if s.calib_source != "builtin" else "builtin",
             "calib_size": s.calib_size, "calib_seq_len": s.calib_seq_len,
             "calib_samples": len(self.batches), "calib_tokens": sum(b.numel() for b in self.batches),
+            # The text itself, so that a changed built-in corpus (another Python's pydoc topics) redoes the work.
+            "calib_text_xxh3": xxhash.xxh3_128_hexdigest("\0".join(self.calibration.texts).encode()),
         }
 
     def describe(self) -> str:
