@@ -33,6 +33,8 @@ from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, plan_
 from specbuild.convert.quantize import (
     FORMATS,
     QuantizeSettings,
+    coverage_problems,
+    expected_tensors,
     export_modelopt,
     load_model,
     match_export,
@@ -196,6 +198,31 @@ def test_checkpoint_layout(fmt: str, sources: dict[str, Path], exports: dict[str
         assert tensors["transformer.layers.0.mlp.proj.weights_scaling_factor"].shape == (128, 3)
     kv = {name for name in tensors if "cache_scaling_factor" in name}
     assert len(kv) == (3 * 2 if fmt == "fp8" else 0)  # k, v and their max, per layer
+
+
+@pytest.mark.parametrize("fmt", ["int8_sq", "w4a8_awq"])
+def test_coverage_check_names_what_is_wrong(fmt: str, sources: dict[str, Path], exports: dict[str, Path]) -> None:
+    """The check every quantized export passes before it is written: the unquantized model definition plus the
+    quant_algo's scales, with shapes and dtypes. It passes on the written checkpoint and names each defect."""
+    request = ConvertRequest("draft", source_for(fmt, sources), exports[fmt], "float32", quantization=settings(fmt))
+    checkpoint = HFCheckpoint(request.source)
+    shapes = plan_conversion(request, checkpoint).rank_plans[0].shapes
+    checkpoint.close()
+    quant = json.loads((exports[fmt] / "config.json").read_text())["quantization"]
+    expected = expected_tensors(shapes, quant, torch.float16)
+    with safe_open(str(exports[fmt] / "rank0.safetensors"), "pt") as fh:
+        tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+    assert coverage_problems(tensors, expected) == []
+    prefix = "transformer.layers.1.mlp.proj."
+    del tensors[prefix + "prequant_scaling_factor"]
+    tensors[prefix + "activation_scaling_factor"] = torch.ones(2)
+    tensors[prefix + "weight"] = tensors[prefix + "weight"].float()
+    tensors["transformer.layers.1.mlp.proj.smooth"] = torch.ones(1)
+    problems = "\n".join(coverage_problems(tensors, expected))
+    assert f"tensor '{prefix}prequant_scaling_factor' is missing" in problems
+    assert f"tensor '{prefix}activation_scaling_factor' is torch.float32 [2], expected torch.float32 [1]" in problems
+    assert f"tensor '{prefix}weight' is torch.float32" in problems
+    assert "unexpected tensors: 'transformer.layers.1.mlp.proj.smooth'" in problems
 
 
 def test_unchanged_rerun_is_a_no_op_and_dry_run_writes_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
