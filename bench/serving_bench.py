@@ -168,11 +168,12 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['what']}. Tokens counted by {report['load']['tokens_counted_by']}; "
         f"{report['load']['max_tokens']} new tokens per request over {len(report['load']['prompts'])} prompts; "
-        f"median of {report['load']['rounds']} interleaved rounds. ITL = (latency − TTFT) / (tokens − 1).",
+        f"median of {report['load']['rounds']} interleaved rounds. ITL = (latency − TTFT) / (tokens − 1). "
+        "Acceptance = total_accepted_draft_tokens / total_draft_tokens from the model outputs (– : none reported).",
         "",
         "| deployment | entry model | concurrency | output tok/s | × plain | TTFT mean ms | ITL mean ms "
-        "| latency mean ms | acceptance |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| latency mean ms | acceptance | tok/s of each round |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, by_c in report["results"].items():
         for c, s in by_c.items():
@@ -181,7 +182,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | {report['deployments'][name]['entry_model']} | {c} | {s['output_tokens_per_s']:.1f} | "
                 f"{f'{ratio:.2f}×' if ratio else '–'} | {s['ttft_ms']['mean']:.1f} | {s['itl_ms']['mean']:.2f} | "
-                f"{s['latency_ms']['mean']:.0f} | {f'{acc:.3f}' if acc is not None else '–'} |"
+                f"{s['latency_ms']['mean']:.0f} | {f'{acc:.3f}' if acc is not None else '–'} | "
+                f"{', '.join(f'{x:.0f}' for x in s['extra'].get('rounds_tokens_per_s', []))} |"
             )
     for name, error in report.get("not_deployed", {}).items():
         lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name]}): `{error.splitlines()[0]}`"]
