@@ -1,0 +1,193 @@
+"""`specbuild deploy --check REPO`: is this a repository tritonserver will load and wire correctly?
+
+Triton only finds most wiring mistakes at load time or, worse, at the first request (a misspelt model name
+in a BLS parameter is just a string to Triton). So every config.pbtxt is parsed as Triton's ModelConfig, and
+the cross-model facts are checked: ensemble steps and tensors, the models the BLS calls, batch sizes,
+decoupled modes, end/pad ids, tokenizer and engine paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from specbuild.build.engine_info import ENGINE_INFO
+from specbuild.deploy.pbtxt import parameter, parse_choices, read_config
+from specbuild.errors import SpecbuildError
+
+CALLED_MODEL_PARAMETERS = ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
+                           "postprocessing_model_name")
+"""BLS parameters that name models it calls with exec(decoupled=False)."""
+
+
+@dataclass
+class ModelFacts:
+    name: str
+    directory: Path
+    config: Any
+
+    @property
+    def backend(self) -> str:
+        return self.config.platform or self.config.backend
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    def inputs(self) -> dict[str, Any]:
+        return {tensor.name: tensor for tensor in self.config.input}
+
+    def outputs(self) -> dict[str, Any]:
+        return {tensor.name: tensor for tensor in self.config.output}
+
+
+@dataclass
+class RepositoryReport:
+    repository: Path
+    models: dict[str, ModelFacts] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    wiring: dict[str, str] = field(default_factory=dict)
+
+    def raise_for_problems(self) -> None:
+        if self.problems:
+            lines = "\n".join(f"  {problem}" for problem in self.problems)
+            raise SpecbuildError(f"{self.repository}: {len(self.problems)} problem(s) in the model repository:\n"
+                                 f"{lines}", hint="re-run `specbuild deploy SPEC` to rewrite it")
+
+    def table(self) -> Table:
+        table = Table(title=f"{self.repository}", header_style="bold", title_justify="left")
+        for column in ("model", "backend", "max batch", "decoupled", "instances", "wiring"):
+            table.add_column(column, overflow="fold")
+        for name, model in sorted(self.models.items()):
+            instances = sum(group.count or 1 for group in model.config.instance_group) or "-"
+            table.add_row(name, model.backend, str(model.config.max_batch_size), str(model.decoupled).lower(),
+                          str(instances), self.wiring.get(name, ""))
+        return table
+
+
+def check_repository(repository: Path) -> RepositoryReport:
+    """Parse and cross-check every model of `repository`; problems are collected, not raised."""
+    report = RepositoryReport(repository)
+    if not repository.is_dir():
+        report.problems.append(f"{repository} is not a directory")
+        return report
+    for directory in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not (directory / "config.pbtxt").is_file():
+            continue
+        try:
+            config = read_config(directory / "config.pbtxt")
+        except SpecbuildError as err:
+            report.problems.append(err.message)
+            continue
+        report.models[directory.name] = ModelFacts(directory.name, directory, config)
+    if not report.models:
+        report.problems.append("no models (no <model>/config.pbtxt) found")
+    for model in report.models.values():
+        _check_model(report, model)
+    sizes = {m.config.max_batch_size for m in report.models.values()}
+    if len(sizes) > 1:
+        listed = ", ".join(f"{m.name}={m.config.max_batch_size}" for m in report.models.values())
+        report.problems.append(f"max_batch_size differs between models ({listed})")
+    for key in ("end_id", "pad_id"):
+        values = {m.name: parameter(m.config, key) for m in report.models.values() if parameter(m.config, key)}
+        if len(set(values.values())) > 1:
+            report.problems.append(f"parameter {key} differs between models ({values})")
+    return report
+
+
+def _check_model(report: RepositoryReport, model: ModelFacts) -> None:
+    where = f"{model.name}/config.pbtxt"
+    if model.config.name and model.config.name != model.name:
+        report.problems.append(f"{where}: name {model.config.name!r} differs from its directory {model.name!r}")
+    if model.config.backend == "python" and not (model.directory / "1" / "model.py").is_file():
+        report.problems.append(f"{model.name}: python backend but no 1/model.py")
+    if model.config.platform == "ensemble":
+        _check_ensemble(report, model)
+    if any(parameter(model.config, key) is not None for key in CALLED_MODEL_PARAMETERS):
+        _check_bls(report, model)
+    _check_paths(report, model)
+    if parameter(model.config, "decoding_mode") == "medusa":
+        try:
+            parse_choices(parameter(model.config, "medusa_choices") or "")
+        except ValueError as err:
+            report.problems.append(f"{model.name}: parameter medusa_choices: {err}")
+
+
+def _check_ensemble(report: RepositoryReport, model: ModelFacts) -> None:
+    available = set(model.inputs())
+    produced: set[str] = set()
+    chain = []
+    decoupled = False
+    for index, step in enumerate(model.config.ensemble_scheduling.step):
+        where = f"{model.name}: step {index + 1} ({step.model_name})"
+        chain.append(step.model_name)
+        called = report.models.get(step.model_name)
+        if called is None:
+            report.problems.append(f"{where}: model_name {step.model_name!r} is not in the repository")
+            continue
+        decoupled |= called.decoupled
+        inputs, outputs = called.inputs(), called.outputs()
+        for key, value in step.input_map.items():
+            if key not in inputs:
+                report.problems.append(f"{where}: input_map key {key!r} is not an input of {step.model_name}")
+            if value not in available:
+                report.problems.append(f"{where}: input_map value {value!r} is neither an ensemble input nor an "
+                                       "output of an earlier step")
+        for name, tensor in inputs.items():
+            if not tensor.optional and name not in step.input_map:
+                report.problems.append(f"{where}: required input {name!r} of {step.model_name} is not mapped")
+        for key, value in step.output_map.items():
+            if key not in outputs:
+                report.problems.append(f"{where}: output_map key {key!r} is not an output of {step.model_name}")
+            available.add(value)
+            produced.add(value)
+    for name in model.outputs():
+        if name not in produced:
+            report.problems.append(f"{model.name}: output {name!r} is produced by no step")
+    report.wiring[model.name] = " -> ".join(chain) + ("  (streams)" if decoupled else "")
+
+
+def _check_bls(report: RepositoryReport, model: ModelFacts) -> None:
+    called = []
+    for key in CALLED_MODEL_PARAMETERS:
+        name = parameter(model.config, key)
+        if not name:
+            continue
+        target = report.models.get(name)
+        if target is None:
+            known = ", ".join(sorted(report.models))
+            report.problems.append(f"{model.name}: parameter {key} = {name!r} names no model in the repository "
+                                   f"(models: {known})")
+            continue
+        if target.decoupled:
+            report.problems.append(f"{model.name}: parameter {key} = {name!r} names a decoupled model, which a "
+                                   "BLS exec(decoupled=False) call cannot use")
+        called.append(name)
+    report.wiring[model.name] = "calls " + ", ".join(called) + ("  (streams)" if model.decoupled else "")
+
+
+def _check_paths(report: RepositoryReport, model: ModelFacts) -> None:
+    tokenizer = parameter(model.config, "tokenizer_dir")
+    if tokenizer:
+        path = _resolve(model, tokenizer)
+        if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            report.problems.append(f"{model.name}: parameter tokenizer_dir = {tokenizer!r} ({path}) holds no "
+                                   "tokenizer files")
+        report.wiring.setdefault(model.name, f"tokenizer {tokenizer}")
+    engine = parameter(model.config, "gpt_model_path")
+    if engine:
+        path = _resolve(model, engine)
+        marker = ENGINE_INFO if model.config.backend == "python" else "config.json"
+        if not (path / marker).is_file():
+            report.problems.append(f"{model.name}: parameter gpt_model_path = {engine!r} has no {marker} (engine "
+                                   "not built, or moved)")
+        mode = parameter(model.config, "decoding_mode") or "default"
+        report.wiring.setdefault(model.name, f"engine {path} ({mode})")
+
+
+def _resolve(model: ModelFacts, value: str) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else (model.directory / path).resolve()

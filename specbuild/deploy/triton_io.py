@@ -1,0 +1,103 @@
+"""What every python model of the repository does with Triton's python backend: read its parameters, set
+torch's threads, read optional inputs, build responses.
+
+Imported only inside tritonserver's python stub, where `triton_python_backend_utils` exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+TRUE = {"1", "true", "yes", "t", "y", "on"}
+
+
+def model_parameters(args: dict[str, str]) -> dict[str, str]:
+    config = json.loads(args["model_config"])
+    return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+
+
+def is_decoupled(args: dict[str, str]) -> bool:
+    config = json.loads(args["model_config"])
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def flag(params: dict[str, str], key: str, default: bool = False) -> bool:
+    value = params.get(key, "").strip().lower()
+    return default if not value else value in TRUE
+
+
+def set_threads(params: dict[str, str], *, torch_too: bool = True) -> None:
+    """Explicit torch threads: torch's default (one per core) crawls when the cores are shared with the other
+    model processes of the same server (a decode step gets ~50x slower on 2 busy cores). The environment
+    variables cover torch imported later (e.g. by transformers); models without torch skip importing it."""
+    threads = str(int(params.get("torch_threads") or 1))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = threads
+    if not torch_too:
+        return
+    import torch
+
+    torch.set_num_threads(int(threads))
+    with contextlib.suppress(RuntimeError):  # already set in this process
+        torch.set_num_interop_threads(1)
+
+
+def model_dir(args: dict[str, str]) -> Path:
+    """This model's directory in the repository (`<repo>/<model>`)."""
+    return Path(args["model_repository"])
+
+
+def resolve(args: dict[str, str], value: str) -> Path:
+    """A path parameter, relative ones taken from the model's directory (so the repository can move)."""
+    path = Path(value)
+    return path if path.is_absolute() else (model_dir(args) / path).resolve()
+
+
+def get(request: Any, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def row_scalar(array: np.ndarray | None, row: int, default: Any) -> Any:
+    """Row `row`'s scalar of a [B], [B, 1] or [1]-shaped optional input (a single row broadcasts)."""
+    if array is None or array.size == 0:
+        return default
+    flat = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
+    value = flat[row if flat.shape[0] > row else 0].reshape(-1)[0]
+    return value.item() if hasattr(value, "item") else value
+
+
+def text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def output(name: str, array: np.ndarray) -> Any:
+    return pb_utils.Tensor(name, array)
+
+
+def error(message: str) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def word_lists(array: np.ndarray | None, row: int) -> tuple[tuple[int, ...], ...]:
+    """The TensorRT-LLM [2, N] word-list format (flat ids; cumulative end offsets padded with -1) -> words."""
+    if array is None or array.size == 0:
+        return ()
+    data = array[row if array.shape[0] > row else 0] if array.ndim == 3 else array
+    ids, offsets = data[0].tolist(), [int(o) for o in data[1].tolist() if int(o) >= 0]
+    words, start = [], 0
+    for end in offsets:
+        if end > start:
+            words.append(tuple(int(t) for t in ids[start:end]))
+        start = end
+    return tuple(words)
+
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
