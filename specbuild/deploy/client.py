@@ -101,6 +101,7 @@ class LLMClient:
                 import requests
 
                 self._http = requests.Session()
+                self._http.trust_env = False  # like tritonclient: talk to the server directly, not via http_proxy
                 if model is None:
                     index = self._http.post(f"http://{self.url}/v2/repository/index", json={}, timeout=30)
                     model = entry_model([m["name"] for m in index.json()])

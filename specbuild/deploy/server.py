@@ -246,7 +246,7 @@ class TritonServer:
 
     def _health_ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=5) as response:
+            with _DIRECT.open(f"http://{self.http_url}/v2/health/ready", timeout=5) as response:
                 return response.status == 200
         except (OSError, urllib.error.URLError):
             return False
@@ -267,9 +267,13 @@ class _BindFailure(Exception):
     """The server could not bind a port (e.g. another process took an auto-picked one)."""
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Our own server is local: an http_proxy in the environment must not intercept the readiness checks."""
+
+
 def _post_json(url: str) -> Any:
     request = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=2) as response:
+    with _DIRECT.open(request, timeout=2) as response:
         return json.loads(response.read())
 
 
