@@ -89,7 +89,8 @@ def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Cons
 
 def acceptance_line(generation: Generation) -> str:
     if not generation.draft_tokens:
-        return "no draft tokens (not speculating)" if generation.draft_tokens == 0 else "no acceptance outputs"
+        return ("total_draft_tokens 0 (the model reported no speculation)" if generation.draft_tokens == 0
+                else "the model returned no acceptance outputs")
     rate = generation.acceptance_rate if generation.acceptance_rate is not None else (
         (generation.accepted_draft_tokens or 0) / generation.draft_tokens)
     return (f"acceptance_rate {rate:.3f}, total_accepted_draft_tokens {generation.accepted_draft_tokens}, "
