@@ -162,9 +162,10 @@ def tinyllm_repository(repo: Path, *, step_delay_s: float = 0.02, ensemble: bool
 
 
 def broken_repository(repo: Path) -> Path:
-    """tinyllm plus a model whose initialize raises, as a wrong tokenizer_dir would."""
+    """tinyllm, a model whose initialize raises (as a wrong tokenizer_dir would) and an ensemble over it."""
     tinyllm_repository(repo, ensemble=False)
     _model(repo, "broken", TINYLLM_CONFIG.replace('"tinyllm"', '"broken"').replace("STEP_DELAY", "0"), BROKEN_MODEL)
+    _model(repo, "ensemble", ENSEMBLE_CONFIG.replace('model_name: "tinyllm"', 'model_name: "broken"'), None)
     return repo
 
 

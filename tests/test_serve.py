@@ -67,9 +67,10 @@ def test_broken_model_is_named_with_its_error_and_nothing_survives(tmp_path: Pat
     with pytest.raises(SpecbuildError) as caught:
         TritonServer(repo, log_file=tmp_path / "server.log").start()
     message = str(caught.value)
-    assert "model 'broken' failed to load" in message
+    assert message.startswith("model 'broken' failed to load"), "the root cause comes first"
     assert "tokenizer_dir /no/such/tokenizer does not exist" in message
-    assert "tinyllm" not in message.split("hint:")[0], "only the failing model is reported"
+    assert "model 'ensemble' failed to load: ensemble step 'broken' has no loaded version" in message
+    assert "tinyllm" not in message.split("hint:")[0], "only the failing models are reported"
     assert processes_using(repo) == []
 
 

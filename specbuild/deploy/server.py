@@ -286,13 +286,14 @@ def _index_failures(failed: list[dict[str, Any]], log: str) -> list[tuple[str, s
         reason = entry.get("reason") or from_log.get(name) or f"state {entry.get('state', 'unknown')}"
         out.append((name, str(reason)))
     # Root causes first: an ensemble's failure usually only says that a step it needs is missing.
-    return sorted(out, key=lambda item: ("ensemble" in item[1].lower() or "depend" in item[1].lower(), item[0]))
+    return sorted(out, key=lambda item: (item[1].startswith("ensemble step"), item[0]))
 
 
 _LOG_LINE = re.compile(r'^E\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] "(.*)"\s*$')
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)' version \d+: (.*)", re.DOTALL)
 _POLL_FAILED = re.compile(r"Poll failed for model directory '([^']+)': (.*)", re.DOTALL)
 _PARSE_ERROR = re.compile(r"(Error parsing text-format .*)$")
+_ENSEMBLE_DEPENDS = re.compile(r"ensemble '([^']+)' depends on '([^']+)' which (has no loaded version|[^.]*)")
 
 
 def _log_failures(log: str) -> list[tuple[str, str]]:
@@ -305,6 +306,8 @@ def _log_failures(log: str) -> list[tuple[str, str]]:
             message = match.group(1).replace("\\n", "\n").replace('\\"', '"')
             if m := _FAILED_LOAD.match(message):
                 failures.append((m.group(1), m.group(2)))
+            elif m := _ENSEMBLE_DEPENDS.search(message):
+                failures.append((m.group(1), f"ensemble step '{m.group(2)}' {m.group(3)} (it failed to load)"))
             elif m := _POLL_FAILED.match(message):
                 parse = _PARSE_ERROR.search(previous)
                 failures.append((m.group(1), m.group(2) + (f" ({parse.group(1)})" if parse else "")))
