@@ -185,7 +185,8 @@ def _check_paths(report: RepositoryReport, model: ModelFacts) -> None:
             report.problems.append(f"{model.name}: parameter gpt_model_path = {engine!r} has no {marker} (engine "
                                    "not built, or moved)")
         mode = parameter(model.config, "decoding_mode") or "default"
-        report.wiring.setdefault(model.name, f"engine {path} ({mode})")
+        short = Path(*path.parts[-2:]) if len(path.parts) > 2 else path
+        report.wiring.setdefault(model.name, f"engine .../{short} ({mode})")
 
 
 def _resolve(model: ModelFacts, value: str) -> Path:

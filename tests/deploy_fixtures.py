@@ -1,0 +1,138 @@
+"""Deployed demo pipelines for the deploy and serve tests: the demo draft-target and Medusa pipelines (and the
+plain target) converted, built (reference backend) and deployed once per session into a temporary directory,
+and tritonservers started on them by the tests that need one.
+
+Import the fixtures explicitly, by their function names (the fixtures keep the short names):
+`from tests.deploy_fixtures import deployed_fixture, dt_server_fixture  # noqa: F401` gives `deployed`, `dt_server`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specbuild.spec import PipelineSpec, load_spec
+
+PROMPTS = (
+    "The for statement",
+    "Python's list type",
+    "Ünïcödé — naïve café, 日本語",
+    "x",
+)
+"""Several prompts, one of them non-ASCII (multi-byte characters split over byte-level BPE tokens)."""
+MAX_TOKENS = 24
+
+
+def pipeline_data(name: str, models: dict[str, Path], mode: str, output_dir: Path) -> dict[str, Any]:
+    """The demo configs' settings (configs/demo*.yaml) with absolute paths and a private output_dir."""
+    data: dict[str, Any] = {
+        "name": name,
+        "output_dir": str(output_dir),
+        "target": {"model": str(models["target"])},
+        "speculative": {"mode": mode},
+        "build": {"backend": "reference", "dtype": "float32", "max_batch_size": 4, "max_input_len": 256,
+                  "max_output_len": 64},
+        "deploy": {"decoupled": True},
+    }
+    if mode == "draft_target":
+        data["draft"] = {"model": str(models["draft"])}
+        data["speculative"]["num_draft_tokens"] = 4
+    if mode == "medusa":
+        data["medusa"] = {"heads": str(models["medusa-heads"]), "choices": "mc_sim_7b_top8"}
+    return data
+
+
+def write_spec(directory: Path, data: dict[str, Any]) -> PipelineSpec:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_spec(path)
+
+
+def convert_and_build(spec: PipelineSpec) -> None:
+    from specbuild.build import build_pipeline
+    from specbuild.convert.pipeline import convert_checkpoint, requests_from_spec
+
+    for request in requests_from_spec(spec):
+        convert_checkpoint(request)
+    build_pipeline(spec, backend="reference")
+
+
+@dataclass
+class Deployed:
+    """The deployed pipelines of a session, by mode: draft_target, medusa, none."""
+
+    specs: dict[str, PipelineSpec]
+
+    def repository(self, mode: str) -> Path:
+        repository = self.specs[mode].deploy.model_repository
+        assert repository is not None
+        return repository
+
+    def target_checkpoint(self) -> Path:
+        from specbuild.build.engine_info import engine_dir, reference_checkpoint
+
+        return reference_checkpoint(engine_dir(self.specs["draft_target"], "target"))
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.specs["draft_target"].target.model
+
+
+@pytest.fixture(scope="session", name="deployed")
+def deployed_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path]) -> Deployed:
+    """Convert, build and deploy the three demo pipelines once (about 30 s on two slow cores)."""
+    from specbuild.deploy.repository import deploy_repository
+
+    root = tmp_path_factory.mktemp("deployed")
+    specs = {}
+    for name, mode in (("demo", "draft_target"), ("demo-medusa", "medusa"), ("demo-plain", "none")):
+        spec = write_spec(root / "specs", pipeline_data(name, demo_models, mode, root / name))
+        convert_and_build(spec)
+        deploy_repository(spec)
+        specs[mode] = spec
+    return Deployed(specs)
+
+
+@pytest.fixture(scope="session", name="greedy_reference")
+def greedy_reference_fixture(deployed: Deployed) -> dict[str, str]:
+    """Plain greedy generation of the target outside Triton (the reference runtime): prompt -> text."""
+    import torch
+
+    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.runtime.generation import StopCriteria, generate
+    from specbuild.runtime.model import CausalLM
+
+    tokenizer = load_tokenizer(deployed.tokenizer_dir)
+    model = CausalLM.from_checkpoint(deployed.target_checkpoint())
+    texts = {}
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            ids = tokenizer.encode(prompt, add_special_tokens=True)
+            out = generate(model, [ids], stop=StopCriteria(MAX_TOKENS, tokenizer.eos_token_id)).output_ids[0]
+            texts[prompt] = tokenizer.decode(out, skip_special_tokens=True)
+    return texts
+
+
+def _server(repository: Path, log: Path) -> Iterator[Any]:
+    from specbuild.deploy.server import TritonServer
+
+    with TritonServer(repository, log_file=log, ready_timeout_s=420) as server:
+        yield server
+
+
+@pytest.fixture(scope="module", name="dt_server")
+def dt_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """tritonserver on the draft-target repository (entry points tensorrt_llm_bls and ensemble)."""
+    yield from _server(deployed.repository("draft_target"), tmp_path_factory.mktemp("logs") / "dt.log")
+
+
+@pytest.fixture(scope="module", name="medusa_server")
+def medusa_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """tritonserver on the Medusa repository (entry point ensemble, decoupled tensorrt_llm)."""
+    yield from _server(deployed.repository("medusa"), tmp_path_factory.mktemp("logs") / "medusa.log")

@@ -1,0 +1,194 @@
+"""`specbuild deploy` without a server: what the repository holds, how it is checked, and the pieces the python
+models run on (incremental detokenisation, prefix-reusing KV caches, draft verification)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbuild.deploy.check import check_repository
+from specbuild.deploy.pbtxt import format_choices, parameter, parse_choices, read_config
+from specbuild.deploy.repository import deploy_repository
+from specbuild.errors import SpecbuildError
+from tests.deploy_fixtures import Deployed, deployed_fixture  # noqa: F401 - the `deployed` fixture
+
+DT_MODELS = {"preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble"}
+
+
+def _configs(repository: Path) -> dict[str, object]:
+    return {p.parent.name: read_config(p) for p in repository.glob("*/config.pbtxt")}
+
+
+def test_draft_target_repository_has_every_model_filled_and_consistent(deployed: Deployed) -> None:
+    repository = deployed.repository("draft_target")
+    configs = _configs(repository)
+    assert set(configs) == DT_MODELS
+    for path in repository.rglob("config.pbtxt"):
+        assert "${" not in path.read_text()
+    spec = deployed.specs["draft_target"]
+    assert {c.max_batch_size for c in configs.values()} == {spec.deploy.triton_max_batch_size}
+    bls, target, draft = configs["tensorrt_llm_bls"], configs["tensorrt_llm"], configs["tensorrt_llm_draft"]
+    assert bls.model_transaction_policy.decoupled is True  # demo streams
+    assert not target.model_transaction_policy.decoupled and not draft.model_transaction_policy.decoupled
+    assert parameter(bls, "tensorrt_llm_model_name") == "tensorrt_llm"
+    assert parameter(bls, "tensorrt_llm_draft_model_name") == "tensorrt_llm_draft"
+    assert parameter(bls, "num_draft_tokens") == "4"
+    assert target.backend == "python" and (repository / "tensorrt_llm" / "1" / "model.py").is_file()
+    engines = spec.output_dir / "engines"
+    assert Path(parameter(target, "gpt_model_path")) == (engines / "target").resolve()
+    assert Path(parameter(draft, "gpt_model_path")) == (engines / "draft").resolve()
+    ids = {(parameter(c, "end_id"), parameter(c, "pad_id")) for c in configs.values() if parameter(c, "end_id")}
+    assert ids == {("2", "3")}  # the demo tokenizer's </s> and <pad>, the same in every model
+    inputs = {t.name for t in target.input}
+    outputs = {t.name for t in target.output}
+    assert {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits"} <= inputs
+    assert {"output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens",
+            "total_draft_tokens"} <= outputs
+    steps = [s.model_name for s in configs["ensemble"].ensemble_scheduling.step]
+    assert steps == ["preprocessing", "tensorrt_llm", "postprocessing"]
+
+
+def test_medusa_repository_goes_through_the_ensemble_with_its_tree(deployed: Deployed) -> None:
+    configs = _configs(deployed.repository("medusa"))
+    assert set(configs) == {"preprocessing", "postprocessing", "tensorrt_llm", "ensemble"}
+    llm = configs["tensorrt_llm"]
+    assert parameter(llm, "decoding_mode") == "medusa"
+    tree = deployed.specs["medusa"].medusa.resolved_choices()
+    assert parse_choices(parameter(llm, "medusa_choices")) == tree
+    assert llm.model_transaction_policy.decoupled is True  # the ensemble streams Medusa rounds
+
+
+def test_tokenizer_travels_with_the_repository(deployed: Deployed, tmp_path: Path) -> None:
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(deployed.repository("draft_target"), moved)
+    report = check_repository(moved)
+    assert report.problems == []
+    for model in ("preprocessing", "postprocessing"):
+        config = read_config(moved / model / "config.pbtxt")
+        assert not Path(parameter(config, "tokenizer_dir")).is_absolute()
+        assert (moved / model / parameter(config, "tokenizer_dir") / "tokenizer.json").is_file()
+
+
+def test_rerun_is_a_no_op_and_dry_run_writes_nothing(deployed: Deployed, tmp_path: Path) -> None:
+    spec = deployed.specs["none"]
+    manifest = spec.deploy.model_repository / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    assert deploy_repository(spec).status == "up to date"
+    assert manifest.stat().st_mtime_ns == before
+    assert deploy_repository(spec, dry_run=True).status == "planned"
+    assert deploy_repository(spec, force=True).status == "written"
+
+
+def _specbuild(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specbuild.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_check_names_the_model_and_parameter_of_a_misspelt_draft(deployed: Deployed, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(deployed.repository("draft_target"), broken)
+    config = broken / "tensorrt_llm_bls" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"tensorrt_llm_draft"', '"tensorrt_llm_drfat"'))
+    report = check_repository(broken)
+    assert any("tensorrt_llm_bls" in p and "tensorrt_llm_draft_model_name" in p and "tensorrt_llm_drfat" in p
+               for p in report.problems), report.problems
+    result = _specbuild("deploy", "--check", str(broken))
+    assert result.returncode == 1
+    assert "tensorrt_llm_draft_model_name" in result.stderr and "tensorrt_llm_drfat" in result.stderr
+    ok = _specbuild("deploy", "--check", str(deployed.repository("draft_target")))
+    assert ok.returncode == 0, ok.stderr
+    assert "tensorrt_llm_bls" in ok.stdout and "calls" in ok.stdout
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda t: t.replace("max_batch_size: 4", "max_batch_size: ${triton_max_batch_size}"), "unfilled template"),
+    (lambda t: t.replace('model_name: "tensorrt_llm"', 'model_name: "tensorrt_lm"'), "'tensorrt_lm' is not in"),
+    (lambda t: t.replace('key: "SEQUENCE_LENGTH"', 'key: "SEQ_LEN"'), "'SEQ_LEN' is not an input"),
+    (lambda t: t.replace("dims: [ 1 ]", "dims: [ one ]", 1), "not a valid Triton ModelConfig"),
+])
+def test_check_finds_ensemble_mistakes(deployed: Deployed, tmp_path: Path, edit: object, expected: str) -> None:
+    broken = tmp_path / "repo"
+    shutil.copytree(deployed.repository("medusa"), broken)
+    config = broken / "ensemble" / "config.pbtxt"
+    config.write_text(edit(config.read_text()))  # type: ignore[operator]
+    problems = check_repository(broken).problems
+    assert any(expected in p for p in problems), problems
+
+
+def test_deploy_without_built_engines_says_to_build(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    from tests.deploy_fixtures import pipeline_data, write_spec
+
+    spec = write_spec(tmp_path, pipeline_data("nobuild", demo_models, "none", tmp_path / "out"))
+    with pytest.raises(SpecbuildError, match="specbuild build"):
+        deploy_repository(spec)
+    assert not (tmp_path / "out" / "model_repository").exists()
+
+
+# -- pieces the python models run on -------------------------------------------------------------------------
+
+
+def test_medusa_choices_parameter_round_trips() -> None:
+    tree = [[0], [0, 0], [1], [0, 1, 2]]
+    assert format_choices(tree) == "{0}, {0, 0}, {1}, {0, 1, 2}"
+    assert parse_choices(format_choices(tree)) == tree
+    with pytest.raises(ValueError):
+        parse_choices("{0, x}")
+
+
+def test_streamed_chunks_detokenise_to_the_whole_text(deployed: Deployed) -> None:
+    from specbuild.deploy.detokenize import decode_chunk, preceding_tokens
+    from specbuild.deploy.tokenizer_files import load_tokenizer
+
+    tokenizer = load_tokenizer(deployed.tokenizer_dir)
+    text = "naïve café: 日本語 and ünïcode, then plain words with spaces."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text.encode("utf-8")) // 4  # byte-level pieces: characters are split over tokens
+    for size in (1, 2, 3):
+        chunks = []
+        for start in range(0, len(ids), size):
+            final = start + size >= len(ids)
+            chunks.append(decode_chunk(tokenizer, ids[start:start + size], preceding_tokens(ids, start), final))
+        assert "".join(chunks) == tokenizer.decode(ids)
+        assert not any("\ufffd" in c for c in chunks)
+    naive = "".join(tokenizer.decode([t]) for t in ids)
+    assert naive != text  # what per-chunk decoding would have streamed
+
+
+def test_reference_llm_verifies_drafts_like_plain_greedy_and_reuses_the_prefix(deployed: Deployed) -> None:
+    from specbuild.build.engine_info import engine_dir, read_engine_info, reference_checkpoint
+    from specbuild.deploy.reference_llm import LLMRequest, ReferenceLLM
+    from specbuild.runtime.generation import StopCriteria, generate
+
+    directory = engine_dir(deployed.specs["draft_target"], "target")
+    info = read_engine_info(directory)
+    llm = ReferenceLLM(reference_checkpoint(directory), dtype="float32", max_seq_len=info.max_seq_len,
+                       cache_slots=4, max_draft_len=info.max_draft_len)
+    prompt = list(range(5, 25))
+    expected = generate(llm.model, [prompt], stop=StopCriteria(12)).output_ids[0]
+    sequence = list(prompt)
+    wrong = [(t + 1) % llm.vocab_size for t in expected]
+    with torch.inference_mode():
+        while len(sequence) - len(prompt) < 12:
+            done = len(sequence) - len(prompt)
+            # two right guesses, then wrong ones: the target accepts 2 and adds its own next token
+            drafts = [*expected[done:done + 2], *wrong[done + 2:done + 4]][: 12 - done - 1]
+            reused = llm.pool.reused_tokens
+            result = llm.run(LLMRequest(sequence, len(drafts) + 1, draft_ids=drafts or None))
+            if len(sequence) > len(prompt):
+                assert llm.pool.reused_tokens - reused == len(sequence) - 1  # only the new tokens were computed
+            assert result.accepted_draft_tokens == min(2, len(drafts))
+            sequence += result.tokens
+    assert sequence[len(prompt):] == expected
+
+
+def test_dry_run_cli_prints_the_plan(deployed: Deployed) -> None:
+    spec = deployed.specs["medusa"]
+    result = _specbuild("deploy", str(spec.path), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"tensorrt_llm\s", result.stderr) and "planned" in result.stderr
