@@ -83,6 +83,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("--no-prepare", action="store_true",
                         help="serve the deployments as they are, without convert/build/deploy")
+    parser.add_argument("--note", default="", help="recorded with the figures (e.g. why --no-prepare was used)")
     args = parser.parse_args()
 
     from specbuild.demo_models import build_demo_models
@@ -127,6 +128,8 @@ def main() -> int:
 
     report = to_report(results, entry, args, counter)
     report["not_deployed"] = failed
+    report["prepared"] = not args.no_prepare
+    report["note"] = args.note
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "serving.md").write_text(markdown(report))
@@ -185,6 +188,10 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{s['latency_ms']['mean']:.0f} | {f'{acc:.3f}' if acc is not None else '–'} | "
                 f"{', '.join(f'{x:.0f}' for x in s['extra'].get('rounds_tokens_per_s', []))} |"
             )
+    if not report.get("prepared", True):
+        lines += ["", "The deployments were served as found (`--no-prepare`), not rebuilt for this run."]
+    if report.get("note"):
+        lines += ["", f"Note: {report['note']}"]
     for name, error in report.get("not_deployed", {}).items():
         lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name]}): `{error.splitlines()[0]}`"]
     m = report["machine"]
