@@ -22,9 +22,9 @@ PROMPTS = (
     "The for statement",
     "Python's list type",
     "Ünïcödé — naïve café, 日本語",
-    "x",
+    "called a “starred",
 )
-"""Several prompts, one of them non-ASCII (multi-byte characters split over byte-level BPE tokens)."""
+"""Several prompts, non-ASCII ones among them; the demo target answers the last one starting with '”'."""
 MAX_TOKENS = 24
 
 

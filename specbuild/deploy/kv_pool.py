@@ -53,18 +53,25 @@ class KVPool:
         """A slot whose cache holds a prefix of `ids` (at most len(ids) - 1 tokens, so the caller always
         computes the last position's logits), and that prefix's length."""
         self._clock += 1
-        best, match = None, 0
+        limit = len(ids) - 1
+        best, match = None, 0  # the longest shared prefix anywhere
+        own, own_match = None, -1  # the longest one whose slot ends within the speculative tail of it
         for slot in self.slots:
-            n = common_prefix(slot.tokens, ids)
+            n = min(common_prefix(slot.tokens, ids), limit)
             if n > match:
                 best, match = slot, n
-        match = min(match, len(ids) - 1)
-        if best is not None and len(best.tokens) - match <= self.speculative_tail:
-            slot = best  # extending its own sequence, maybe past rejected drafts: truncate in place
+            if len(slot.tokens) - n <= self.speculative_tail and n > own_match:
+                own, own_match = slot, n
+        if own is not None and own_match > 0:
+            slot = own  # this sequence's own slot, maybe past rejected drafts: truncate in place
+            if match > own_match:  # another slot knows more of it (a repeated prompt): copy just that part
+                self._copy_range(best, slot, own_match, match)  # type: ignore[arg-type]
         else:
             slot = self._fresh_slot(exclude=best)
             if best is not None and match > 0:
-                self._copy_prefix(best, slot, match)
+                self._copy_range(best, slot, 0, match)
+            else:
+                match = 0
         slot.cache.truncate(torch.tensor([match]))
         slot.tokens = slot.tokens[:match]
         slot.last_used = self._clock
@@ -80,10 +87,11 @@ class KVPool:
         return min(candidates, key=lambda s: s.last_used)
 
     @staticmethod
-    def _copy_prefix(source: Slot, target: Slot, length: int) -> None:
+    def _copy_range(source: Slot, target: Slot, start: int, stop: int) -> None:
+        """Give `target` the cached tokens [start, stop) of `source` (it already holds [0, start) of them)."""
         if source is target:
             return
-        target.cache.data[:, :, :, :, :length] = source.cache.data[:, :, :, :, :length]
-        target.cache.lengths.fill_(length)
+        target.cache.data[:, :, :, :, start:stop] = source.cache.data[:, :, :, :, start:stop]
+        target.cache.lengths.fill_(stop)
         target.cache.pending.zero_()
-        target.tokens = source.tokens[:length].copy()
+        target.tokens = source.tokens[:stop].copy()

@@ -23,8 +23,9 @@ from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams, next_tokens, probabilities
 from specbuild.runtime.speculative import accept_greedy, accept_rejection_sampling
 
-OnTokens = Callable[[list[int], bool], None]
-"""Streaming callback: (tokens emitted by one step or round, whether the sequence is finished)."""
+OnTokens = Callable[[list[int], bool, int, int], None]
+"""Streaming callback: (tokens emitted by one step or round, whether the sequence is finished, draft tokens
+accepted so far, draft tokens proposed so far)."""
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -72,7 +73,7 @@ class _Emitter:
         self.tokens: list[int] = []
         self.done = request.max_new_tokens <= 0
 
-    def emit(self, tokens: Sequence[int]) -> list[int]:
+    def emit(self, tokens: Sequence[int], accepted: int = 0, drafted: int = 0) -> list[int]:
         """Append tokens until one ends the sequence; returns the ones appended, streamed as one chunk."""
         added: list[int] = []
         for token in tokens:
@@ -92,7 +93,7 @@ class _Emitter:
             if len(self.tokens) >= self.request.max_new_tokens:
                 self.done = True
         if self.on_tokens is not None and (added or self.done):
-            self.on_tokens(added, self.done)
+            self.on_tokens(added, self.done, accepted, drafted)
         return added
 
 
@@ -214,7 +215,7 @@ class ReferenceLLM:
         slot.cache.advance(len(ids) - cached + accepted)
         slot.set_tokens(np.concatenate([ids, np.asarray(drafts[:accepted], dtype=np.int64)]))
         emitter = _Emitter(request, on_tokens)
-        emitter.emit([*drafts[:accepted], nxt])
+        emitter.emit([*drafts[:accepted], nxt], accepted, k)
         logits = target[: accepted + 1] if request.return_generation_logits else None
         return LLMResult(emitter.tokens, logits, accepted_draft_tokens=accepted, draft_tokens=k)
 
@@ -244,7 +245,7 @@ class ReferenceLLM:
             last = int(path[-1])
             nxt = int(best[last])
             path_tokens = tokens[0, path].tolist()  # root (the pending token) + accepted nodes
-            emitter.emit([*path_tokens[1:], nxt])
+            emitter.emit([*path_tokens[1:], nxt], accepted_total, drafted_total)
             slot.cache.compact(0, path)
             committed.extend(path_tokens)
             pending = nxt

@@ -60,6 +60,17 @@ def resolve(args: dict[str, str], value: str) -> Path:
     return path if path.is_absolute() else (model_dir(args) / path).resolve()
 
 
+def inputs(request: Any) -> dict[str, np.ndarray]:
+    """Every input of a request at once, by name (one pass instead of a lookup per optional input)."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+
+
+def wanted_outputs(request: Any) -> set[str] | None:
+    """The outputs the caller asked for (a BLS names a few; an ensemble all it maps); None means all."""
+    names = set(request.requested_output_names())
+    return names or None
+
+
 def get(request: Any, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()

@@ -17,6 +17,17 @@ from specbuild.deploy.reference_llm import LLMRequest, LLMResult, ReferenceLLM, 
 from specbuild.runtime.sampling import SamplingParams
 
 
+class _Request:
+    """A request's inputs read once, and the outputs its caller wants."""
+
+    def __init__(self, request: Any) -> None:
+        self.tensors = io.inputs(request)
+        self.wanted = io.wanted_outputs(request)
+
+    def get(self, name: str) -> np.ndarray | None:
+        return self.tensors.get(name)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = io.model_parameters(args)
@@ -39,9 +50,10 @@ class TritonPythonModel:
                 self._decoupled(request)
             return None
         responses = []
-        for request in requests:
+        for triton_request in requests:
+            request = _Request(triton_request)
             try:
-                if bool(io.row_scalar(io.get(request, "streaming"), 0, False)):
+                if bool(io.row_scalar(request.get("streaming"), 0, False)):
                     raise RequestError("streaming needs this model deployed decoupled (deploy.decoupled: true)")
                 results = [self._run(request, b, None) for b in range(self._batch(request))]
                 responses.append(self._response(request, results, range(len(results)), final=True))
@@ -50,10 +62,11 @@ class TritonPythonModel:
         return responses
 
     # -- one request -----------------------------------------------------------------------------------------
-    def _decoupled(self, request: Any) -> None:
-        sender = request.get_response_sender()
+    def _decoupled(self, triton_request: Any) -> None:
+        sender = triton_request.get_response_sender()
+        request = _Request(triton_request)
         try:
-            streaming = bool(io.row_scalar(io.get(request, "streaming"), 0, False))
+            streaming = bool(io.row_scalar(request.get("streaming"), 0, False))
             batch = self._batch(request)
             if not streaming:
                 results = [self._run(request, b, None) for b in range(batch)]
@@ -62,10 +75,11 @@ class TritonPythonModel:
             for b in range(batch):
                 generated: list[int] = []
 
-                def send(tokens: list[int], done: bool, b: int = b, generated: list[int] = generated) -> None:
+                def send(tokens: list[int], done: bool, accepted: int, drafted: int, b: int = b,
+                         generated: list[int] = generated) -> None:
                     start = len(generated)
                     generated.extend(tokens)
-                    chunk = LLMResult(tokens)
+                    chunk = LLMResult(tokens, accepted_draft_tokens=accepted, draft_tokens=drafted)
                     response = self._response(request, [chunk], [b], final=done, chunk=True,
                                               preceding=[preceding_tokens(generated, start)])
                     last = done and b == batch - 1
@@ -76,63 +90,63 @@ class TritonPythonModel:
             sender.send(io.error(str(err)), flags=io.FINAL)
 
     def _batch(self, request: Any) -> int:
-        return io.get(request, "input_lengths").shape[0]
+        return request.get("input_lengths").shape[0]
 
     def _run(self, request: Any, b: int, on_tokens: Any) -> LLMResult:
         return self.llm.run(self._llm_request(request, b), on_tokens)
 
     def _llm_request(self, request: Any, b: int) -> LLMRequest:
-        lengths = io.get(request, "input_lengths").reshape(-1)
-        ids = io.get(request, "input_ids")
+        lengths = request.get("input_lengths").reshape(-1)
+        ids = request.get("input_ids")
         prompt = ids[b, : int(lengths[b])].astype(np.int64).tolist()
-        drafts = io.get(request, "draft_input_ids")
+        drafts = request.get("draft_input_ids")
         draft_ids = None
         logits = None
         if drafts is not None and drafts.size:
             draft_ids = [int(t) for t in drafts[b if drafts.shape[0] > b else 0].reshape(-1)]
-            draft_logits = io.get(request, "draft_logits")
+            draft_logits = request.get("draft_logits")
             if draft_logits is not None and draft_logits.size:
                 logits = torch.from_numpy(np.ascontiguousarray(draft_logits[b].reshape(len(draft_ids), -1)))
-        temperature = float(io.row_scalar(io.get(request, "temperature"), b, 0.0))
-        seed = io.row_scalar(io.get(request, "seed"), b, None)
-        beam = int(io.row_scalar(io.get(request, "beam_width"), b, 1))
+        temperature = float(io.row_scalar(request.get("temperature"), b, 0.0))
+        seed = io.row_scalar(request.get("seed"), b, None)
+        beam = int(io.row_scalar(request.get("beam_width"), b, 1))
         if beam != 1:
             raise RequestError(f"beam_width {beam}: the reference backend decodes with beam width 1 only")
-        if bool(io.row_scalar(io.get(request, "return_context_logits"), b, False)):
+        if bool(io.row_scalar(request.get("return_context_logits"), b, False)):
             raise RequestError("return_context_logits is not supported by the reference backend")
         try:
             params = SamplingParams(temperature=temperature,
-                                    top_k=int(io.row_scalar(io.get(request, "runtime_top_k"), b, 0)),
-                                    top_p=float(io.row_scalar(io.get(request, "runtime_top_p"), b, 1.0)) or 1.0,
+                                    top_k=int(io.row_scalar(request.get("runtime_top_k"), b, 0)),
+                                    top_p=float(io.row_scalar(request.get("runtime_top_p"), b, 1.0)) or 1.0,
                                     seed=None if seed is None else int(seed))
         except ValueError as err:
             raise RequestError(str(err)) from None
-        end_id = io.row_scalar(io.get(request, "end_id"), b, None)
+        end_id = io.row_scalar(request.get("end_id"), b, None)
         return LLMRequest(
             input_ids=prompt,
-            max_new_tokens=int(io.row_scalar(io.get(request, "request_output_len"), b, 0)),
+            max_new_tokens=int(io.row_scalar(request.get("request_output_len"), b, 0)),
             end_id=None if end_id is None else int(end_id),
-            stop_words=io.word_lists(io.get(request, "stop_words_list"), b),
-            bad_words=io.word_lists(io.get(request, "bad_words_list"), b),
+            stop_words=io.word_lists(request.get("stop_words_list"), b),
+            bad_words=io.word_lists(request.get("bad_words_list"), b),
             draft_ids=draft_ids,
             draft_logits=logits,
             params=params,
-            min_tokens=int(io.row_scalar(io.get(request, "min_tokens"), b, 0)),
-            return_generation_logits=bool(io.row_scalar(io.get(request, "return_generation_logits"), b, False)),
+            min_tokens=int(io.row_scalar(request.get("min_tokens"), b, 0)),
+            return_generation_logits=bool(io.row_scalar(request.get("return_generation_logits"), b, False)),
         )
 
     # -- responses -------------------------------------------------------------------------------------------
     def _response(self, request: Any, results: list[LLMResult], rows: Any, *, final: bool, chunk: bool = False,
                   preceding: list[list[int]] | None = None) -> Any:
         rows = list(rows)
-        exclude = bool(io.row_scalar(io.get(request, "exclude_input_in_output"), 0, self.exclude_input))
+        exclude = bool(io.row_scalar(request.get("exclude_input_in_output"), 0, self.exclude_input))
         sequences = []
         for b, result in zip(rows, results, strict=True):
             if exclude or chunk:
                 sequences.append(result.tokens)
             else:
-                lengths = io.get(request, "input_lengths").reshape(-1)
-                prompt = io.get(request, "input_ids")[b, : int(lengths[b])].tolist()
+                lengths = request.get("input_lengths").reshape(-1)
+                prompt = request.get("input_ids")[b, : int(lengths[b])].tolist()
                 sequences.append(prompt + result.tokens)
         n = len(results)
         width = max(1, *(len(s) for s in sequences))
@@ -155,17 +169,20 @@ class TritonPythonModel:
         pre = np.full((n, pre_width), -1, dtype=np.int32)
         for i, p in enumerate(preceding):
             pre[i, : len(p)] = p
-        return io.pb_utils.InferenceResponse(output_tensors=[
-            io.output("output_ids", output_ids),
-            io.output("sequence_length", np.array([[len(s)] for s in sequences], dtype=np.int32)),
-            io.output("cum_log_probs", np.zeros((n, 1), dtype=np.float32)),
-            io.output("output_log_probs", np.zeros((n, 1, 1), dtype=np.float32)),
-            io.output("context_logits", np.zeros((n, 1, 1), dtype=np.float32)),
-            io.output("generation_logits", gen_logits),
-            io.output("batch_index", np.array([[b] for b in rows], dtype=np.int32)),
-            io.output("acceptance_rate", rate),
-            io.output("total_accepted_draft_tokens", accepted),
-            io.output("total_draft_tokens", drafted),
-            io.output("preceding_ids", pre),
-            io.output("is_final", np.full((n, 1), final, dtype=bool)),
-        ])
+        outputs = {
+            "output_ids": lambda: output_ids,
+            "sequence_length": lambda: np.array([[len(s)] for s in sequences], dtype=np.int32),
+            "cum_log_probs": lambda: np.zeros((n, 1), dtype=np.float32),
+            "output_log_probs": lambda: np.zeros((n, 1, 1), dtype=np.float32),
+            "context_logits": lambda: np.zeros((n, 1, 1), dtype=np.float32),
+            "generation_logits": lambda: gen_logits,
+            "batch_index": lambda: np.array([[b] for b in rows], dtype=np.int32),
+            "acceptance_rate": lambda: rate,
+            "total_accepted_draft_tokens": lambda: accepted,
+            "total_draft_tokens": lambda: drafted,
+            "preceding_ids": lambda: pre,
+            "is_final": lambda: np.full((n, 1), final, dtype=bool),
+        }
+        wanted = request.wanted or outputs.keys()
+        return io.pb_utils.InferenceResponse(
+            output_tensors=[io.output(name, make()) for name, make in outputs.items() if name in wanted])

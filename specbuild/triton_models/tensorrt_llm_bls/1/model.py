@@ -187,15 +187,19 @@ class TritonPythonModel:
         return inputs
 
     def _common(self, row: Row, sequence: list[int], out_len: int) -> dict[str, np.ndarray]:
-        return {
+        """The inputs every LLM call of a round needs (each tensor costs a trip through shared memory, so
+        empty word lists stay out)."""
+        inputs = {
             "input_ids": np.array([sequence], dtype=np.int32),
             "input_lengths": np.array([[len(sequence)]], dtype=np.int32),
             "request_output_len": np.array([[out_len]], dtype=np.int32),
             "end_id": np.array([[row.end_id]], dtype=np.int32),
             "pad_id": np.array([[row.pad_id]], dtype=np.int32),
-            "bad_words_list": row.bad_words,
             "exclude_input_in_output": np.array([[True]]),
         }
+        if (row.bad_words[:, 1] >= 0).any():
+            inputs["bad_words_list"] = row.bad_words
+        return inputs
 
     def _propose(self, row: Row, sequence: list[int], k: int, use_logits: bool,
                  sampling: dict[str, np.ndarray]) -> tuple[list[int], np.ndarray | None]:
@@ -210,7 +214,7 @@ class TritonPythonModel:
 
     def _verify(self, row: Row, sequence: list[int], drafts: list[int], logits: np.ndarray | None, out_len: int,
                 sampling: dict[str, np.ndarray]) -> tuple[list[int], int]:
-        inputs = {**self._common(row, sequence, out_len), **sampling}
+        inputs = {**self._common(row, sequence, out_len), **sampling, "return_perf_metrics": np.array([[True]])}
         if drafts:
             inputs["draft_input_ids"] = np.array([drafts], dtype=np.int32)
             if logits is not None:

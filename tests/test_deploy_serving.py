@@ -1,0 +1,271 @@
+"""Deployed repositories served by a real tritonserver, driven by real tritonclient and HTTP clients.
+
+Draft-target goes through tensorrt_llm_bls, Medusa through the ensemble; greedy text must equal plain greedy
+generation of the target outside Triton, streamed or not, over gRPC and HTTP generate/generate_stream.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+from specbuild.errors import SpecbuildError
+from tests.deploy_fixtures import (  # noqa: F401 - fixtures
+    MAX_TOKENS,
+    PROMPTS,
+    Deployed,
+    deployed_fixture,
+    dt_server_fixture,
+    greedy_reference_fixture,
+    medusa_server_fixture,
+)
+
+pytestmark = pytest.mark.slow
+
+
+# -- clients -------------------------------------------------------------------------------------------------
+
+
+def _input(name: str, value: np.ndarray) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def grpc_generate(url: str, model: str, prompts: list[str], max_tokens: int = MAX_TOKENS, *, stream: bool,
+                  **extra: np.ndarray) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """One request (batch = len(prompts)) over the gRPC stream RPC: text chunks per batch row, and the outputs
+    of every response. Raises RuntimeError with Triton's message on an error response."""
+    inputs = [
+        _input("text_input", np.array([[p] for p in prompts], dtype=object)),
+        _input("max_tokens", np.full((len(prompts), 1), max_tokens, dtype=np.int32)),
+        _input("stream", np.full((len(prompts), 1), stream, dtype=bool)),
+        *(_input(name, value) for name, value in extra.items()),
+    ]
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        chunks: list[list[str]] = [[] for _ in prompts]
+        outputs = []
+        while True:
+            result, error = responses.get(timeout=120)
+            if error is not None:
+                raise RuntimeError(str(error))
+            text = result.as_numpy("text_output")
+            if text is not None:
+                index = result.as_numpy("batch_index")
+                rows = index.reshape(-1).tolist() if index is not None and text.shape[0] == 1 else range(len(text))
+                for row, value in zip(rows, text.reshape(len(text), -1)[:, 0], strict=True):
+                    chunks[row].append(value.decode("utf-8"))
+                outputs.append({name: result.as_numpy(name) for name in
+                                ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")})
+            if result.get_response(as_json=True)["parameters"]["triton_final_response"]["bool_param"]:
+                return chunks, outputs
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def http_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def http_generate(url: str, model: str, prompt: str, **fields: Any) -> dict[str, Any]:
+    status, body = http_post(url, f"/v2/models/{model}/generate",
+                             {"text_input": prompt, "max_tokens": MAX_TOKENS, **fields})
+    data = json.loads(body)
+    assert status == 200, data
+    return data
+
+
+def http_generate_stream(url: str, model: str, prompt: str) -> list[dict[str, Any]]:
+    status, body = http_post(url, f"/v2/models/{model}/generate_stream",
+                             {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True})
+    assert status == 200, body
+    events = [json.loads(line[len(b"data:"):]) for line in body.splitlines() if line.startswith(b"data:")]
+    assert events and not any("error" in e for e in events), events
+    return events
+
+
+# -- draft-target through the BLS ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bls_grpc_equals_plain_greedy(dt_server: Any, greedy_reference: dict[str, str], stream: bool) -> None:
+    drafted = 0
+    for prompt in PROMPTS:
+        chunks, outputs = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [prompt], stream=stream)
+        assert "".join(chunks[0]) == greedy_reference[prompt], prompt
+        if stream and len(greedy_reference[prompt]) > 10:
+            assert len(chunks[0]) > 1  # one response per speculation round, not one at the end
+        else:
+            assert len(chunks[0]) == 1 or stream
+        drafted += int(outputs[-1]["total_draft_tokens"].reshape(-1)[0])
+        accepted = int(outputs[-1]["total_accepted_draft_tokens"].reshape(-1)[0])
+        assert 0 <= accepted <= int(outputs[-1]["total_draft_tokens"].reshape(-1)[0])
+    assert drafted > 0  # the draft really proposed tokens
+
+
+def test_bls_http_generate_and_generate_stream(dt_server: Any, greedy_reference: dict[str, str]) -> None:
+    for prompt in PROMPTS[:3]:
+        data = http_generate(dt_server.http_url, "tensorrt_llm_bls", prompt)
+        assert data["text_output"] == greedy_reference[prompt]
+        assert 0.0 <= data["acceptance_rate"] <= 1.0 and data["total_draft_tokens"] > 0
+        events = http_generate_stream(dt_server.http_url, "tensorrt_llm_bls", prompt)
+        assert "".join(e["text_output"] for e in events) == greedy_reference[prompt]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bls_batch_of_prompts(dt_server: Any, greedy_reference: dict[str, str], stream: bool) -> None:
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    chunks, _ = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", prompts, stream=stream)
+    assert ["".join(c) for c in chunks] == [greedy_reference[p] for p in prompts]
+
+
+def test_bls_without_speculation_gives_the_same_text(dt_server: Any, greedy_reference: dict[str, str]) -> None:
+    prompt = PROMPTS[1]
+    chunks, outputs = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [prompt], stream=False,
+                                    num_draft_tokens=np.array([[0]], dtype=np.int32))
+    assert "".join(chunks[0]) == greedy_reference[prompt]
+    assert int(outputs[-1]["total_draft_tokens"].reshape(-1)[0]) == 0
+
+
+BAD_REQUESTS = [
+    ("empty prompt", [""], {}, "empty"),
+    ("prompt longer than max_input_len", ["word " * 300], {}, "at most 256"),
+    ("max_tokens 0", [PROMPTS[0]], {"max_tokens": 0}, "max_tokens"),
+    ("max_tokens negative", [PROMPTS[0]], {"max_tokens": -3}, "max_tokens"),
+    ("max_tokens above max_output_len", [PROMPTS[0]], {"max_tokens": 65}, "max_tokens"),
+    ("num_draft_tokens above max_draft_len", [PROMPTS[0]], {"num_draft_tokens": np.array([[9]], dtype=np.int32)},
+     "num_draft_tokens"),
+]
+
+
+@pytest.mark.parametrize(("what", "prompts", "extra", "message"), BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bls_bad_request_is_an_error_and_the_server_keeps_serving(
+    dt_server: Any, greedy_reference: dict[str, str], what: str, prompts: list[str], extra: dict[str, Any],
+    message: str,
+) -> None:
+    kwargs = dict(extra)
+    max_tokens = kwargs.pop("max_tokens", MAX_TOKENS)
+    with pytest.raises(RuntimeError, match=message):
+        grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", prompts, max_tokens, stream=True, **kwargs)
+    chunks, _ = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [PROMPTS[0]], stream=True)
+    assert "".join(chunks[0]) == greedy_reference[PROMPTS[0]]
+
+
+def test_wrong_data_types_are_refused_by_triton(dt_server: Any, greedy_reference: dict[str, str]) -> None:
+    client = grpcclient.InferenceServerClient(dt_server.grpc_url)
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("tensorrt_llm_bls", [_input("text_input", np.array([["hi"]], dtype=object)),
+                                                   _input("max_tokens", np.array([[8.0]], dtype=np.float32))])
+    _, error = responses.get(timeout=60)
+    client.stop_stream()
+    assert error is not None and "data-type" in str(error).lower().replace("datatype", "data-type")
+    status, body = http_post(dt_server.http_url, "/v2/models/tensorrt_llm_bls/generate",
+                             {"text_input": "hi", "max_tokens": "eight"})
+    assert status >= 400 and "error" in json.loads(body)
+    assert http_generate(dt_server.http_url, "tensorrt_llm_bls", PROMPTS[0])["text_output"] == \
+        greedy_reference[PROMPTS[0]]
+
+
+def test_sixteen_concurrent_streaming_clients(dt_server: Any, greedy_reference: dict[str, str]) -> None:
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            chunks, _ = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [PROMPTS[i % len(PROMPTS)]],
+                                      stream=True)
+            results[i] = "".join(chunks[0])
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert {i: results.get(i) for i in range(16)} == {i: greedy_reference[PROMPTS[i % len(PROMPTS)]]
+                                                       for i in range(16)}
+
+
+def test_a_model_that_fails_to_load_is_named(deployed: Deployed, tmp_path: Path) -> None:
+    from specbuild.deploy.server import TritonServer
+
+    broken = tmp_path / "repo"
+    shutil.copytree(deployed.repository("draft_target"), broken)
+    config = broken / "tensorrt_llm_draft" / "config.pbtxt"
+    engine = str((deployed.specs["draft_target"].output_dir / "engines" / "draft").resolve())
+    config.write_text(config.read_text().replace(engine, str(tmp_path / "no-such-engine")))
+    with pytest.raises(SpecbuildError) as failure, TritonServer(broken, log_file=tmp_path / "log", ready_timeout_s=300):
+        pass
+    assert "tensorrt_llm_draft" in str(failure.value)
+
+
+# -- Medusa through the ensemble -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_medusa_ensemble_grpc_equals_plain_greedy(medusa_server: Any, greedy_reference: dict[str, str],
+                                                  stream: bool) -> None:
+    accepted = 0
+    for prompt in PROMPTS:
+        chunks, outputs = grpc_generate(medusa_server.grpc_url, "ensemble", [prompt], stream=stream)
+        assert "".join(chunks[0]) == greedy_reference[prompt], prompt
+        assert len(chunks[0]) == 1 or (stream and len(chunks[0]) > 1)
+        accepted += int(outputs[-1]["total_accepted_draft_tokens"].reshape(-1)[0])
+    assert accepted > 0  # the heads' guesses were accepted: Medusa really ran
+
+
+def test_medusa_ensemble_http_generate_and_generate_stream(medusa_server: Any,
+                                                           greedy_reference: dict[str, str]) -> None:
+    for prompt in PROMPTS[:3]:
+        assert http_generate(medusa_server.http_url, "ensemble", prompt)["text_output"] == greedy_reference[prompt]
+        events = http_generate_stream(medusa_server.http_url, "ensemble", prompt)
+        assert len(events) > 1
+        assert "".join(e["text_output"] for e in events) == greedy_reference[prompt]
+
+
+def test_medusa_bad_requests_then_a_good_one(medusa_server: Any, greedy_reference: dict[str, str]) -> None:
+    for prompt, max_tokens in (("", MAX_TOKENS), ("word " * 300, MAX_TOKENS), (PROMPTS[0], 0), (PROMPTS[0], 100)):
+        status, body = http_post(medusa_server.http_url, "/v2/models/ensemble/generate",
+                                 {"text_input": prompt, "max_tokens": max_tokens})
+        assert status >= 400 and "error" in json.loads(body), body
+    assert http_generate(medusa_server.http_url, "ensemble", PROMPTS[0])["text_output"] == greedy_reference[PROMPTS[0]]
+
+
+def test_medusa_sixteen_concurrent_streaming_clients(medusa_server: Any, greedy_reference: dict[str, str]) -> None:
+    results: dict[int, str] = {}
+
+    def client(i: int) -> None:
+        chunks, _ = grpc_generate(medusa_server.grpc_url, "ensemble", [PROMPTS[i % len(PROMPTS)]], stream=True)
+        results[i] = "".join(chunks[0])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert results == {i: greedy_reference[PROMPTS[i % len(PROMPTS)]] for i in range(16)}
