@@ -192,3 +192,53 @@ def test_dry_run_cli_prints_the_plan(deployed: Deployed) -> None:
     result = _specbuild("deploy", str(spec.path), "--dry-run")
     assert result.returncode == 0, result.stderr
     assert re.search(r"tensorrt_llm\s", result.stderr) and "planned" in result.stderr
+
+
+def test_tensorrt_engines_get_the_tensorrtllm_backend(deployed: Deployed, tmp_path: Path) -> None:
+    """The same spec with TensorRT-LLM engines (as `build` writes them on a GPU machine): the LLM models use the
+    C++ backend with the engine directory, with no python code and no reference-only tensors."""
+    import dataclasses
+    import json
+
+    from specbuild.build.engine_info import engine_dir, read_engine_info, write_engine_info
+    from tests.deploy_fixtures import write_spec
+
+    source = deployed.specs["draft_target"]
+    data = yaml_data(source)
+    data["output_dir"] = str(tmp_path / "out")
+    data["name"] = "trt"
+    spec = write_spec(tmp_path, data)
+    for role in ("target", "draft"):
+        directory = engine_dir(spec, role)
+        directory.mkdir(parents=True)
+        info = dataclasses.replace(read_engine_info(engine_dir(source, role)), backend="tensorrt")
+        write_engine_info(directory, info)
+        (directory / "config.json").write_text(json.dumps({"build_config": {"max_batch_size": 4}}))
+        (directory / "rank0.engine").write_bytes(b"")
+    repository = deploy_repository(spec).repository
+    configs = _configs(repository)
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        assert configs[name].backend == "tensorrtllm"
+        assert not (repository / name / "1" / "model.py").exists()
+        assert parameter(configs[name], "gpt_model_type") == "inflight_fused_batching"
+        assert parameter(configs[name], "kv_cache_free_gpu_mem_fraction") == "0.45"  # two engines share the GPU
+        assert "preceding_ids" not in {t.name for t in configs[name].output}
+    assert "_PRECEDING_IDS" not in (repository / "ensemble" / "config.pbtxt").read_text()
+    assert configs["tensorrt_llm_bls"].backend == "python"
+    assert check_repository(repository).problems == []
+
+
+def yaml_data(spec: object) -> dict:
+    import yaml
+
+    return yaml.safe_load(spec.path.read_text())  # type: ignore[attr-defined]
+
+
+def test_triton_batch_above_the_engines_is_refused(deployed: Deployed, tmp_path: Path) -> None:
+    from tests.deploy_fixtures import write_spec
+
+    data = yaml_data(deployed.specs["none"])
+    data["deploy"]["triton_max_batch_size"] = 8
+    data["deploy"]["model_repository"] = str(tmp_path / "repo")
+    with pytest.raises(SpecbuildError, match="max_batch_size"):
+        deploy_repository(write_spec(tmp_path, data))

@@ -269,3 +269,27 @@ def test_medusa_sixteen_concurrent_streaming_clients(medusa_server: Any, greedy_
     for thread in threads:
         thread.join(timeout=300)
     assert results == {i: greedy_reference[PROMPTS[i % len(PROMPTS)]] for i in range(16)}
+
+
+def test_stop_words_end_the_text(dt_server: Any, medusa_server: Any, greedy_reference: dict[str, str]) -> None:
+    prompt = PROMPTS[0]
+    assert "except" in greedy_reference[prompt]
+    for server, model in ((dt_server, "tensorrt_llm_bls"), (medusa_server, "ensemble")):
+        text = http_generate(server.http_url, model, prompt, stop_words=["except"])["text_output"]
+        assert "except" not in text and greedy_reference[prompt].startswith(text), (model, text)
+
+
+def test_sampling_with_draft_logits_returns_text(dt_server: Any) -> None:
+    data = http_generate(dt_server.http_url, "tensorrt_llm_bls", PROMPTS[1], temperature=0.8, seed=7,
+                         use_draft_logits=True)
+    assert data["text_output"] and data["total_draft_tokens"] > 0
+    again = http_generate(dt_server.http_url, "tensorrt_llm_bls", PROMPTS[1], temperature=0.8, seed=7,
+                          use_draft_logits=True)
+    assert again["text_output"] == data["text_output"]  # a seeded request is reproducible
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_medusa_batch_of_prompts(medusa_server: Any, greedy_reference: dict[str, str], stream: bool) -> None:
+    prompts = [PROMPTS[1], PROMPTS[3]]
+    chunks, _ = grpc_generate(medusa_server.grpc_url, "ensemble", prompts, stream=stream)
+    assert ["".join(c) for c in chunks] == [greedy_reference[p] for p in prompts]

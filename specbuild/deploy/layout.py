@@ -71,6 +71,11 @@ def plan_repository(spec: PipelineSpec, engines: dict[str, EngineInfo], end_id: 
     """Every model of the repository with all its settings."""
     deploy, mode = spec.deploy, spec.speculative.mode
     batch = deploy.triton_max_batch_size
+    for role, info in engines.items():
+        if batch is not None and batch > info.max_batch_size:
+            raise SpecbuildError(
+                f"deploy.triton_max_batch_size {batch} is more than the {role} engine's max_batch_size "
+                f"{info.max_batch_size}", hint="lower deploy.triton_max_batch_size, or rebuild with a larger batch")
     llm_role = "medusa" if mode == "medusa" else "target"
     llm_info = engines[llm_role]
     reference = llm_info.backend == "reference"
