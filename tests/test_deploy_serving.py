@@ -293,3 +293,19 @@ def test_medusa_batch_of_prompts(medusa_server: Any, greedy_reference: dict[str,
     prompts = [PROMPTS[1], PROMPTS[3]]
     chunks, _ = grpc_generate(medusa_server.grpc_url, "ensemble", prompts, stream=stream)
     assert ["".join(c) for c in chunks] == [greedy_reference[p] for p in prompts]
+
+
+def test_a_cancelled_stream_leaves_the_server_serving(dt_server: Any, greedy_reference: dict[str, str]) -> None:
+    client = grpcclient.InferenceServerClient(dt_server.grpc_url)
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("tensorrt_llm_bls", [
+        _input("text_input", np.array([[PROMPTS[0]]], dtype=object)),
+        _input("max_tokens", np.array([[64]], dtype=np.int32)),
+        _input("stream", np.array([[True]]))])
+    result, error = responses.get(timeout=60)
+    assert error is None and result.as_numpy("text_output") is not None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    chunks, _ = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [PROMPTS[1]], stream=True)
+    assert "".join(chunks[0]) == greedy_reference[PROMPTS[1]]

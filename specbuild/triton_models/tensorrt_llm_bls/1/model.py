@@ -49,6 +49,16 @@ def _stop_word_cut(generated: list[int], words: tuple[tuple[int, ...], ...], sin
     return None
 
 
+def _sender(sender: Any) -> Send:
+    def send(response: Any, final: bool) -> None:
+        try:
+            sender.send(response, flags=io.FINAL if final else 0)
+        except io.pb_utils.TritonModelException as err:  # the client went away: nobody to tell
+            io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: response not sent: {err}")
+
+    return send
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = io.model_parameters(args)
@@ -65,8 +75,7 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
             for request in requests:
-                sender = request.get_response_sender()
-                self._serve(request, lambda response, final, s=sender: s.send(response, flags=io.FINAL if final else 0))
+                self._serve(request, _sender(request.get_response_sender()))
             return None
         responses = []
         for request in requests:
@@ -97,7 +106,8 @@ class TritonPythonModel:
                                                 done)[0]
                         text = (prefix[b] if start == 0 else "") + text
                         send(self._response([text], [row], [b]), done and b == len(rows) - 1)
-                self._generate(request, row, k, on_round)
+                if not self._generate(request, row, k, on_round):
+                    raise RequestError("the request was cancelled")
             if not stream:
                 texts = self._detokenize([row.generated for row in rows], [[] for _ in rows], True)
                 send(self._response([p + t for p, t in zip(prefix, texts, strict=True)], rows, range(len(rows))),
@@ -112,7 +122,9 @@ class TritonPythonModel:
         return [io.text(queries[b].reshape(-1)[0]) if not io.row_scalar(exclude, b, True) else ""
                 for b in range(queries.shape[0])]
 
-    def _generate(self, request: Any, row: Row, k: int, on_round: Callable[[int, bool], None] | None) -> None:
+    def _generate(self, request: Any, row: Row, k: int, on_round: Callable[[int, bool], None] | None) -> bool:
+        """Speculation rounds until the row is done (True), or until its client cancels (False: nothing final
+        was sent; the request is only touched before its final response, after which Triton frees it)."""
         sampling = self._sampling_inputs(request)
         use_logits = bool(io.row_scalar(io.get(request, "use_draft_logits"), 0, self.use_draft_logits))
         while True:
@@ -138,10 +150,12 @@ class TritonPythonModel:
             if len(row.generated) >= row.max_tokens:
                 del row.generated[row.max_tokens :]
                 done = True
+            if not done and request.is_cancelled():  # a client that went away stops costing rounds
+                return False
             if on_round is not None:
                 on_round(min(start, len(row.generated)), done)
             if done:
-                return
+                return True
 
     # -- calls to the other models ---------------------------------------------------------------------------
     def _call(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
