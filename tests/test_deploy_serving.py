@@ -309,3 +309,14 @@ def test_a_cancelled_stream_leaves_the_server_serving(dt_server: Any, greedy_ref
     client.close()
     chunks, _ = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [PROMPTS[1]], stream=True)
     assert "".join(chunks[0]) == greedy_reference[PROMPTS[1]]
+
+
+def test_draft_target_repository_ensemble_serves_the_plain_target(dt_server: Any,
+                                                                  greedy_reference: dict[str, str]) -> None:
+    """Its ensemble runs the target without speculation (the LLM models stay non-decoupled for the BLS), so it
+    answers /generate but refuses to stream, with a message that says why."""
+    prompt = PROMPTS[3]
+    assert http_generate(dt_server.http_url, "ensemble", prompt)["text_output"] == greedy_reference[prompt]
+    _, body = http_post(dt_server.http_url, "/v2/models/ensemble/generate_stream",
+                        {"text_input": prompt, "max_tokens": 8, "stream": True})
+    assert "decoupled" in body.decode()
