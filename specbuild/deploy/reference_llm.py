@@ -104,7 +104,7 @@ class ReferenceLLM:
                  max_draft_len: int = 0, medusa_choices: Sequence[Sequence[int]] | None = None) -> None:
         self.model = CausalLM.from_checkpoint(checkpoint, dtype=_DTYPES.get(dtype, torch.float32))
         self.vocab_size = self.model.config.vocab_size
-        self.max_seq_len = max_seq_len
+        self.max_seq_len, self.max_draft_len = max_seq_len, max_draft_len
         self.tree = MedusaTree.from_choices(medusa_choices) if medusa_choices else None
         if self.tree is not None and self.model.config.num_medusa_heads < self.tree.max_depth:
             raise ValueError(f"the Medusa tree is {self.tree.max_depth} deep but the checkpoint has "
@@ -123,8 +123,9 @@ class ReferenceLLM:
         if request.max_new_tokens < 1:
             raise RequestError(f"request_output_len must be at least 1 (got {request.max_new_tokens})")
         drafts = len(request.draft_ids or ())
-        total = len(ids) + request.max_new_tokens + drafts
-        if total > self.max_seq_len + drafts:
+        if drafts > self.max_draft_len:
+            raise RequestError(f"{drafts} draft tokens is more than the engine's max_draft_len {self.max_draft_len}")
+        if len(ids) + request.max_new_tokens > self.max_seq_len:
             raise RequestError(
                 f"input length {len(ids)} + request_output_len {request.max_new_tokens} = "
                 f"{len(ids) + request.max_new_tokens} exceeds the engine's max_seq_len {self.max_seq_len}"
