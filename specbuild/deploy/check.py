@@ -176,7 +176,9 @@ def _check_paths(report: RepositoryReport, model: ModelFacts) -> None:
         if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
             report.problems.append(f"{model.name}: parameter tokenizer_dir = {tokenizer!r} ({path}) holds no "
                                    "tokenizer files")
-        report.wiring.setdefault(model.name, f"tokenizer {tokenizer}")
+        shown = path.relative_to(report.repository.resolve()) if path.is_relative_to(report.repository.resolve()) \
+            else path
+        report.wiring.setdefault(model.name, f"tokenizer {shown}")
     engine = parameter(model.config, "gpt_model_path")
     if engine:
         path = _resolve(model, engine)
