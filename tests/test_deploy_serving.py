@@ -211,17 +211,23 @@ def test_sixteen_concurrent_streaming_clients(dt_server: Any, greedy_reference: 
                                                        for i in range(16)}
 
 
-def test_a_model_that_fails_to_load_is_named(deployed: Deployed, tmp_path: Path) -> None:
+def test_models_that_fail_to_load_are_named(deployed: Deployed, tmp_path: Path) -> None:
+    """A misspelt draft model name in the BLS parameters, and a draft engine that is not there: the server does
+    not start, and the error names each failing model and what is wrong with it."""
     from specbuild.deploy.server import TritonServer
 
     broken = tmp_path / "repo"
     shutil.copytree(deployed.repository("draft_target"), broken)
-    config = broken / "tensorrt_llm_draft" / "config.pbtxt"
+    bls = broken / "tensorrt_llm_bls" / "config.pbtxt"
+    bls.write_text(bls.read_text().replace('"tensorrt_llm_draft"', '"tensorrt_llm_drfat"'))
+    draft = broken / "tensorrt_llm_draft" / "config.pbtxt"
     engine = str((deployed.specs["draft_target"].output_dir / "engines" / "draft").resolve())
-    config.write_text(config.read_text().replace(engine, str(tmp_path / "no-such-engine")))
+    draft.write_text(draft.read_text().replace(engine, str(tmp_path / "no-such-engine")))
     with pytest.raises(SpecbuildError) as failure, TritonServer(broken, log_file=tmp_path / "log", ready_timeout_s=300):
         pass
-    assert "tensorrt_llm_draft" in str(failure.value)
+    message = str(failure.value)
+    assert "tensorrt_llm_bls" in message and "tensorrt_llm_draft_model_name" in message, message
+    assert "tensorrt_llm_draft" in message and "no-such-engine" in message, message
 
 
 # -- Medusa through the ensemble -----------------------------------------------------------------------------

@@ -49,6 +49,18 @@ def _stop_word_cut(generated: list[int], words: tuple[tuple[int, ...], ...], sin
     return None
 
 
+def _check_called_models(args: dict[str, str], params: dict[str, str]) -> None:
+    """Fail loading (so tritonserver and `specbuild serve` name this model) when a model parameter names no
+    model of the repository: otherwise the mistake would only surface as an error on every request."""
+    repository = io.model_dir(args).parent
+    for key in ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
+                "postprocessing_model_name"):
+        name = params.get(key)
+        if name and not (repository / name / "config.pbtxt").is_file():
+            raise io.pb_utils.TritonModelException(
+                f"parameter {key} = {name!r} names no model in {repository}")
+
+
 def _sender(sender: Any) -> Send:
     def send(response: Any, final: bool) -> None:
         try:
@@ -71,6 +83,7 @@ class TritonPythonModel:
         self.default_k = int(params.get("num_draft_tokens") or 0)
         self.max_draft_len = int(params.get("max_draft_len") or 0)
         self.use_draft_logits = io.flag(params, "use_draft_logits")
+        _check_called_models(args, params)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
