@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := demo
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench gpu-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,24 +15,23 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the built-in demo models: build them (cached), convert the draft-target and the Medusa
-# pipelines, then generate with each speculative method through the reference runtime.
+# The main job on the built-in demo models, end to end: build the models (cached), convert (the draft
+# quantized with ModelOpt int8 SmoothQuant, the target with Medusa heads, and a plain target), build reference
+# bundles, deploy three Triton repositories, then serve the draft-target and the Medusa repositories with the
+# bundled tritonserver, ask a few prompts over gRPC streaming and HTTP, print answers and acceptance, stop.
+DEMO_SPECS := configs/demo.yaml configs/demo-medusa.yaml configs/demo-plain.yaml
+DEMO_PROMPTS := --prompt "The for statement" --prompt "A module can contain" --max-tokens 40
 demo: $(STAMP)
 	$(BIN)/specbuild demo-models $(DEMO)/models
-	$(BIN)/specbuild validate configs/demo.yaml
-	$(BIN)/specbuild convert configs/demo.yaml
-	$(BIN)/specbuild convert configs/demo-medusa.yaml
-	@echo "--- written:"
-	@find $(DEMO)/build/checkpoints $(DEMO)/build-medusa/checkpoints -maxdepth 2 -type f | sort | xargs ls -l
-	@echo "--- plain greedy decoding of the target:"
-	$(BIN)/specbuild generate $(DEMO)/build/checkpoints/target --tokenizer $(DEMO)/models/target \
-		--prompt "The for statement" --max-tokens 40
-	@echo "--- draft-target speculative decoding (same text, fewer target forwards):"
-	$(BIN)/specbuild generate $(DEMO)/build/checkpoints/target --tokenizer $(DEMO)/models/target \
-		--prompt "The for statement" --max-tokens 40 --draft $(DEMO)/build/checkpoints/draft --num-draft-tokens 4
-	@echo "--- Medusa speculative decoding:"
-	$(BIN)/specbuild generate $(DEMO)/build-medusa/checkpoints/medusa --tokenizer $(DEMO)/models/target \
-		--prompt "The for statement" --max-tokens 40 --medusa --medusa-choices mc_sim_7b_top8
+	for spec in $(DEMO_SPECS); do $(BIN)/specbuild validate $$spec >/dev/null && echo "valid: $$spec" || exit 1; done
+	for spec in $(DEMO_SPECS); do $(BIN)/specbuild convert $$spec || exit 1; done
+	for spec in $(DEMO_SPECS); do $(BIN)/specbuild build $$spec || exit 1; done
+	for spec in $(DEMO_SPECS); do $(BIN)/specbuild deploy $$spec || exit 1; done
+	$(BIN)/specbuild deploy --check $(DEMO)/build/model_repository
+	@echo "--- draft-target speculation through the BLS (int8 SmoothQuant draft, K = 4):"
+	$(BIN)/specbuild serve $(DEMO)/build/model_repository $(DEMO_PROMPTS)
+	@echo "--- Medusa speculation through the ensemble:"
+	$(BIN)/specbuild serve $(DEMO)/build-medusa/model_repository $(DEMO_PROMPTS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -41,10 +40,18 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Benchmarks write their figures under bench/results/.
+# Benchmarks write their figures under bench/results/ (ratios measured side by side in one run).
 bench: $(STAMP)
 	$(BIN)/python bench/convert_bench.py
 	$(BIN)/python bench/runtime_bench.py
+	$(BIN)/python bench/quantize_bench.py
+	$(BIN)/python bench/serving_bench.py
+
+# GPU CI job (.github/workflows/gpu-engines.yml; needs an NVIDIA GPU and Docker with the NVIDIA toolkit):
+# convert on the host, build TensorRT-LLM 1.2 engines in the NGC container, deploy. GPU_SPEC=your.yaml for yours.
+GPU_SPEC ?= ci/gpu/demo-gpu.yaml
+gpu-engines: $(STAMP)
+	bash ci/gpu/engines.sh $(GPU_SPEC)
 
 clean:
 	rm -rf $(DEMO) bench/work .pytest_cache

@@ -72,7 +72,7 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
                 f"{role} checkpoint is sharded tp={fact.tp_size} pp={fact.pp_size}, but build.tp_size/pp_size say "
                 f"tp={build.tp_size} pp={build.pp_size}; re-run `specbuild convert SPEC`"
             )
-        if build.dtype != "auto" and fact.dtype != build.dtype:
+        if build.dtype != "auto" and fact.dtype != build.dtype and not _quantized_half(fact, build.dtype):
             yield _error(
                 f"{role} checkpoint is {fact.dtype}, but build.dtype is {build.dtype}; re-run `specbuild convert SPEC`"
             )
@@ -89,6 +89,13 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
             "cannot verify the draft's tokens (TensorRT-LLM#2789 'Incompatible buffer sizes'); use a draft with "
             "the target's tokenizer and vocabulary"
         )
+
+
+def _quantized_half(fact: CheckpointFacts, dtype: str) -> bool:
+    """ModelOpt exports quantized checkpoints in float16 or bfloat16 only (shared/reference/modelopt-medusa.md
+    §1.5), so `convert` writes a quantized draft of a float32 pipeline in float16: that is expected, not stale."""
+    quantized = fact.quant_algo is not None or fact.kv_cache_quant_algo is not None
+    return quantized and dtype == "float32" and fact.dtype in ("float16", "bfloat16")
 
 
 def tree_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | None) -> Iterator[BuildProblem]:
