@@ -20,8 +20,11 @@ app = typer.Typer(
     name="specbuild",
     help=(
         "Hugging Face checkpoints to a speculative-decoding service on Triton Inference Server.\n\n"
-        "Typical flow: `specbuild init pipeline.yaml` writes a commented spec; edit it; then "
-        "`specbuild convert pipeline.yaml` writes TensorRT-LLM checkpoints for the target and the draft."
+        "Typical flow: `specbuild init pipeline.yaml` writes a commented spec; edit it; `specbuild validate` it; "
+        "then `convert` (TensorRT-LLM checkpoints: target, ModelOpt-quantized draft, Medusa heads), `build` "
+        "(engines, or reference bundles without a GPU), optionally `tune` (K or the Medusa tree), `deploy` "
+        "(the Triton model repository), `serve` (tritonserver) and `bench` (client-side figures). Each stage "
+        "checks everything first, writes atomically, and skips itself when its inputs are unchanged."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -251,6 +254,45 @@ def tune(
 
 
 @app.command()
+def deploy(
+    spec_path: Annotated[
+        Path | None, typer.Argument(help="Pipeline spec whose built engines to deploy.", metavar="[SPEC]")
+    ] = None,
+    check: Annotated[
+        Path | None, typer.Option("--check", help="Re-validate an existing model repository instead.", metavar="REPO")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rewrite even if the manifest says up to date.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the models and files; write nothing.")] = False,
+) -> None:
+    """Write the Triton model repository (preprocessing, tensorrt_llm[_draft], tensorrt_llm_bls, postprocessing,
+    ensemble) for a built pipeline, or check one with `--check REPO`."""
+    from specbuild.deploy.check import check_repository
+
+    out = Console(width=max(Console().width, 132))  # the wiring table is unreadable folded into 80 columns
+    try:
+        if (spec_path is None) == (check is None):
+            raise SpecbuildError("give either a pipeline spec or --check REPO (not both, not neither)",
+                                 hint="`specbuild deploy pipeline.yaml` or `specbuild deploy --check REPO`")
+        if check is not None:
+            report = check_repository(check)
+            if report.models:
+                out.print(report.table())
+            report.raise_for_problems()
+            console.print(f"ok: {check} ({len(report.models)} models)", highlight=False, soft_wrap=True)
+            return
+        from specbuild.deploy.repository import deploy_repository
+        from specbuild.spec import load_spec
+
+        assert spec_path is not None
+        result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
+        if not dry_run:
+            out.print(check_repository(result.repository).table())
+        console.print(result.summary(), highlight=False, soft_wrap=True)
+    except SpecbuildError as err:
+        raise _fail(err) from None
+
+
+@app.command()
 def serve(
     repository: Annotated[Path, typer.Argument(help="Triton model repository (what `specbuild deploy` wrote).")],
     http_port: Annotated[int | None, typer.Option("--http-port", help="Default: a free port.")] = None,
@@ -339,45 +381,6 @@ def bench(
                            compare_model=compare_model, png=png, json_output=json_output)
     try:
         run_bench(options, console=console, out=Console())
-    except SpecbuildError as err:
-        raise _fail(err) from None
-
-
-@app.command()
-def deploy(
-    spec_path: Annotated[
-        Path | None, typer.Argument(help="Pipeline spec whose built engines to deploy.", metavar="[SPEC]")
-    ] = None,
-    check: Annotated[
-        Path | None, typer.Option("--check", help="Re-validate an existing model repository instead.", metavar="REPO")
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Rewrite even if the manifest says up to date.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the models and files; write nothing.")] = False,
-) -> None:
-    """Write the Triton model repository (preprocessing, tensorrt_llm[_draft], tensorrt_llm_bls, postprocessing,
-    ensemble) for a built pipeline, or check one with `--check REPO`."""
-    from specbuild.deploy.check import check_repository
-
-    out = Console(width=max(Console().width, 132))  # the wiring table is unreadable folded into 80 columns
-    try:
-        if (spec_path is None) == (check is None):
-            raise SpecbuildError("give either a pipeline spec or --check REPO (not both, not neither)",
-                                 hint="`specbuild deploy pipeline.yaml` or `specbuild deploy --check REPO`")
-        if check is not None:
-            report = check_repository(check)
-            if report.models:
-                out.print(report.table())
-            report.raise_for_problems()
-            console.print(f"ok: {check} ({len(report.models)} models)", highlight=False, soft_wrap=True)
-            return
-        from specbuild.deploy.repository import deploy_repository
-        from specbuild.spec import load_spec
-
-        assert spec_path is not None
-        result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
-        if not dry_run:
-            out.print(check_repository(result.repository).table())
-        console.print(result.summary(), highlight=False, soft_wrap=True)
     except SpecbuildError as err:
         raise _fail(err) from None
 
