@@ -14,7 +14,11 @@ class SpecbuildError(Exception):
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         self.message = message
         self.hint = hint
-        super().__init__(message if hint is None else f"{message}\n  hint: {hint}")
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        # Read at print time: a caller may add context to `message` (e.g. which of a spec's models failed).
+        return self.message if self.hint is None else f"{self.message}\n  hint: {self.hint}"
 
 
 class SpecError(SpecbuildError):

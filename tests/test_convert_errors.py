@@ -235,3 +235,13 @@ def test_pickle_loading_refuses_code_objects(tmp_path: Path) -> None:
                src / "pytorch_model.bin")
     code, text = run_convert(src, tmp_path / "out", "--allow-pickle")
     assert code == 1 and "pytorch_model.bin: cannot load pickle weights" in text
+
+
+def test_error_text_follows_added_context() -> None:
+    """The CLI prefixes a spec's failing model to `message`; anything printing `str(err)` must see it too."""
+    from specbuild.errors import SpecbuildError
+
+    err = SpecbuildError("tensor 'x' is missing", hint="re-download the checkpoint")
+    err.message = f"pipeline.yaml: converting the draft model: {err.message}"
+    expected = "pipeline.yaml: converting the draft model: tensor 'x' is missing\n  hint: re-download the checkpoint"
+    assert str(err) == expected
