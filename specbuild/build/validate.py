@@ -15,7 +15,7 @@ from specbuild.build.checkpoints import CheckpointFacts
 from specbuild.build.gpu import Gpu
 from specbuild.build.plan import BuildPlan
 from specbuild.errors import SpecbuildError
-from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, medusa_tree_problems
+from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec import PipelineSpec
 
 MAX_MEDUSA_INDEX = 16
@@ -107,9 +107,7 @@ def tree_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
     if big:
         yield _error(f"medusa.choices: top-k index {big[-1]} is more than {MAX_MEDUSA_INDEX}, the most "
                      "TensorRT-LLM's tree packing holds")
-    depth = max((len(path) for path in tree), default=0)
-    if depth > MAX_MEDUSA_DEPTH:
-        yield _error(f"medusa.choices: depth {depth} is more than {MAX_MEDUSA_DEPTH}")
+    depth = max((len(path) for path in tree), default=0)  # medusa_tree_problems refused paths past 16 levels
     if fact is not None and fact.num_medusa_heads and depth > fact.num_medusa_heads:
         yield _error(
             f"medusa.choices: the tree is {depth} deep, but the checkpoint has {fact.num_medusa_heads} Medusa heads "
