@@ -15,9 +15,6 @@ CONTAINER = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
 """NGC release container with TensorRT-LLM 1.2 (build engines here; serve them with the matching
 `nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3`)."""
 
-SPECULATIVE_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
-"""`--speculative_decoding_mode` choices of the 1.x CLI."""
-
 EXPLICIT: dict[str, str] = {
     "--max_beam_width": "1",
     "--kv_cache_type": "paged",
@@ -36,6 +33,3 @@ FP8_CONTEXT_FMHA = "--use_fp8_context_fmha"
 
 DEFAULT_MAX_NUM_TOKENS = 8192
 """`--max_num_tokens` default of trtllm-build; specbuild's own default stays at or below it where it can."""
-
-BOOLEAN_FLAGS = ("--gather_generation_logits", "--gather_context_logits")
-"""store_true flags: present or absent, never given a value."""

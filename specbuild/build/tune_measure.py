@@ -152,11 +152,6 @@ class Acceptance:
         return 1.0 + self.accepted_per_round
 
     @property
-    def reach_by_position(self) -> list[float]:
-        """P(the accepted prefix reaches draft position i)."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position, strict=True)]
-
-    @property
     def alpha(self) -> float:
         """The per-token acceptance rate: maximum-likelihood estimate for Leviathan et al.'s i.i.d. model from
         rounds of K proposals, accepted tokens / (accepted tokens + rounds that stopped at a rejection)."""
