@@ -47,7 +47,7 @@ from specbuild.build.tune_measure import (
     medusa_acceptance,
     sweep_draft_lengths,
 )
-from specbuild.build.tune_tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree
+from specbuild.build.tune_tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
 
@@ -146,9 +146,6 @@ class TreeRow:
     @property
     def depth(self) -> int:
         return max(len(p) for p in self.choices)
-
-    def nodes_per_depth(self) -> list[int]:
-        return [sum(1 for p in self.choices if len(p) == d) for d in range(1, self.depth + 1)]
 
 
 @dataclass
@@ -373,8 +370,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     update = SpecUpdate()
     with _progress(console) as phase:
         if mode == "draft_target":
-            limit = getattr(spec.speculative, "max_draft_len", None) or options.max_k
-            ks = list(range(1, min(options.max_k, limit) + 1))
+            ks = list(range(1, min(options.max_k, spec.speculative.max_draft_len or options.max_k) + 1))
             report.draft_length = tune_draft_length(models["target"], models["draft"], prompts, options, ks, phase)
             update.num_draft_tokens = report.draft_length.chosen
         else:
@@ -453,7 +449,7 @@ def tree_table(t: TreeTuning) -> Table:
                           ("predicted", "right"), ("measured", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in t.rows:
-        table.add_row(row.name, str(len(row.choices)), str(row.depth), str(row.nodes_per_depth()),
+        table.add_row(row.name, str(len(row.choices)), str(row.depth), str(nodes_per_depth(row.choices)),
                       f"{1 + row.predicted_accepted:.3f}", f"{row.measured.tokens_per_step:.3f}")
     table.caption = ("predicted: 1 + the sum over nodes of the product of the path's per-head accuracies (the "
                      "paper's independence model); measured: greedy Medusa decoding of the calibration prompts")

@@ -45,7 +45,13 @@ class GrownTree:
         return max((len(p) for p in self.paths), default=0)
 
     def nodes_per_depth(self) -> list[int]:
-        return [sum(1 for p in self.paths if len(p) == d) for d in range(1, self.depth + 1)]
+        return nodes_per_depth(self.paths)
+
+
+def nodes_per_depth(paths: Sequence[Sequence[int]]) -> list[int]:
+    """How many nodes each level 1, 2, ... of a tree holds."""
+    depth = max((len(p) for p in paths), default=0)
+    return [sum(1 for p in paths if len(p) == d) for d in range(1, depth + 1)]
 
 
 def check_accuracies(accuracies: Sequence[Sequence[float]]) -> None:
