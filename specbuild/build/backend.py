@@ -66,11 +66,11 @@ def tensorrt_missing_error(status: TensorrtStatus) -> SpecbuildError:
 
 def resolve_backend(requested: str, status: TensorrtStatus | None = None) -> tuple[str, TensorrtStatus]:
     """`auto` -> tensorrt when tensorrt_llm imports and a GPU is visible, else reference."""
+    if requested not in ("auto", "tensorrt", "reference"):  # before the checks below spawn any process
+        raise SpecbuildError(f"unknown backend {requested!r}", hint="use auto, tensorrt or reference")
     status = status or tensorrt_status()
     if requested == "reference":
         return "reference", status
     if requested == "tensorrt" and not status.available:
         raise tensorrt_missing_error(status)
-    if requested not in ("auto", "tensorrt"):
-        raise SpecbuildError(f"unknown backend {requested!r}", hint="use auto, tensorrt or reference")
     return ("tensorrt" if status.available else "reference"), status
