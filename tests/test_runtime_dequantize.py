@@ -84,14 +84,16 @@ def _quantize_by_hand(source: Path, out: Path, algo: str) -> tuple[Path, Path]:
                 q = (w / scale[:, None]).round().clamp(-128, 127)
                 quantized[base + "weight"] = q.to(torch.int8)
                 dequantized[base + "weight"] = q * scale[:, None]
-            else:  # W4A16_AWQ, groups of 128, no smoothing (pre-quant scale 1)
+            else:  # W4A16_AWQ, groups of 128; AWQ smoothing: the stored weight is W / s, its input x * s
+                smooth = torch.rand(w.shape[1]) + 0.5
+                w = w / smooth
                 scale = w.view(w.shape[0], -1, 128).abs().amax(dim=2) / 7
                 q = (w / scale.repeat_interleave(128, dim=1)).round().clamp(-8, 7).to(torch.int16)
                 pairs = q.view(-1, 2, q.shape[1])
                 quantized[base + "weight"] = ((pairs[:, 0] & 0xF) | ((pairs[:, 1] & 0xF) << 4)).to(torch.uint8).view(
                     torch.int8)
-                quantized[base + "prequant_scaling_factor"] = torch.ones(w.shape[1])
-                dequantized[base + "weight"] = q.float() * scale.repeat_interleave(128, dim=1)
+                quantized[base + "prequant_scaling_factor"] = smooth
+                dequantized[base + "weight"] = q.float() * scale.repeat_interleave(128, dim=1) * smooth
             quantized[base + "weights_scaling_factor"] = scale
     quant = {"quant_algo": algo, "group_size": 128}
     return (_write(out / algo, quantized, config, quant), _write(out / f"{algo}-float", dequantized, config, {}))

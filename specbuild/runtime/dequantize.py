@@ -14,8 +14,9 @@ from specbuild.convert. Per quantized linear `<p>.weight`:
 
 W4A8's int4 values times their group scale are an fp8 grid scaled by `weights_scaling_factor_2` (the kernel
 dequantizes int4 to fp8 and runs an fp8 GEMM), so the dequantized weight is fp8(int4 * s / s2) * s2.
-A linear's input is multiplied by `prequant_scaling_factor` (SmoothQuant/AWQ smoothing) and, where the format
-quantizes activations, rounded to the format's grid with `activation_scaling_factor`. With an FP8 KV cache the
+A linear's input is multiplied by `prequant_scaling_factor` (SmoothQuant/AWQ smoothing; for a weight-only format
+folded into the weight at load instead) and, where the format quantizes activations, rounded to the format's
+grid with `activation_scaling_factor`. With an FP8 KV cache the
 keys (after RoPE) and values are rounded to fp8 with `kv_cache_scaling_factor` before they enter the cache.
 """
 
@@ -125,10 +126,12 @@ def _excluded(name: str, quant: dict[str, Any]) -> bool:
 
 
 def dequantize_rank(tensors: dict[str, torch.Tensor], path: Path, quant: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """One rank file's tensors with every quantized weight dequantized to float32 and its weight scales dropped;
-    activation, pre-quant and KV-cache scales stay (float32) for the model to apply at run time."""
+    """One rank file's tensors with every quantized weight dequantized to float32 and its weight scales dropped
+    (a weight-only format's pre-quant scale is folded into its weight); activation, remaining pre-quant and
+    KV-cache scales stay (float32) for the model to apply at run time."""
     algo = quant.get("quant_algo")
     result: dict[str, torch.Tensor] = {}
+    folded: list[str] = []
     for name, tensor in tensors.items():
         if name.endswith(("weights_scaling_factor", "weights_scaling_factor_2")):
             continue
@@ -138,7 +141,13 @@ def dequantize_rank(tensors: dict[str, torch.Tensor], path: Path, quant: dict[st
                 raise QuantizedCheckpointError(
                     f"{path}: {name!r} has a weights_scaling_factor but config.json's quantization.quant_algo is null"
                 )
-            result[name] = dequantize_weight(tensors, base, quant, path)
+            weight = dequantize_weight(tensors, base, quant, path)
+            prequant = base + "prequant_scaling_factor"
+            if algo not in ACTIVATIONS and prequant in tensors:
+                # Weight-only: linear(x * s, W) = linear(x, W * s), so no multiply per forward.
+                weight = weight * _scale(tensors, prequant, (weight.shape[1],), path)
+                folded.append(prequant)
+            result[name] = weight
         elif algo is not None and _LINEAR.fullmatch(name) and not _excluded(name, quant):
             raise QuantizedCheckpointError(
                 f"{path}: tensor {name!r} is {tensor.dtype} without a weights_scaling_factor, but "
@@ -152,6 +161,8 @@ def dequantize_rank(tensors: dict[str, torch.Tensor], path: Path, quant: dict[st
             result[name] = tensor.float()
         else:
             result[name] = tensor
+    for name in folded:
+        del result[name]
     return result
 
 
