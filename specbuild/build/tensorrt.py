@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +28,16 @@ def gpu_slices(plans: list[BuildPlan], gpu_count: int, jobs: int) -> tuple[int, 
     return slots, [list(range(slot * width, (slot + 1) * width)) for slot in range(slots)]
 
 
-def run_trtllm_build(plan: BuildPlan, directory: Path, gpus: list[int] | None) -> float:
+def run_trtllm_build(plan: BuildPlan, directory: Path, gpus: list[int] | None) -> None:
     """Run trtllm-build into `directory` (its log goes there too); raise with the log's tail on failure."""
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in gpus)
-    log = directory / LOG_NAME
-    start = time.perf_counter()
+    log, command = directory / LOG_NAME, plan.command(output_dir=directory)
     with log.open("w", encoding="utf-8") as handle:
-        handle.write("$ " + " ".join(plan.command(output_dir=directory)) + "\n")
+        handle.write(f"$ {shlex.join(command)}\n")
         handle.flush()
-        code = subprocess.call(plan.command(output_dir=directory), stdout=handle, stderr=subprocess.STDOUT, env=env)
+        code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
     if code != 0:
         kept = plan.output_dir.parent / f"{plan.role}.failed.log"  # the temporary directory goes away
         shutil.copyfile(log, kept)
@@ -47,7 +46,6 @@ def run_trtllm_build(plan: BuildPlan, directory: Path, gpus: list[int] | None) -
             f"{plan.role} engine: trtllm-build exited with status {code}; last lines of its log:\n{tail}",
             hint=f"the full log is at {kept}",
         )
-    return time.perf_counter() - start
 
 
 def engine_config_problems(plan: BuildPlan, directory: Path) -> list[str]:
@@ -78,13 +76,12 @@ def engine_config_problems(plan: BuildPlan, directory: Path) -> list[str]:
     return problems
 
 
-def build_engine(plan: BuildPlan, directory: Path, gpus: list[int] | None) -> float:
+def build_engine(plan: BuildPlan, directory: Path, gpus: list[int] | None) -> None:
     """Build, then check the engine against its plan; the caller swaps `directory` in on success."""
-    seconds = run_trtllm_build(plan, directory, gpus)
+    run_trtllm_build(plan, directory, gpus)
     problems = engine_config_problems(plan, directory)
     if problems:
         raise SpecbuildError(
             f"{plan.role} engine was built but does not match its plan:\n  " + "\n  ".join(problems),
             hint="build with TensorRT-LLM 1.2.x (the NGC release container) so that plan and engine agree",
         )
-    return seconds
