@@ -143,6 +143,13 @@ def test_missing_or_malformed_scales_name_the_tensor(float_checkpoint: Path, tmp
     tensors[name] = torch.ones(128)  # valid SmoothQuant weights, but no activation scales
     with pytest.raises(SpecbuildError, match=r"activation_scaling_factor' is missing \(W8A8_SQ_PER_CHANNEL"):
         CausalLM.from_checkpoint(_write(tmp_path / "sq", tensors, config, {"quant_algo": "W8A8_SQ_PER_CHANNEL"}))
+    for layer in range(config["num_hidden_layers"]):
+        for linear in LINEARS:
+            tensors[f"transformer.layers.{layer}.{linear}.activation_scaling_factor"] = torch.ones(1)
+    tensors["transformer.layers.1.mlp.gate.activation_scaling_factor"] = torch.full((1,), 2.0)
+    with pytest.raises(SpecbuildError, match=r"layers\.1\.mlp\.fc and transformer\.layers\.1\.mlp\.gate read the "
+                       "same input but have different activation or pre-quant scales"):
+        CausalLM.from_checkpoint(_write(tmp_path / "sq-gate", tensors, config, {"quant_algo": "W8A8_SQ_PER_CHANNEL"}))
 
 
 def test_runtime_reads_quantized_checkpoints_without_modelopt_or_the_converter(tmp_path: Path,

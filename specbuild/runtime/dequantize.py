@@ -177,14 +177,6 @@ class InputQuantizer(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("prequant", prequant)
 
-    def same_as(self, other: InputQuantizer | None) -> bool:
-        """Two linears reading the same input may share one quantized input (and one fused GEMM)."""
-        def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-            return (a is None) == (b is None) and (a is None or torch.equal(a, b))
-
-        return other is not None and self.kind == other.kind and same(self.scale, other.scale) and same(
-            self.prequant, other.prequant)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prequant is not None:
             x = x * self.prequant
@@ -193,6 +185,17 @@ class InputQuantizer(nn.Module):
         if self.kind == "int8":
             return int8_qdq(x, self.scale)
         return x
+
+
+def same_input(a: InputQuantizer | None, b: InputQuantizer | None) -> bool:
+    """Do two linears reading the same input treat it alike (so they may share one quantized input and one fused
+    GEMM)?"""
+    def same(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
+        return x is y or (x is not None and y is not None and torch.equal(x, y))
+
+    if a is None or b is None:
+        return a is b
+    return a.kind == b.kind and same(a.scale, b.scale) and same(a.prequant, b.prequant)
 
 
 def input_quantizer(quant_algo: str | None, tensors: dict[str, torch.Tensor], prefix: str) -> InputQuantizer | None:

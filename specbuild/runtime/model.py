@@ -21,7 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbuild.runtime.checkpoint import ModelConfig, RuntimeCheckpointError, load_checkpoint
-from specbuild.runtime.dequantize import QuantizedCheckpointError, fp8_qdq, input_quantizer, kv_cache_scale
+from specbuild.runtime.dequantize import (
+    QuantizedCheckpointError,
+    fp8_qdq,
+    input_quantizer,
+    kv_cache_scale,
+    same_input,
+)
 from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.rope import RotaryEmbedding, apply_rotary
 
@@ -117,9 +123,9 @@ class MLP(_Weights):
         self.act = ACTIVATIONS[cfg.hidden_act]
         self.fc_input = input_quantizer(cfg.quant_algo, tensors, prefix + "fc.")
         self.proj_input = input_quantizer(cfg.quant_algo, tensors, prefix + "proj.")
-        gate_input = input_quantizer(cfg.quant_algo, tensors, prefix + "gate.") if self.gate_weight is not None else (
-            self.fc_input)
-        if (gate_input is None) != (self.fc_input is None) or (gate_input and not gate_input.same_as(self.fc_input)):
+        if self.gate_weight is not None and not same_input(
+            input_quantizer(cfg.quant_algo, tensors, prefix + "gate."), self.fc_input
+        ):
             raise RuntimeCheckpointError(f"{prefix}fc and {prefix}gate read the same input but have different "
                                          "activation or pre-quant scales")
 
