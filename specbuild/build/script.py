@@ -25,23 +25,21 @@ def script_path(output_dir: Path, role: str) -> Path:
 
 
 def _argument_lines(plan: BuildPlan) -> list[str]:
-    args = plan.args(output_dir=Path("@TMP@"))
-    words = []
+    """`trtllm-build` and its arguments, one flag per line, the paths as the script's variables."""
+    args = plan.args()
+    lines = ["trtllm-build"]
     for index, arg in enumerate(args):
         previous = args[index - 1] if index else ""
         if previous == "--checkpoint_dir":
-            words.append('"$CHECKPOINT_DIR"')
+            word = '"$CHECKPOINT_DIR"'
         elif previous == "--output_dir":
-            words.append('"$tmp"')
+            word = '"$tmp"'
         else:
-            words.append(shlex.quote(arg))
-    lines, current = [], ["trtllm-build"]
-    for word in words:
-        if word.startswith("--") and len(current) > 0 and current != ["trtllm-build"]:
-            lines.append(" ".join(current))
-            current = []
-        current.append(word)
-    lines.append(" ".join(current))
+            word = shlex.quote(arg)
+        if arg.startswith("--") and index:
+            lines.append(word)
+        else:
+            lines[-1] += f" {word}"
     return lines
 
 
