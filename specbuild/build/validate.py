@@ -98,7 +98,7 @@ def _quantized_half(fact: CheckpointFacts, dtype: str) -> bool:
     return quantized and dtype == "float32" and fact.dtype in ("float16", "bfloat16")
 
 
-def tree_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | None) -> Iterator[BuildProblem]:
+def tree_problems(plan: BuildPlan, fact: CheckpointFacts | None) -> Iterator[BuildProblem]:
     """The Medusa tree against TensorRT-LLM's C++ rules (speculativeChoicesUtils.cpp) and the engine."""
     tree = plan.medusa_choices or []
     for index, message in medusa_tree_problems(tree):
@@ -128,7 +128,7 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
         if k > plan.max_draft_len:
             yield _error(f"{name}: speculative.num_draft_tokens {k} is more than max_draft_len {plan.max_draft_len}")
     if plan.role == "medusa":
-        yield from tree_problems(spec, plan, fact)
+        yield from tree_problems(plan, fact)
     if plan.max_draft_len:
         need = plan.max_batch_size * (plan.max_draft_len + 1)
         if plan.max_num_tokens < need:
