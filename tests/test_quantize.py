@@ -28,6 +28,7 @@ from rich.console import Console
 from safetensors import safe_open
 
 from bench.quantize_bench import zero_pad_mlp
+from specbuild.convert.calibration import CalibrationError, CalibrationText, calibration_batches
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, plan_conversion, requests_from_spec
 from specbuild.convert.quantize import (
@@ -392,6 +393,19 @@ def test_empty_calibration_sources_are_refused(sources: dict[str, Path], tmp_pat
                           (tmp_path / "missing.txt", "calibration source does not exist")):
         quantization = QuantizeSettings("int8_sq", "none", source, 4, 64)
         _refused(ConvertRequest("draft", sources["draft"], tmp_path / "out", quantization=quantization), match)
+
+
+def test_calibration_batches_are_whole_windows_never_repeated() -> None:
+    calibration = CalibrationText(["a b c d e f g"], [], "calib.txt")
+
+    def tokenizer(text: str, **_: Any) -> dict[str, list[int]]:
+        return {"input_ids": list(range(len(text.split())))}
+
+    assert [tuple(b.shape) for b in calibration_batches(calibration, tokenizer, 8, 3)] == [(1, 3), (1, 3)]
+    assert [tuple(b.shape) for b in calibration_batches(calibration, tokenizer, 1, 3)] == [(1, 3)]
+    assert [tuple(b.shape) for b in calibration_batches(calibration, tokenizer, 4, 10)] == [(1, 7)]
+    with pytest.raises(CalibrationError, match=r"calib\.txt: calibration text gives no tokens"):
+        calibration_batches(calibration, lambda text, **_: {"input_ids": []}, 4, 10)
 
 
 def test_awq_on_a_model_whose_sizes_do_not_divide_into_groups(sources: dict[str, Path], tmp_path: Path) -> None:

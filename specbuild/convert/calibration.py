@@ -9,7 +9,6 @@ error before anything is written: calibrating on nothing would silently give use
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -76,20 +75,20 @@ def read_calibration(source: CalibSource) -> CalibrationText:
     return CalibrationText(texts, files, description)
 
 
-def calibration_batches(
-    texts: Sequence[str], tokenizer: Any, size: int, seq_len: int, where: str = FIELD
-) -> list[torch.Tensor]:
+def calibration_batches(calibration: CalibrationText, tokenizer: Any, size: int, seq_len: int) -> list[torch.Tensor]:
     """Up to `size` non-overlapping windows of `seq_len` tokens from the concatenated texts, each [1, seq_len].
 
     Fewer windows when the text is short (never repeated: repeating text would weight it twice); a text
     shorter than one window gives one shorter sample. No tokens at all is an error."""
     ids: list[int] = []
-    for text in texts:
+    for text in calibration.texts:
         ids.extend(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
         if len(ids) >= size * seq_len:
             break
     if not ids:
-        raise CalibrationError(f"{where}: calibration text gives no tokens with the draft's tokenizer")
+        raise CalibrationError(
+            f"{calibration.description}: calibration text gives no tokens with the draft's tokenizer ({FIELD})"
+        )
     stream = torch.tensor(ids[: size * seq_len], dtype=torch.long)
     if stream.numel() < seq_len:
         return [stream[None]]

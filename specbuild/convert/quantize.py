@@ -213,8 +213,7 @@ def plan_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantPla
     dtype = plan.dtype if plan.dtype in EXPORT_DTYPES else "float16"
     group = awq_group_size(request.source, [rp.shapes for rp in plan.rank_plans]) if fmt and fmt.awq else None
     calibration = read_calibration(settings.calib_source)
-    batches = calibration_batches(calibration.texts, _tokenizer(request.source), settings.calib_size,
-                                  settings.calib_seq_len)
+    batches = calibration_batches(calibration, _tokenizer(request.source), settings.calib_size, settings.calib_seq_len)
     return QuantPlan(settings, fmt, kv, dtype, group, decoder_type, calibration, batches)
 
 
@@ -232,9 +231,9 @@ def modelopt_config(mtq: Any, plan: QuantPlan) -> dict[str, Any]:
     weight quantizer entries, and the KV preset's entries appended (later entries win)."""
     if plan.format is not None:
         config = copy.deepcopy(getattr(mtq, plan.format.preset))
+        _check_list_form(config, plan.format.preset)
     else:
         config = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
-    _check_list_form(config, plan.format.preset if plan.format else "kv-only config")
     if plan.group_size is not None:
         for entry in config["quant_cfg"]:
             cfgs = entry.get("cfg")
@@ -242,8 +241,9 @@ def modelopt_config(mtq: Any, plan: QuantPlan) -> dict[str, Any]:
                 if isinstance(cfg, dict) and isinstance(cfg.get("block_sizes"), dict):
                     cfg["block_sizes"][-1] = plan.group_size
     if plan.kv_algo is not None:
-        kv = getattr(mtq, KV_FORMATS[plan.settings.kv_cache][0])
-        _check_list_form(kv, KV_FORMATS[plan.settings.kv_cache][0])
+        preset = KV_FORMATS[plan.settings.kv_cache][0]
+        kv = getattr(mtq, preset)
+        _check_list_form(kv, preset)
         config["quant_cfg"] = [*config["quant_cfg"], *copy.deepcopy(kv["quant_cfg"])]
     return config
 
