@@ -92,11 +92,15 @@ class DraftLengthTuning:
     costs: ForwardCosts
     sweep: KSweep
     alpha: float
-    chosen: int
 
     @property
     def ks(self) -> list[int]:
         return sorted(self.sweep.acceptance)
+
+    @property
+    def chosen(self) -> int:
+        """The K with the highest predicted speedup: what tune writes into the spec."""
+        return max(self.ks, key=self.predicted_speedup)
 
     def predicted_tokens_per_step(self, k: int) -> float:
         from specbuild.runtime.speculative import expected_tokens_per_step
@@ -128,9 +132,7 @@ def tune_draft_length(target: Any, draft: Any, prompts: Prompts, options: TuneOp
     sweep = sweep_draft_lengths(target, draft, prompts, options.new_tokens, ks, repeats=options.repeats,
                                 tick=ticks(f"K sweep 1..{max(ks)}", options.repeats * len(prompts)))
     alpha = sweep.acceptance[max(ks)].alpha  # the longest rounds see the most positions
-    tuning = DraftLengthTuning(costs, sweep, alpha, chosen=ks[0])
-    tuning.chosen = max(ks, key=tuning.predicted_speedup)
-    return tuning
+    return DraftLengthTuning(costs, sweep, alpha)
 
 
 # ---------------------------------------------------------------------------------------------- Medusa tree
