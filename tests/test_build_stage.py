@@ -182,6 +182,16 @@ def test_auto_picks_tensorrt_where_it_and_a_gpu_are_present() -> None:
     assert resolve_backend("auto", TensorrtStatus("1.2.0", (), "no NVIDIA GPU is visible"))[0] == "reference"
 
 
+def test_an_unknown_backend_is_refused_before_probing_for_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    def probe() -> TensorrtStatus:
+        raise AssertionError("probed for TensorRT-LLM")
+
+    monkeypatch.setattr("specbuild.build.backend.tensorrt_status", probe)
+    with pytest.raises(SpecbuildError, match="unknown backend 'trt'") as caught:
+        resolve_backend("trt")
+    assert caught.value.hint == "use auto, tensorrt or reference"
+
+
 def _plan(**changes: object) -> BuildPlan:
     base = dict(role="target", checkpoint_dir=Path("/c"), output_dir=Path("/e"), max_batch_size=4, max_input_len=99,
                 max_seq_len=100, max_num_tokens=400, speculative_decoding_mode="draft_tokens_external", max_draft_len=4)
