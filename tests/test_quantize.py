@@ -34,6 +34,7 @@ from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, plan_
 from specbuild.convert.quantize import (
     FORMATS,
     QuantizeSettings,
+    QuantPlan,
     coverage_problems,
     expected_tensors,
     export_modelopt,
@@ -97,16 +98,21 @@ def heldout_ids(demo_models: dict[str, Path]) -> torch.Tensor:
     return torch.tensor(ids[: 8 * 128]).view(8, 128)
 
 
-def fake_quantized(source: Path, quantization: QuantizeSettings) -> torch.nn.Module:
-    """ModelOpt's fake-quantized model, calibrated exactly as the converter calibrates (same plan, same batches),
-    after the export's own scale unification, with the float16-stored tensors rounded to float16."""
-    request = ConvertRequest("draft", source, source / "unused", "float32", quantization=quantization)
-    checkpoint = HFCheckpoint(source)
+def calibrate(request: ConvertRequest) -> tuple[QuantPlan, torch.nn.Module]:
+    """The converter's plan for `request` and ModelOpt's fake-quantized model, calibrated exactly as the converter
+    calibrates (same plan, same batches)."""
+    checkpoint = HFCheckpoint(request.source)
     try:
         qplan = plan_quantization(request, plan_conversion(request, checkpoint))
     finally:
         checkpoint.close()
-    model = quantize_model(load_model(source, torch.device("cpu"), qplan.dtype), qplan)
+    return qplan, quantize_model(load_model(request.source, torch.device("cpu"), qplan.dtype), qplan)
+
+
+def fake_quantized(source: Path, quantization: QuantizeSettings) -> torch.nn.Module:
+    """The calibrated fake-quantized model after the export's own scale unification, with the float16-stored
+    tensors rounded to float16."""
+    _, model = calibrate(ConvertRequest("draft", source, source / "unused", "float32", quantization=quantization))
     match_export(model)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -116,6 +122,11 @@ def fake_quantized(source: Path, quantization: QuantizeSettings) -> torch.nn.Mod
             if getattr(module, "_pre_quant_scale", None) is not None:
                 module._pre_quant_scale.copy_(module._pre_quant_scale.half().float())
     return model
+
+
+def rank0(checkpoint: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(checkpoint / "rank0.safetensors"), "pt") as fh:
+        return {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
 
 
 def runtime_logits(checkpoint: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -175,7 +186,7 @@ WEIGHT_DTYPES = {"fp8": torch.float8_e4m3fn, "int8_sq": torch.int8, "int8_wo": t
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_checkpoint_layout(fmt: str, sources: dict[str, Path], exports: dict[str, Path]) -> None:
+def test_checkpoint_layout(fmt: str, exports: dict[str, Path]) -> None:
     """What TensorRT-LLM reads (reference §1.5): the quant_algo strings, quantized weight dtypes, each linear's
     scale tensors, float16 elsewhere, the vocabulary the target has (not ModelOpt's padded one), and the
     converter's own config fields (rotary_base) next to ModelOpt's quantization block."""
@@ -185,8 +196,7 @@ def test_checkpoint_layout(fmt: str, sources: dict[str, Path], exports: dict[str
     assert config["dtype"] == "float16"
     assert config["rotary_base"] == 10000.0 and config["vocab_size"] == 2048
     assert config["intermediate_size"] == (384 if fmt in AWQ else 344)
-    with safe_open(str(exports[fmt] / "rank0.safetensors"), "pt") as fh:
-        tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+    tensors = rank0(exports[fmt])
     for linear in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
         prefix = f"transformer.layers.1.{linear}."
         assert tensors[prefix + "weight"].dtype == WEIGHT_DTYPES[fmt]
@@ -211,8 +221,7 @@ def test_coverage_check_names_what_is_wrong(fmt: str, sources: dict[str, Path], 
     checkpoint.close()
     quant = json.loads((exports[fmt] / "config.json").read_text())["quantization"]
     expected = expected_tensors(shapes, quant, torch.float16)
-    with safe_open(str(exports[fmt] / "rank0.safetensors"), "pt") as fh:
-        tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+    tensors = rank0(exports[fmt])
     assert coverage_problems(tensors, expected) == []
     prefix = "transformer.layers.1.mlp.proj."
     del tensors[prefix + "prequant_scaling_factor"]
@@ -317,10 +326,7 @@ def test_rotary_settings_survive_quantized_export(llama3_draft: Path, tmp_path: 
     assert ours["rotary_base"] == 500000.0
     assert ours["rotary_scaling"] == LLAMA3_SCALING
 
-    checkpoint = HFCheckpoint(llama3_draft)
-    qplan = plan_quantization(request, plan_conversion(request, checkpoint))
-    checkpoint.close()
-    model = quantize_model(load_model(llama3_draft, torch.device("cpu"), qplan.dtype), qplan)
+    qplan, model = calibrate(request)
     raw = json.loads((export_modelopt(model, qplan, 1, 1, tmp_path / "raw") / "config.json").read_text())
     assert "rotary_base" not in raw and "rotary_scaling" not in raw  # the gap the repair closes
     assert raw["vocab_size"] == 2048 and raw["quantization"]["quant_algo"] == "W4A16_AWQ"
@@ -356,11 +362,7 @@ def test_default_inference_tensor_parallel_divides_by_zero(llama3_draft: Path, t
     always passes the spec's tp (and pp), as the tp=2 test above shows."""
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    request = ConvertRequest("d", llama3_draft, tmp_path / "unused", quantization=settings("int8_wo"))
-    checkpoint = HFCheckpoint(llama3_draft)
-    qplan = plan_quantization(request, plan_conversion(request, checkpoint))
-    checkpoint.close()
-    model = quantize_model(load_model(llama3_draft, torch.device("cpu"), qplan.dtype), qplan)
+    _, model = calibrate(ConvertRequest("d", llama3_draft, tmp_path / "unused", quantization=settings("int8_wo")))
     with warnings.catch_warnings(), pytest.raises(ZeroDivisionError):
         warnings.simplefilter("ignore")
         export_tensorrt_llm_checkpoint(model, "llama", dtype=torch.float16, export_dir=tmp_path / "x")
