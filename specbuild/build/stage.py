@@ -151,7 +151,6 @@ def _build_one(job: _Job, backend: str, gpus: list[int] | None, force: bool, too
 def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force: bool, tools: dict[str, Any],
                   console: Console) -> list[EngineResult]:
     slots, gpu_sets = gpu_slices([job.plan for job in jobs], len(status.gpus), parallel)
-    results: dict[str, EngineResult] = {}
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
                   console=console) as progress:
         tasks = {job.plan.role: progress.add_task(f"{job.plan.role} engine (queued)", total=1) for job in jobs}
@@ -171,11 +170,7 @@ def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force
                 free.put(slot)
 
         with ThreadPoolExecutor(max_workers=slots) as pool:
-            futures = [pool.submit(run, job) for job in jobs]
-            for future in futures:
-                result = future.result()
-                results[result.role] = result
-    return [results[job.plan.role] for job in jobs]
+            return list(pool.map(run, jobs))  # in the jobs' order; the first failure is raised
 
 
 def _checked_plans(spec: PipelineSpec, backend: str, status: TensorrtStatus | None, console: Console
