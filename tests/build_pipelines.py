@@ -13,6 +13,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
+from specbuild.build.engine_info import engine_roles
 from specbuild.spec import PipelineSpec, load_spec
 from tests.tiny_models import make_checkpoint
 
@@ -88,8 +89,7 @@ def place(spec: PipelineSpec, role: str, checkpoint: Path) -> Path:
 
 
 def place_all(spec: PipelineSpec, models: dict[str, Path]) -> None:
-    roles = {"none": ("target",), "draft_target": ("target", "draft"), "medusa": ("medusa",)}
-    for role in roles[spec.speculative.mode]:
+    for role in engine_roles(spec):
         place(spec, role, models[role])
 
 
