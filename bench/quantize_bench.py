@@ -9,7 +9,7 @@ what the quantized draft proposes).
 The demo draft's MLP is 344 wide, not a multiple of the int4 group size (128 or 64), so the AWQ rows (and, for
 a like-for-like comparison, an unquantized row) use the same draft with its MLP zero-padded to 384: the extra
 channels are exact zeros in gate, up and down, so the padded model computes the same function
-(`zero_pad_mlp`; checked here: identical logits).
+(`zero_pad_mlp`; checked here: both unquantized drafts propose and get accepted the same tokens).
 
 Writes bench/results/quantize.json (every figure, machine info) and bench/results/quantize.md (the table).
 Run with `.venv/bin/python bench/quantize_bench.py [--help]`.
@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
+from specbuild.convert.quantize import FORMATS, QuantizeSettings
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-FORMATS = ("fp8", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq")
-AWQ = ("int4_awq", "w4a8_awq")
+AWQ = tuple(name for name, fmt in FORMATS.items() if fmt.awq)
 KEEP_MIN = 0.95  # target: int8 and fp8 drafts keep >= 95 % of the unquantized draft's acceptance rate
 
 
@@ -110,7 +111,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
 
     from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
-    from specbuild.convert.quantize import QuantizeSettings
     from specbuild.demo_models import build_demo_models
     from specbuild.runtime.model import CausalLM
 
@@ -156,6 +156,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r["acceptance_vs_unquantized"] >= KEEP_MIN
         for r in rows if r["format"] in ("fp8", "int8_sq", "int8_wo")
     }
+    plain = [(r["proposed"], r["accepted"]) for r in rows if r["format"] == "none"]
+    checks["the zero-padded draft proposes what the draft proposes"] = len(set(plain)) == 1
     return {"rows": rows, "checks": checks, "settings": {
         "k": args.k, "prompts": len(prompts), "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
         "calib_size": args.calib_size, "calib_seq_len": args.calib_seq_len, "calib_source": "builtin",

@@ -51,7 +51,7 @@ from tests.tiny_models import make_model, save_model
 
 QUIET = Console(stderr=True, quiet=True)
 CALIB = {"calib_source": "builtin", "calib_size": 16, "calib_seq_len": 128}
-AWQ = ("int4_awq", "w4a8_awq")
+AWQ = tuple(name for name, fmt in FORMATS.items() if fmt.awq)
 AGREEMENT_MIN = 0.99  # the bar; measured 1.000 for every format
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                      "c_attn", "c_proj", "c_fc")  # Llama family, GPT-2
