@@ -8,7 +8,7 @@ Field names follow shared/reference/tensorrt-llm.md §1.2 (`mapping`, `quantizat
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,4 +108,4 @@ def read_checkpoint_facts(role: str, directory: Path) -> tuple[CheckpointFacts |
             f"{facts.world_size}); {hint} again"
         ]
     size = sum(path.stat().st_size for path in facts.rank_files)
-    return CheckpointFacts(**{**facts.__dict__, "weight_bytes": size}), []
+    return replace(facts, weight_bytes=size), []
