@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,14 @@ def output(name: str, array: np.ndarray) -> Any:
 
 def error(message: str) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def padded(rows: Sequence[Sequence[int]], fill: int) -> np.ndarray:
+    """[len(rows), longest (at least 1)] int32: each row left-aligned, the rest `fill`."""
+    out = np.full((len(rows), max([1, *map(len, rows)])), fill, dtype=np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
 
 
 def word_lists(array: np.ndarray | None, row: int) -> tuple[tuple[int, ...], ...]:

@@ -41,14 +41,11 @@ class TritonPythonModel:
             if not 1 <= n <= self.max_output_len:
                 raise ValueError(f"max_tokens must be between 1 and {self.max_output_len} (got {n})")
             lengths.append(n)
-        end = [int(io.row_scalar(io.get(request, "END_ID"), b, self.end_id)) for b in range(batch)]
-        pad = [int(io.row_scalar(io.get(request, "PAD_ID"), b, self.pad_id)) for b in range(batch)]
-        width = max(len(row) for row in ids)
-        input_ids = np.full((batch, width), pad[0], dtype=np.int32)
-        for b, row in enumerate(ids):
-            input_ids[b, : len(row)] = row
+        end_ids, pad_ids = io.get(request, "END_ID"), io.get(request, "PAD_ID")
+        end = [int(io.row_scalar(end_ids, b, self.end_id)) for b in range(batch)]
+        pad = [int(io.row_scalar(pad_ids, b, self.pad_id)) for b in range(batch)]
         return io.pb_utils.InferenceResponse(output_tensors=[
-            io.output("INPUT_ID", input_ids),
+            io.output("INPUT_ID", io.padded(ids, pad[0])),
             io.output("REQUEST_INPUT_LEN", np.array([[len(row)] for row in ids], dtype=np.int32)),
             io.output("REQUEST_OUTPUT_LEN", np.array([[n] for n in lengths], dtype=np.int32)),
             io.output("BAD_WORDS_IDS", self._word_lists(io.get(request, "BAD_WORDS_DICT"), batch)),

@@ -149,10 +149,7 @@ class TritonPythonModel:
                 prompt = request.get("input_ids")[b, : int(lengths[b])].tolist()
                 sequences.append(prompt + result.tokens)
         n = len(results)
-        width = max(1, *(len(s) for s in sequences))
-        output_ids = np.full((n, 1, width), self.pad_id, dtype=np.int32)
-        for i, seq in enumerate(sequences):
-            output_ids[i, 0, : len(seq)] = seq
+        output_ids = io.padded(sequences, self.pad_id)[:, None, :]
         vocab = self.llm.vocab_size
         gen_logits = np.zeros((n, 1, 1, 1), dtype=np.float32)
         if any(r.generation_logits is not None for r in results):
@@ -164,11 +161,7 @@ class TritonPythonModel:
         drafted = np.array([[r.draft_tokens] for r in results], dtype=np.int32)
         accepted = np.array([[r.accepted_draft_tokens] for r in results], dtype=np.int32)
         rate = np.where(drafted > 0, accepted / np.maximum(drafted, 1), 0.0).astype(np.float32)
-        preceding = preceding or [[] for _ in results]
-        pre_width = max(1, *(len(p) for p in preceding))
-        pre = np.full((n, pre_width), -1, dtype=np.int32)
-        for i, p in enumerate(preceding):
-            pre[i, : len(p)] = p
+        pre = io.padded(preceding or [[] for _ in results], -1)
         outputs = {
             "output_ids": lambda: output_ids,
             "sequence_length": lambda: np.array([[len(s)] for s in sequences], dtype=np.int32),

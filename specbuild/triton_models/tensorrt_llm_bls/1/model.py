@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from specbuild.deploy import triton_io as io
+from specbuild.deploy.check import CALLED_MODEL_PARAMETERS
 from specbuild.deploy.detokenize import preceding_tokens
 
 Send = Callable[[Any, bool], None]
@@ -53,8 +54,7 @@ def _check_called_models(args: dict[str, str], params: dict[str, str]) -> None:
     """Fail loading (so tritonserver and `specbuild serve` name this model) when a model parameter names no
     model of the repository: otherwise the mistake would only surface as an error on every request."""
     repository = io.model_dir(args).parent
-    for key in ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
-                "postprocessing_model_name"):
+    for key in CALLED_MODEL_PARAMETERS:
         name = params.get(key)
         if name and not (repository / name / "config.pbtxt").is_file():
             raise io.pb_utils.TritonModelException(
@@ -251,18 +251,10 @@ class TritonPythonModel:
         return out["output_ids"].reshape(-1)[:n].tolist(), int(out["total_accepted_draft_tokens"].reshape(-1)[0])
 
     def _detokenize(self, chunks: list[list[int]], preceding: list[list[int]], final: bool) -> list[str]:
-        width = max(1, *(len(c) for c in chunks))
-        tokens = np.zeros((len(chunks), 1, width), dtype=np.int32)
-        for i, chunk in enumerate(chunks):
-            tokens[i, 0, : len(chunk)] = chunk
-        pre_width = max(1, *(len(p) for p in preceding))
-        pre = np.full((len(chunks), pre_width), -1, dtype=np.int32)
-        for i, p in enumerate(preceding):
-            pre[i, : len(p)] = p
         out = self._call(self.postprocessing, {
-            "TOKENS_BATCH": tokens,
+            "TOKENS_BATCH": io.padded(chunks, 0)[:, None, :],
             "SEQUENCE_LENGTH": np.array([[len(c)] for c in chunks], dtype=np.int32),
-            "PRECEDING_IDS": pre,
+            "PRECEDING_IDS": io.padded(preceding, -1),
             "IS_FINAL": np.full((len(chunks), 1), final),
         }, ["OUTPUT"])
         return [io.text(v) for v in out["OUTPUT"].reshape(-1)]
