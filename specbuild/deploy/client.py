@@ -187,6 +187,11 @@ class LLMClient:
             try:
                 when, response, error = self._responses.get(timeout=self.timeout_s)
             except queue.Empty:
+                # Cancel it and start the next request on a new stream: its late responses must not be read
+                # as the next request's.
+                self._grpc.stop_stream(cancel_requests=True)
+                self._stream_open = False
+                self._responses = queue.Queue()
                 raise SpecbuildError(f"{self.model.name}: no response within {self.timeout_s:.0f}s") from None
             if error is not None:
                 raise SpecbuildError(f"{self.model.name} (gRPC): {_grpc_message(error)}")
@@ -205,19 +210,20 @@ class LLMClient:
         url = f"http://{self.url}/v2/models/{self.model.name}/{endpoint}"
         result = Generation()
         start = time.perf_counter()
-        response = self._http.post(url, json=fields, stream=stream, timeout=self.timeout_s)
-        if response.status_code != 200:
-            raise SpecbuildError(f"{self.model.name} (HTTP {endpoint}): {_http_error(response)}")
-        if not stream:
-            _absorb(result, response.json(), time.perf_counter() - start)
-        else:
-            for line in response.iter_lines():
-                if not line.startswith(b"data:"):
-                    continue
-                event = json.loads(line[5:])
-                if "error" in event:  # the status code is fixed by the first event; later ones carry errors
-                    raise SpecbuildError(f"{self.model.name} (HTTP {endpoint}): {event['error']}")
-                _absorb(result, event, time.perf_counter() - start)
+        # `with`: a stream abandoned on an error event goes back to the session's pool closed, not half read
+        with self._http.post(url, json=fields, stream=stream, timeout=self.timeout_s) as response:
+            if response.status_code != 200:
+                raise SpecbuildError(f"{self.model.name} (HTTP {endpoint}): {_http_error(response)}")
+            if not stream:
+                _absorb(result, response.json(), time.perf_counter() - start)
+            else:
+                for line in response.iter_lines():
+                    if not line.startswith(b"data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:  # the status code is fixed by the first event; later ones carry errors
+                        raise SpecbuildError(f"{self.model.name} (HTTP {endpoint}): {event['error']}")
+                    _absorb(result, event, time.perf_counter() - start)
         result.latency_s = time.perf_counter() - start
         return result
 
