@@ -128,8 +128,10 @@ def run_load(
 ) -> Summary:
     """Drive `url` with `load` and summarise; a SpecbuildError when no request succeeds."""
     counter = counter or TokenCounter()
-    clients = [LLMClient(url, model, protocol, timeout_s) for _ in range(load.concurrency)]
+    clients: list[LLMClient] = []
     try:
+        for _ in range(load.concurrency):  # inside the try: a later one failing to connect closes the rest
+            clients.append(LLMClient(url, model, protocol, timeout_s))
         if load.stream is None:
             load = replace(load, stream=clients[0].model.decoupled)
         jobs = iter(range(load.total_requests))
