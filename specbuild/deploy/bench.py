@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.deploy.client import Generation, LLMClient, Protocol
+from specbuild.deploy.tokenizer_files import load_tokenizer
 from specbuild.errors import SpecbuildError
 
 DEFAULT_PROMPTS = (
@@ -77,12 +78,7 @@ def _load_tokenizer(path: Path) -> Callable[[str], int]:
 
         fast = Tokenizer.from_file(str(path / "tokenizer.json"))
         return lambda text: len(fast.encode(text, add_special_tokens=False).ids)
-    try:
-        from transformers import AutoTokenizer
-
-        slow = AutoTokenizer.from_pretrained(str(path))
-    except Exception as err:
-        raise SpecbuildError(f"{path}: cannot load a tokenizer ({err})", hint="pass a tokenizer directory") from None
+    slow = load_tokenizer(path)  # local files only, as the deployed models load it
     return lambda text: len(slow.encode(text, add_special_tokens=False))
 
 
