@@ -180,7 +180,8 @@ def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget:
     try:
         tree = grow_tree(accuracy.accuracies, budget)
     except ValueError as err:
-        raise SpecbuildError(f"cannot grow a {budget}-node tree: {err}") from err
+        raise SpecbuildError(f"cannot grow a {budget}-node tree: {err}",
+                             hint="lower --nodes, or raise --top-k to measure more ranks per head") from err
     tuning = TreeTuning(accuracy, tree)
     batches = -(-len(prompts) // 4)
     for name, choices in [("tuned", tree.choices), *compare]:
