@@ -55,8 +55,30 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _directory_mode() -> int:
-    """The mode `mkdir` would give a new directory under the process's umask."""
+def stage_text(path: Path, text: str) -> Path:
+    """Write `text` to a temporary sibling of `path`, with the mode `path` has (or a new file would get), and
+    return it; the caller renames it over `path` (`os.replace`) once it is happy with it, so readers see the old
+    file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
+                                     suffix=".tmp", delete=False) as handle:
+        temporary = Path(handle.name)
+        try:
+            handle.write(text)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    # NamedTemporaryFile creates 0600; the result should be readable like any file the user writes.
+    temporary.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
+    return temporary
+
+
+def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
-    return 0o777 & ~mask
+    return mask
+
+
+def _directory_mode() -> int:
+    """The mode `mkdir` would give a new directory under the process's umask."""
+    return 0o777 & ~_umask()

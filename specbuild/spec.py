@@ -14,7 +14,6 @@ import difflib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -38,6 +37,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 from rich.table import Table
 
+from specbuild.atomic import stage_text
 from specbuild.errors import SpecError
 from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, load_choices, medusa_tree_problems
 
@@ -790,18 +790,7 @@ def write_starter_spec(path: str | os.PathLike[str], force: bool = False) -> Pat
         raise SpecError(f"{target}: is a directory", hint=f"give a file, e.g. {target / 'pipeline.yaml'}")
     if target.exists() and not force:
         raise SpecError(f"{target}: already exists; not overwriting it", hint="pass --force to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write-then-rename: an interrupted write never leaves a truncated spec behind.
-    with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.", delete=False
-    ) as handle:
-        temporary = Path(handle.name)
-        try:
-            handle.write(starter_spec_text())
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-    os.replace(temporary, target)
+    os.replace(stage_text(target, starter_spec_text()), target)  # never a truncated spec
     return target
 
 

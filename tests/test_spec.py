@@ -318,3 +318,19 @@ def test_write_starter_refuses_overwrite(tmp_path: Path) -> None:
     write_starter_spec(path, force=True)
     assert path.read_text() == starter_spec_text()
     assert [p.name for p in tmp_path.iterdir()] == ["pipeline.yaml"]  # no temporary file left behind
+
+
+def test_starter_spec_gets_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    """`specbuild init` writes through a temporary file (0600 when created); the spec must end up readable by
+    the team like any file the user creates (0666 minus the umask), and a replaced spec keeps its own mode."""
+    import os
+
+    old_mask = os.umask(0o022)
+    try:
+        path = write_starter_spec(tmp_path / "pipeline.yaml")
+        assert path.stat().st_mode & 0o777 == 0o644
+        path.chmod(0o640)
+        write_starter_spec(path, force=True)
+        assert path.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old_mask)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specbuild.atomic import stage_text
 from specbuild.build import tune_yaml
 from specbuild.build.tune_measure import (
     Acceptance,
@@ -217,26 +217,6 @@ def _calibration_texts(options: TuneOptions) -> list[str]:
         raise SpecbuildError(f"cannot read calibration text {options.calib}: {reason}") from err
 
 
-def _write_atomic(path: Path, text: str) -> Path:
-    """Write to a temporary sibling, then rename: readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
-                                     suffix=".tmp", delete=False) as handle:
-        temporary = Path(handle.name)
-        try:
-            handle.write(text)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-    if path.exists():
-        temporary.chmod(path.stat().st_mode & 0o777)
-    else:
-        mask = os.umask(0)
-        os.umask(mask)
-        temporary.chmod(0o666 & ~mask)
-    return temporary
-
-
 @dataclass
 class SpecUpdate:
     """The values tune writes: K, or a Medusa tree (and its provenance for the tree file)."""
@@ -280,20 +260,20 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     # The edited spec can only be checked with its tree file in place: put it there, and put back what was there
     # before (an earlier tune's tree, which the old spec may name) if the check fails.
     previous = tree_path.read_bytes() if tree_path.is_file() else None
-    os.replace(_write_atomic(tree_path, tree_text + "\n"), tree_path)
+    os.replace(stage_text(tree_path, tree_text + "\n"), tree_path)
     try:
         _replace_checked(final, new_text, update)
     except BaseException:
         if previous is None:
             tree_path.unlink(missing_ok=True)
         else:
-            os.replace(_write_atomic(tree_path, previous.decode("utf-8")), tree_path)
+            os.replace(stage_text(tree_path, previous.decode("utf-8")), tree_path)
         raise
     return [tree_path, final]
 
 
 def _replace_checked(final: Path, text: str, update: SpecUpdate) -> None:
-    temporary = _write_atomic(final, text)
+    temporary = stage_text(final, text)
     try:
         _check_written(temporary, update)
         os.replace(temporary, final)
