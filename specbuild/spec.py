@@ -434,7 +434,8 @@ class BuildSpec(_Section):
     that it runs the checkpoints' quantization (fp8 needs Ada/Hopper or newer). Default: the GPU nvidia-smi
     shows, when there is one."""
     gpu_memory_gb: Annotated[float, Field(gt=0)] | None = None
-    """Memory of that GPU in GB; `build` warns when weights + KV cache for the limits above would not fit.
+    """Memory of that GPU in GiB, the unit of NVIDIA's product names and nvidia-smi (80 for an "H100 80GB");
+    `build` warns when weights + KV cache for the limits above would not fit.
     Default: the named GPU's memory, or what nvidia-smi shows."""
 
     @property
