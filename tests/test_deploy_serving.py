@@ -301,6 +301,35 @@ def test_medusa_batch_of_prompts(medusa_server: Any, greedy_reference: dict[str,
     assert ["".join(c) for c in chunks] == [greedy_reference[p] for p in prompts]
 
 
+def test_a_streamed_draft_round_to_the_decoupled_target_ends_with_a_final_response(medusa_server: Any) -> None:
+    """draft_input_ids sent to the streaming target itself: one verification round (fewer tokens than asked
+    for), and then the stream's final response, not a stream left open."""
+    client = grpcclient.InferenceServerClient(medusa_server.grpc_url)
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", [
+            _input("input_ids", np.array([[5, 6, 7]], dtype=np.int32)),
+            _input("input_lengths", np.array([[3]], dtype=np.int32)),
+            _input("request_output_len", np.array([[16]], dtype=np.int32)),
+            _input("draft_input_ids", np.array([[8, 9]], dtype=np.int32)),
+            _input("streaming", np.array([[True]]))], enable_empty_final_response=True)
+        tokens: list[int] = []
+        while True:
+            result, error = responses.get(timeout=60)
+            assert error is None, error
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                tokens += ids.reshape(-1)[: int(result.as_numpy("sequence_length").reshape(-1)[0])].tolist()
+                assert int(result.as_numpy("total_draft_tokens").reshape(-1)[0]) == 2
+            if result.get_response(as_json=True)["parameters"]["triton_final_response"]["bool_param"]:
+                break
+        assert 1 <= len(tokens) <= 3  # the accepted drafts and the target's own token
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
 def test_a_cancelled_stream_leaves_the_server_serving(dt_server: Any, greedy_reference: dict[str, str]) -> None:
     client = grpcclient.InferenceServerClient(dt_server.grpc_url)
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()

@@ -74,18 +74,22 @@ class TritonPythonModel:
                 return
             for b in range(batch):
                 generated: list[int] = []
+                finished: list[bool] = [False]
 
                 def send(tokens: list[int], done: bool, accepted: int, drafted: int, b: int = b,
-                         generated: list[int] = generated) -> None:
+                         generated: list[int] = generated, finished: list[bool] = finished) -> None:
                     start = len(generated)
                     generated.extend(tokens)
+                    finished[0] = done
                     chunk = LLMResult(tokens, accepted_draft_tokens=accepted, draft_tokens=drafted)
                     response = self._response(request, [chunk], [b], final=done, chunk=True,
                                               preceding=[preceding_tokens(generated, start)])
                     last = done and b == batch - 1
                     sender.send(response, flags=io.FINAL if last else 0)
 
-                self._run(request, b, send)
+                result = self._run(request, b, send)
+                if not finished[0]:  # one draft_input_ids round ends the call, not the sequence: close the row
+                    send([], True, result.accepted_draft_tokens, result.draft_tokens)
         except RequestError as err:
             sender.send(io.error(str(err)), flags=io.FINAL)
 
