@@ -202,6 +202,10 @@ def test_checkpoint_layout(fmt: str, exports: dict[str, Path]) -> None:
         assert tensors[prefix + "weight"].dtype == WEIGHT_DTYPES[fmt]
         found = {name[len(prefix):] for name in tensors if name.startswith(prefix)} - {"weight"}
         assert found == SCALES[fmt], linear
+    for scale in SCALES[fmt] & {"activation_scaling_factor", "prequant_scaling_factor"}:  # fc and gate: one input
+        for layer in (0, 1):
+            fc = f"transformer.layers.{layer}.mlp.fc.{scale}"
+            assert torch.equal(tensors[fc], tensors[fc.replace(".fc.", ".gate.")]), fc
     assert tensors["lm_head.weight"].shape == tensors["transformer.vocab_embedding.weight"].shape == (2048, 128)
     assert tensors["lm_head.weight"].dtype == torch.float16
     if fmt in AWQ:  # two int4 rows per byte; one fp32 scale per 128 inputs

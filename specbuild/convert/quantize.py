@@ -30,7 +30,6 @@ import json
 import re
 import shutil
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -300,8 +299,10 @@ def match_export(model: PreTrainedModel) -> None:
     """Do to the fake-quantized model what the TensorRT-LLM export does to its scales: for linears TensorRT-LLM
     fuses (q/k/v into qkv, gate/up into fc/gate) ModelOpt's own `preprocess_linear_fusion` (one shared
     per-tensor weight and input amax, the max; one averaged AWQ/SmoothQuant pre-quant scale), and FP8 KV-cache
-    scales of at least 1.0. The export does both anyway (idempotent); doing them first makes the fake-quantized
-    model compute what the exported checkpoint encodes, so it is a fair reference for the runtime."""
+    scales of at least 1.0. Needed before export: ModelOpt 0.47's export alone leaves gate and up with different
+    AWQ pre-quant (and W4A8 activation) scales, which one fused gate/up GEMM cannot apply (measured: int4_awq and
+    w4a8_awq, tp 1 and 2). It also makes the fake-quantized model compute what the exported checkpoint encodes,
+    so it is a fair reference for the runtime."""
     from modelopt.torch.export.quant_utils import preprocess_linear_fusion
 
     groups = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
@@ -463,17 +464,12 @@ def repair_export(export_dir: Path, out: Path, plan: ConversionPlan, qplan: Quan
 
 
 def write_quantized(request: ConvertRequest, plan: ConversionPlan, qplan: QuantPlan, out: Path,
-                    console: Console, *, device: torch.device | None = None,
-                    on_model: Callable[[PreTrainedModel], None] | None = None) -> dict[str, Any]:
-    """Calibrate and export into `out` (the atomic temporary directory); returns the written config.
-    `on_model` sees the fake-quantized model before export mutates it (tests compare against it)."""
-    device = device or default_device()
+                    console: Console) -> dict[str, Any]:
+    """Calibrate and export into `out` (the atomic temporary directory); returns the written config."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        model = quantize_model(load_model(request.source, device, qplan.dtype), qplan, progress)
+        model = quantize_model(load_model(request.source, default_device(), qplan.dtype), qplan, progress)
     match_export(model)
-    if on_model is not None:
-        on_model(model)
     export_dir = out / _EXPORT_DIR
     try:
         export_modelopt(model, qplan, request.tp_size, request.pp_size, export_dir)
