@@ -57,16 +57,15 @@ class Format:
 
     preset: str  # attribute of modelopt.torch.quantization
     quant_algo: str
-    activations: str | None  # "fp8" / "int8": activations are quantized too (static per-tensor scale)
     awq: bool = False  # int4 weights in groups: in_features must be a multiple of the group size
 
 
 FORMATS: dict[str, Format] = {
-    "fp8": Format("FP8_DEFAULT_CFG", "FP8", "fp8"),
-    "int8_sq": Format("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", "int8"),
-    "int8_wo": Format("INT8_WEIGHT_ONLY_CFG", "W8A16", None),
-    "int4_awq": Format("INT4_AWQ_CFG", "W4A16_AWQ", None, awq=True),
-    "w4a8_awq": Format("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", "fp8", awq=True),
+    "fp8": Format("FP8_DEFAULT_CFG", "FP8"),
+    "int8_sq": Format("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL"),
+    "int8_wo": Format("INT8_WEIGHT_ONLY_CFG", "W8A16"),
+    "int4_awq": Format("INT4_AWQ_CFG", "W4A16_AWQ", awq=True),
+    "w4a8_awq": Format("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", awq=True),
 }
 KV_FORMATS: dict[str, tuple[str, str]] = {"fp8": ("FP8_KV_CFG", "FP8")}
 # TensorRT-LLM's group-wise int4 kernels take groups of 128 (ModelOpt's and TensorRT-LLM's default) or 64.
