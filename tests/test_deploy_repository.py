@@ -121,6 +121,17 @@ def test_check_finds_ensemble_mistakes(deployed: Deployed, tmp_path: Path, edit:
     assert any(expected in p for p in problems), problems
 
 
+def test_check_applies_the_medusa_tree_rules(deployed: Deployed, tmp_path: Path) -> None:
+    broken = tmp_path / "repo"
+    shutil.copytree(deployed.repository("medusa"), broken)
+    config = broken / "tensorrt_llm" / "config.pbtxt"
+    text = config.read_text()
+    config.write_text(re.sub(r'(key: "medusa_choices" value: \{ string_value: ")', r"\1{5, 5}, ", text))
+    problems = check_repository(broken).problems
+    assert any("tensorrt_llm: parameter medusa_choices" in p and "prefix [5] is not listed" in p
+               for p in problems), problems
+
+
 def test_deploy_without_built_engines_says_to_build(tmp_path: Path, demo_models: dict[str, Path]) -> None:
     from tests.deploy_fixtures import pipeline_data, write_spec
 

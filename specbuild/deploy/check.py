@@ -17,6 +17,7 @@ from rich.table import Table
 from specbuild.build.engine_info import ENGINE_INFO
 from specbuild.deploy.pbtxt import parameter, parse_choices, read_config
 from specbuild.errors import SpecbuildError
+from specbuild.medusa.choices import validated
 
 CALLED_MODEL_PARAMETERS = ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
                            "postprocessing_model_name")
@@ -111,7 +112,7 @@ def _check_model(report: RepositoryReport, model: ModelFacts) -> None:
     _check_paths(report, model)
     if parameter(model.config, "decoding_mode") == "medusa":
         try:
-            parse_choices(parameter(model.config, "medusa_choices") or "")
+            validated(parse_choices(parameter(model.config, "medusa_choices") or ""))  # as the model's load does
         except ValueError as err:
             report.problems.append(f"{model.name}: parameter medusa_choices: {err}")
 
