@@ -253,3 +253,21 @@ def test_triton_batch_above_the_engines_is_refused(deployed: Deployed, tmp_path:
     data["deploy"]["model_repository"] = str(tmp_path / "repo")
     with pytest.raises(SpecbuildError, match="max_batch_size"):
         deploy_repository(write_spec(tmp_path, data))
+
+
+def test_server_thread_override_beats_the_repository_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python models take torch threads from their `torch_threads` parameter (1 by default, so five model
+    processes do not oversubscribe a small machine); SPECBUILD_SERVER_THREADS at serve time overrides it."""
+    from specbuild.deploy.model_threads import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("SPECBUILD_SERVER_THREADS", raising=False)
+        set_threads({"torch_threads": "1"})
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("SPECBUILD_SERVER_THREADS", "2")
+        set_threads({"torch_threads": "1"})
+        assert torch.get_num_threads() == 2
+        assert __import__("os").environ["OMP_NUM_THREADS"] == "2"
+    finally:
+        torch.set_num_threads(before)

@@ -24,7 +24,7 @@ from specbuild.errors import SpecbuildError
 DEFAULT_THREADS = 1
 """OMP/MKL threads per python model process: each model runs in its own stub process, so a repository of five
 models with torch's default (one thread per core) would oversubscribe a small machine many times over.
-Override with `SPECBUILD_SERVER_THREADS`."""
+Override with `SPECBUILD_SERVER_THREADS`, which also overrides each python model's `torch_threads` parameter."""
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ Imported only inside tritonserver's python stub, where `triton_python_backend_ut
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+from specbuild.deploy.model_threads import set_threads as set_threads  # re-exported for the models
 
 TRUE = {"1", "true", "yes", "t", "y", "on"}
 
@@ -32,22 +32,6 @@ def is_decoupled(args: dict[str, str]) -> bool:
 def flag(params: dict[str, str], key: str, default: bool = False) -> bool:
     value = params.get(key, "").strip().lower()
     return default if not value else value in TRUE
-
-
-def set_threads(params: dict[str, str], *, torch_too: bool = True) -> None:
-    """Explicit torch threads: torch's default (one per core) crawls when the cores are shared with the other
-    model processes of the same server (a decode step gets ~50x slower on 2 busy cores). The environment
-    variables cover torch imported later (e.g. by transformers); models without torch skip importing it."""
-    threads = str(int(params.get("torch_threads") or 1))
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[name] = threads
-    if not torch_too:
-        return
-    import torch
-
-    torch.set_num_threads(int(threads))
-    with contextlib.suppress(RuntimeError):  # already set in this process
-        torch.set_num_interop_threads(1)
 
 
 def model_dir(args: dict[str, str]) -> Path:
