@@ -46,6 +46,16 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
+def bytes_hash(data: bytes) -> str:
+    """The content hash of bytes that are not a file yet (e.g. packaged model code)."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def output_sizes(directory: Path) -> dict[str, int]:
+    """{relative path: size} of every file under a stage's output directory: what `outputs_intact` checks."""
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def fingerprint_files(paths: Iterable[Path], previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """{path: {size, mtime_ns, xxh3_128}}, reusing `previous` hashes for files whose stat is unchanged."""
     previous = previous or {}

@@ -75,11 +75,19 @@ def test_tokenizer_travels_with_the_repository(deployed: Deployed, tmp_path: Pat
         assert (moved / model / parameter(config, "tokenizer_dir") / "tokenizer.json").is_file()
 
 
-def test_rerun_is_a_no_op_and_dry_run_writes_nothing(deployed: Deployed, tmp_path: Path) -> None:
+def test_rerun_is_a_no_op_and_dry_run_writes_nothing(deployed: Deployed, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unchanged re-run neither rewrites nor re-reads: inputs whose stat the manifest recorded keep their hash."""
+    from specbuild import manifest as manifest_module
+
     spec = deployed.specs["none"]
     manifest = spec.deploy.model_repository / "manifest.json"
     before = manifest.stat().st_mtime_ns
+    hashed: list[str] = []
+    real = manifest_module.content_hash
+    monkeypatch.setattr(manifest_module, "content_hash", lambda path: hashed.append(path.name) or real(path))
     assert deploy_repository(spec).status == "up to date"
+    assert hashed == []
     assert manifest.stat().st_mtime_ns == before
     assert deploy_repository(spec, dry_run=True).status == "planned"
     assert deploy_repository(spec, force=True).status == "written"

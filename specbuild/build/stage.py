@@ -32,6 +32,7 @@ from specbuild.build.trtllm_flags import TRTLLM_VERSION
 from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
 from specbuild.manifest import (
     fingerprint_files,
+    output_sizes,
     outputs_intact,
     read_manifest,
     same_inputs,
@@ -112,10 +113,6 @@ def _print_plans(plans: list[BuildPlan], backend: str, console: Console) -> None
         console.print(f"[cyan]{plan.role}[/]: {escape(shlex.join(plan.command()))}", highlight=False, soft_wrap=True)
 
 
-def _outputs(directory: Path) -> dict[str, int]:
-    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
 def _up_to_date(job: _Job) -> tuple[bool, dict[str, Any]]:
     """(skip?, input fingerprints) from the previous manifest: same settings, same hashes, outputs intact.
     Hashes of files whose size and mtime are unchanged are reused from it."""
@@ -143,7 +140,7 @@ def _build_one(job: _Job, backend: str, gpus: list[int] | None, force: bool, too
             write_reference_bundle(plan, job.facts, tmp)
         write_manifest(tmp, {
             "stage": "build", "role": plan.role, "settings": job.settings, "tools": tools,
-            "inputs": inputs, "outputs": _outputs(tmp),
+            "inputs": inputs, "outputs": output_sizes(tmp),
         })
     return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "built", time.perf_counter() - start)
 

@@ -33,6 +33,7 @@ from specbuild.convert.sharding import RowBlocks, ranks
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
     fingerprint_files,
+    output_sizes,
     outputs_intact,
     read_manifest,
     same_inputs,
@@ -239,7 +240,7 @@ def convert_checkpoint(
                         for rank_plan in plan.rank_plans:
                             _write_rank(checkpoint, rank_plan, DTYPES[plan.dtype], tmp / rank_plan.filename,
                                         progress)
-                result.files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+                result.files = output_sizes(tmp)
                 write_manifest(
                     tmp,
                     {

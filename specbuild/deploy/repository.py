@@ -12,7 +12,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import xxhash
 from rich.console import Console
 from rich.table import Table
 
@@ -31,7 +30,9 @@ from specbuild.deploy.layout import (
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
 from specbuild.deploy.tokenizer_files import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer, load_tokenizer, special_ids
 from specbuild.manifest import (
+    bytes_hash,
     fingerprint_files,
+    output_sizes,
     outputs_intact,
     read_manifest,
     same_inputs,
@@ -69,20 +70,17 @@ def _package_files(template: str) -> dict[str, bytes]:
             if entry.name.endswith(".py")}
 
 
-def _inputs(spec: PipelineSpec, plan: RepositoryPlan) -> dict[str, Any]:
+def _inputs(spec: PipelineSpec, plan: RepositoryPlan, known: dict[str, Any] | None) -> dict[str, Any]:
+    """Hashes of what the repository is made from; files whose stat the last manifest recorded are not re-read."""
     paths = [engine_dir(spec, role) / ENGINE_INFO for role in plan.engines]
     paths += [spec.target.model / name for name in TOKENIZER_FILES if (spec.target.model / name).is_file()]
-    return fingerprint_files(paths)
+    return fingerprint_files(paths, known)
 
 
 def _settings(plan: RepositoryPlan, configs: dict[str, str]) -> dict[str, Any]:
-    code = {f"{m.template}/{name}": content_hash_bytes(data) for m in plan.models if m.python
+    code = {f"{m.template}/{name}": bytes_hash(data) for m in plan.models if m.python
             for name, data in _package_files(m.template).items()}
     return {"configs": configs, "code": code, "trust_remote_code": plan.spec.target.trust_remote_code}
-
-
-def content_hash_bytes(data: bytes) -> str:
-    return xxhash.xxh3_128_hexdigest(data)
 
 
 def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
@@ -99,8 +97,8 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
     if dry_run:
         console.print(plan_table(plan, repository))
         return DeployResult(repository, "planned", plan)
-    inputs, settings = _inputs(spec, plan), _settings(plan, configs)
     known = read_manifest(repository)
+    inputs, settings = _inputs(spec, plan, (known or {}).get("inputs")), _settings(plan, configs)
     if (not force and known is not None and known.get("settings") == settings
             and same_inputs(known.get("inputs", {}), inputs) and known.get("tools") == tool_versions()
             and outputs_intact(repository, known.get("outputs", {}))):
@@ -115,7 +113,7 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
                     (directory / name).write_bytes(data)
         _place_tokenizer(spec, tmp)
         check_repository(tmp).raise_for_problems()
-        outputs = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        outputs = output_sizes(tmp)
         write_manifest(tmp, {
             "stage": "deploy", "spec": str(spec.path), "inputs": inputs, "settings": settings,
             "tools": tool_versions(), "outputs": outputs,
