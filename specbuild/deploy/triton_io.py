@@ -45,6 +45,18 @@ def resolve(args: dict[str, str], value: str) -> Path:
     return path if path.is_absolute() else (model_dir(args) / path).resolve()
 
 
+def setup_tokenizer_model(args: dict[str, str]) -> tuple[dict[str, str], Any]:
+    """What preprocessing and postprocessing both do first: parameters, threads, and the repository's own
+    tokenizer (remote code only where the spec allowed it)."""
+    from specbuild.deploy.tokenizer_files import load_tokenizer
+
+    params = model_parameters(args)
+    set_threads(params)
+    tokenizer = load_tokenizer(resolve(args, params["tokenizer_dir"]),
+                               trust_remote_code=flag(params, "trust_remote_code"))
+    return params, tokenizer
+
+
 def inputs(request: Any) -> dict[str, np.ndarray]:
     """Every input of a request at once, by name (one pass instead of a lookup per optional input)."""
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}

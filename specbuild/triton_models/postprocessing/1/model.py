@@ -8,15 +8,11 @@ import numpy as np
 
 from specbuild.deploy import triton_io as io
 from specbuild.deploy.detokenize import decode_chunk
-from specbuild.deploy.tokenizer_files import load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        params = io.model_parameters(args)
-        io.set_threads(params)
-        self.tokenizer = load_tokenizer(io.resolve(args, params["tokenizer_dir"]),
-                                        trust_remote_code=io.flag(params, "trust_remote_code"))
+        params, self.tokenizer = io.setup_tokenizer_model(args)
         self.skip_special_tokens = io.flag(params, "skip_special_tokens", default=True)
 
     def execute(self, requests: list[Any]) -> list[Any]:

@@ -8,15 +8,11 @@ from typing import Any
 import numpy as np
 
 from specbuild.deploy import triton_io as io
-from specbuild.deploy.tokenizer_files import load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        params = io.model_parameters(args)
-        io.set_threads(params)
-        self.tokenizer = load_tokenizer(io.resolve(args, params["tokenizer_dir"]),
-                                        trust_remote_code=io.flag(params, "trust_remote_code"))
+        params, self.tokenizer = io.setup_tokenizer_model(args)
         self.add_special_tokens = io.flag(params, "add_special_tokens", default=True)
         self.end_id, self.pad_id = int(params["end_id"]), int(params["pad_id"])
         self.max_input_len, self.max_output_len = int(params["max_input_len"]), int(params["max_output_len"])
