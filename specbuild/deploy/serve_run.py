@@ -41,7 +41,6 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def serve(options: ServeOptions, console: Console, out: Console) -> None:
     """Serve until Ctrl-C (or, with prompts, answer them and stop). Raises SpecbuildError on failure."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     server = TritonServer(
         options.repository, http_port=options.http_port, grpc_port=options.grpc_port,
         metrics_port=options.metrics_port, log_file=options.log_file, ready_timeout_s=options.ready_timeout_s,
@@ -49,6 +48,7 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
     )
     console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
                   highlight=False)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # restored below whatever happens from here on
     try:
         with console.status("waiting until every model is ready…"):
             server.start()
