@@ -46,6 +46,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/runtime_bench.py
 	$(BIN)/python bench/quantize_bench.py
 	$(BIN)/python bench/serving_bench.py
+	COLUMNS=120 $(BIN)/specbuild tune configs/demo.yaml --dry-run > bench/results/tune-draft-target.txt
+	for n in 8 24 63; do COLUMNS=120 $(BIN)/specbuild tune configs/demo-medusa.yaml --dry-run --nodes $$n || exit 1; \
+		done > bench/results/tune-medusa.txt
 
 # GPU CI job (.github/workflows/gpu-engines.yml; needs an NVIDIA GPU and Docker with the NVIDIA toolkit):
 # convert on the host, build TensorRT-LLM 1.2 engines in the NGC container, deploy. GPU_SPEC=your.yaml for yours.
