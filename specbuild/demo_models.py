@@ -13,7 +13,14 @@ makes it agree with the target far more often than an independently trained mode
 A build is cached: `DIR/demo-models.json` records a hash of the recipe (hyper-parameters, `RECIPE_VERSION`, the
 training text and the library versions); a complete build with the same hash is reused at once. Builds happen
 in a sibling temporary directory that is renamed into place only when complete, under a lock, so parallel test
-sessions share one build and an interrupted build never leaves a half-written DIR.
+sessions share one build and an interrupted build never leaves a half-written DIR. Nothing in DIR names an
+absolute path, so a built DIR can be moved or copied to another machine.
+
+The trained weights differ from CPU to CPU (float kernels and summation orders differ), so nothing may rely on
+the exact words these models say. To check that, two environment variables build the demo models under other
+conditions, as another machine would: `SPECBUILD_DEMO_SEED_OFFSET=N` shifts every seed of the recipe and
+`SPECBUILD_DEMO_TRAIN_THREADS=N` trains with N torch threads. Both are part of the cache key; they are meant
+for that cross-machine check (`make test-variant`), not for users.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 # Bump whenever a code change alters what a build produces (the hyper-parameters below are hashed anyway).
-RECIPE_VERSION = 3  # 2: Medusa heads on the target; 3: an 8-layer target
+RECIPE_VERSION = 4  # 2: Medusa heads on the target; 3: an 8-layer target; 4: heads name their base relatively
 MANIFEST_NAME = "demo-models.json"
 TOKENIZER_DIR = "tokenizer"
 MODEL_NAMES = ("target", "draft", "qwen2", "mistral", "gpt2")
@@ -55,6 +62,11 @@ UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
 # Written into tokenizer_config.json instead of transformers 5's "TokenizersBackend", which transformers 4.x
 # (the TensorRT-LLM containers) cannot resolve; both versions load "PreTrainedTokenizerFast".
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+SEED_OFFSET_ENV = "SPECBUILD_DEMO_SEED_OFFSET"
+TRAIN_THREADS_ENV = "SPECBUILD_DEMO_TRAIN_THREADS"
+# The Medusa heads' `base_model_name_or_path`: the target beside them, relative to the heads directory, so the
+# demo directory stays valid wherever it is moved.
+MEDUSA_BASE_NAME = "../target"
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,7 @@ def build_demo_models(
     A complete build with the same recipe hash is returned without touching any file. Otherwise everything is
     built in a temporary sibling directory and swapped in, so readers never see a partial DIR.
     """
-    recipe = recipe or RECIPE
+    recipe = recipe or recipe_from_environment()
     out_dir = Path(out_dir).absolute()
     key = recipe_hash(recipe)
     if not force and is_complete(out_dir, key):
@@ -151,7 +163,7 @@ def build_demo_models(
         _remove_stale_siblings(out_dir)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
         try:
-            manifest = _build_into(tmp, recipe, key, progress=progress, final_dir=out_dir)
+            manifest = _build_into(tmp, recipe, key, progress=progress)
             _write_json(tmp / MANIFEST_NAME, manifest)
             _normalize_permissions(tmp)
             _swap_into_place(tmp, out_dir)
@@ -161,6 +173,25 @@ def build_demo_models(
     return _layout(out_dir)
 
 
+def recipe_from_environment() -> Recipe:
+    """The shipped recipe, with every seed shifted by `SPECBUILD_DEMO_SEED_OFFSET` when that is set."""
+    recipe = RECIPE
+    offset = _env_int(SEED_OFFSET_ENV)
+    return recipe if offset is None else with_seed_offset(recipe, offset)
+
+
+def with_seed_offset(recipe: Recipe, offset: int) -> Recipe:
+    """The same recipe with every random seed (initialisation, data order, Medusa heads) moved by `offset`."""
+    shift = dataclasses.replace
+    return shift(
+        recipe,
+        init_seed=recipe.init_seed + offset,
+        target_training=shift(recipe.target_training, seed=recipe.target_training.seed + offset),
+        draft_training=shift(recipe.draft_training, seed=recipe.draft_training.seed + offset),
+        medusa=shift(recipe.medusa, seed=recipe.medusa.seed + offset),
+    )
+
+
 def recipe_hash(recipe: Recipe) -> str:
     """Hash of what decides the build's output; cheap (no torch import) so a cache hit stays well under 1 s."""
     payload = {
@@ -168,6 +199,7 @@ def recipe_hash(recipe: Recipe) -> str:
         "recipe": dataclasses.asdict(recipe),
         "corpus_sha256": hashlib.sha256("\0".join(_all_topics()).encode()).hexdigest(),
         "versions": _versions(),
+        "train_threads_override": _env_int(TRAIN_THREADS_ENV),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -310,9 +342,22 @@ def _token_stream(tokenizer: Tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 def _train_threads() -> int:
-    """All cores, capped at 8 (these models are too small to use more). Results are bit-identical for a given
-    thread count; another count changes float summation order, so the last bits (not the quality) differ."""
-    return max(1, min(os.cpu_count() or 1, 8))
+    """All cores, capped at 8 (these models are too small to use more), unless `SPECBUILD_DEMO_TRAIN_THREADS`
+    says otherwise. Results are bit-identical for a given thread count; another count changes float summation
+    order, so the weights (not the quality) differ, as they do on another CPU."""
+    return _env_int(TRAIN_THREADS_ENV) or max(1, min(os.cpu_count() or 1, 8))
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise SpecbuildError(
+            f"{name}={value!r} is not an integer", hint=f"unset {name} or give a whole number"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -337,8 +382,8 @@ def _deterministic_torch() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool, final_dir: Path) -> dict[str, Any]:
-    """Write the tokenizer, all models and the Medusa heads below `root` (renamed to `final_dir` afterwards);
+def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool) -> dict[str, Any]:
+    """Write the tokenizer, all models and the Medusa heads below `root` (renamed into place afterwards);
     returns the manifest (metrics, file hashes)."""
     started = time.perf_counter()
     train_texts, held_texts = _split_topics(recipe)
@@ -362,7 +407,7 @@ def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool, final_d
         models: dict[str, PreTrainedModel] = {"target": target, "draft": draft, **_untrained_models(recipe)}
         for name, model in models.items():
             _save_model(model, root / name, root / TOKENIZER_DIR)
-        medusa_metrics = _train_medusa_heads(root, recipe, train_texts, held_texts, bars, final_dir)
+        medusa_metrics = _train_medusa_heads(root, recipe, train_texts, held_texts, bars)
     metrics = {
         "target": {"final_train_loss": target_loss, "train_seconds": round(target_seconds, 1)},
         "draft": {"final_train_loss": draft_loss, "train_seconds": round(draft_seconds, 1)},
@@ -698,10 +743,10 @@ def _train_draft(
 
 
 def _train_medusa_heads(
-    root: Path, recipe: Recipe, train_texts: list[str], held_texts: list[str], bars: Progress | None, final_dir: Path
+    root: Path, recipe: Recipe, train_texts: list[str], held_texts: list[str], bars: Progress | None
 ) -> dict[str, float]:
-    """Heads on the saved target, trained on the same text. config.json names the target where it will be once
-    the build is renamed into place, not the temporary build directory."""
+    """Heads on the saved target, trained on the same text. config.json names the target relative to the heads
+    (`MEDUSA_BASE_NAME`), neither the temporary build directory nor an absolute path that a copy would break."""
     from specbuild.medusa.train import train_medusa_heads
 
     settings = recipe.medusa
@@ -718,7 +763,7 @@ def _train_medusa_heads(
         seed=settings.seed,
         texts=train_texts,
         eval_texts=held_texts,
-        base_model_name_or_path=str(final_dir / "target"),
+        base_model_name_or_path=MEDUSA_BASE_NAME,
         progress=bars if bars is not None else False,
     )
     return {**metrics, "step_seconds": round(time.perf_counter() - started, 1)}  # with loading, evaluation, saving

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import stat
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -105,7 +104,7 @@ def test_layout_and_manifest(demo_models: dict[str, Path]) -> None:
     assert list(demo_models) == ["tokenizer", "target", "draft", "qwen2", "mistral", "gpt2", "medusa-heads"]
     root = demo_models["target"].parent
     manifest = json.loads((root / dm.MANIFEST_NAME).read_text())
-    assert manifest["recipe_hash"] == dm.recipe_hash(dm.RECIPE)
+    assert manifest["recipe_hash"] == dm.recipe_hash(dm.recipe_from_environment())
     assert dm.is_complete(root, manifest["recipe_hash"])
     for name in dm.MODEL_NAMES:
         present = {p.name for p in demo_models[name].iterdir()}
@@ -194,14 +193,52 @@ def test_draft_agrees_with_target(target_and_draft: tuple, windows: torch.Tensor
     assert agreement > constant + 0.3
 
 
-def test_second_call_is_a_cache_hit(demo_models: dict[str, Path]) -> None:
+def test_second_call_is_a_cache_hit(demo_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No training, no file touched (a check of what happens, not of how long it takes on a busy machine)."""
     root = demo_models["target"].parent
     before = mtimes(root)
-    start = time.perf_counter()
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cache hit must not build")
+
+    monkeypatch.setattr(dm, "_build_into", no_build)
     again = dm.build_demo_models(root, progress=False)
-    assert time.perf_counter() - start < 1.0
     assert again == demo_models
     assert mtimes(root) == before
+
+
+def test_a_copied_build_is_still_a_cache_hit(demo_models: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The directory names no absolute path: a copy elsewhere is complete, and its heads name its own target."""
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "models"
+    shutil.copytree(demo_models["target"].parent, copy)
+    monkeypatch.setattr(dm, "_build_into", lambda *a, **k: pytest.fail("a copied build must not be rebuilt"))
+    assert dm.build_demo_models(copy, progress=False) == {name: copy / name for name in dm.ALL_NAMES}
+    original = str(demo_models["target"].parent)
+    for path in copy.rglob("*.json"):
+        assert original not in path.read_text(), f"{path} names the original directory"
+    heads = json.loads((copy / dm.MEDUSA_HEADS_DIR / "config.json").read_text())
+    assert (copy / dm.MEDUSA_HEADS_DIR / heads["base_model_name_or_path"]).resolve() == (copy / "target").resolve()
+
+
+def test_seed_offset_from_the_environment_changes_every_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross-machine check (`make test-variant`) builds other weights: every seed moves, and so does the key."""
+    monkeypatch.delenv(dm.SEED_OFFSET_ENV, raising=False)
+    monkeypatch.delenv(dm.TRAIN_THREADS_ENV, raising=False)
+    assert dm.recipe_from_environment() is dm.RECIPE
+    monkeypatch.setenv(dm.SEED_OFFSET_ENV, "5")
+    shifted = dm.recipe_from_environment()
+    seeds = lambda r: (r.init_seed, r.target_training.seed, r.draft_training.seed, r.medusa.seed)  # noqa: E731
+    assert seeds(shifted) == tuple(s + 5 for s in seeds(dm.RECIPE))
+    assert dm.recipe_hash(shifted) != dm.recipe_hash(dm.RECIPE)
+    default_key = dm.recipe_hash(dm.RECIPE)
+    monkeypatch.setenv(dm.TRAIN_THREADS_ENV, "1")
+    assert dm.recipe_hash(dm.RECIPE) != default_key, "another thread count trains other weights: another key"
+    monkeypatch.setenv(dm.SEED_OFFSET_ENV, "five")
+    with pytest.raises(SpecbuildError, match="SPECBUILD_DEMO_SEED_OFFSET='five' is not an integer"):
+        dm.recipe_from_environment()
 
 
 # ---------------------------------------------------------------------------------------------- tiny recipe

@@ -239,10 +239,11 @@ def test_demo_heads_files_follow_fasterdecoding(demo_models: dict[str, Path]) ->
     assert config == {
         "medusa_num_heads": 4,
         "medusa_num_layers": 1,
-        "base_model_name_or_path": str(demo_models["target"]),  # the final path, not the temporary build dir
+        "base_model_name_or_path": dm.MEDUSA_BASE_NAME,  # relative: neither the temporary build dir nor absolute
         "hidden_size": hidden,
         "vocab_size": vocab,
     }
+    assert (heads_dir / config["base_model_name_or_path"]).resolve() == demo_models["target"].resolve()
     assert (heads_dir / "tokenizer.json").read_bytes() == (demo_models["tokenizer"] / "tokenizer.json").read_bytes()
     # Trained away from the lm_head copy they started from, each head differently.
     lm_head = load_file(demo_models["target"] / "model.safetensors")["lm_head.weight"]

@@ -194,7 +194,8 @@ def train_medusa_heads(
     """Train Medusa-1 heads on the frozen model in `base_dir` and save them atomically to `output_dir`.
 
     `texts` defaults to the demo corpus, `eval_texts` to its held-out part. `base_model_name_or_path` is what
-    config.json records (default: `base_dir`; a build that is renamed into place records its final path).
+    config.json records (default: `base_dir`'s absolute path; the demo build records the target relative to the
+    heads, so its directory can be moved).
     `progress` may also be a running rich Progress to add a bar to. Seeded: the same inputs and thread count
     give the same bytes. Returns held-out `head{k}_top1` / `head{k}_top5` accuracies, two chance levels for
     head 0 (`base_top1_at_t2`: the base's next-token guess scored against t+2; `unigram_top1`: always the most
