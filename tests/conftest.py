@@ -1,17 +1,55 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the two test tiers.
+
+Markers, set here so no test can forget them:
+- `demo_models`: the test needs the trained demo models (it uses the `demo_models` fixture, directly or through
+  another fixture). Added automatically from the fixture closure.
+- `tritonserver`: the test starts a real tritonserver. Set by the module (`pytestmark`) or, for tests that reach a
+  server through a fixture, automatically from `SERVER_FIXTURES`; a test without the marker that starts a server
+  fails at once, so the fast tier cannot silently grow a server test.
+
+`make test-fast` runs `-m "not demo_models and not tritonserver"`; `make test` runs everything.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-DEMO_MODELS_DIR = Path(__file__).resolve().parents[1] / "demo" / "models"
+DEMO_MODELS_DIR = Path(os.environ.get("SPECBUILD_TEST_DEMO_MODELS") or
+                       Path(__file__).resolve().parents[1] / "demo" / "models")
+"""Where the session's demo models are built (cached). `make test-variant` points this at a second directory
+so that models built under other conditions do not replace the ones `make demo` uses."""
+
+SERVER_FIXTURES = frozenset({"dt_server", "medusa_server", "plain_server"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "demo_models" in fixtures:
+            item.add_marker(pytest.mark.demo_models)
+        if fixtures & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.tritonserver)
+
+
+@pytest.fixture(autouse=True)
+def _servers_only_where_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting a tritonserver in a test without the `tritonserver` marker is a test bug: fail with the fix."""
+    if request.node.get_closest_marker("tritonserver") is not None:
+        return
+    from specbuild.deploy.server import TritonServer
+
+    def refuse(self: TritonServer, *args: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a tritonserver: mark it `pytest.mark.tritonserver`")
+
+    monkeypatch.setattr(TritonServer, "_launch", refuse)
 
 
 @pytest.fixture(scope="session")
 def demo_models() -> dict[str, Path]:
-    """The demo models `make demo` uses: built once (about a minute cold), then reused from the cache."""
+    """The demo models `make demo` uses: built once (about a minute and a half cold), then reused from the cache."""
     from specbuild.demo_models import build_demo_models
 
     return build_demo_models(DEMO_MODELS_DIR, progress=False)
