@@ -33,6 +33,7 @@ from tests.serve_fixtures import (
 )
 
 
+@pytest.mark.tritonserver
 def test_server_serves_every_model_and_stops_without_leftovers(tmp_path: Path) -> None:
     repo = tinyllm_repository(tmp_path / "repo")
     log = tmp_path / "logs" / "server.log"
@@ -62,6 +63,7 @@ def test_server_serves_every_model_and_stops_without_leftovers(tmp_path: Path) -
     server.stop()  # idempotent
 
 
+@pytest.mark.tritonserver
 def test_broken_model_is_named_with_its_error_and_nothing_survives(tmp_path: Path) -> None:
     repo = broken_repository(tmp_path / "repo")
     with pytest.raises(SpecbuildError) as caught:
@@ -74,6 +76,7 @@ def test_broken_model_is_named_with_its_error_and_nothing_survives(tmp_path: Pat
     assert processes_using(repo) == []
 
 
+@pytest.mark.tritonserver
 def test_unparsable_config_is_named_with_the_parse_error(tmp_path: Path) -> None:
     repo = bad_config_repository(tmp_path / "repo")
     with pytest.raises(SpecbuildError) as caught, TritonServer(repo, log_file=tmp_path / "server.log"):
@@ -84,6 +87,7 @@ def test_unparsable_config_is_named_with_the_parse_error(tmp_path: Path) -> None
     assert processes_using(repo) == []
 
 
+@pytest.mark.tritonserver
 def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
     repo = tinyllm_repository(tmp_path / "repo", ensemble=False)
     with socket.socket() as taken:
@@ -156,6 +160,13 @@ def _specbuild(*args: str) -> list[str]:
     return [sys.executable, "-m", "specbuild.cli", *args]
 
 
+def _as_a_background_job() -> None:
+    """Start the child with SIGINT ignored, as a non-interactive shell starts background jobs (CI runners,
+    `nohup`): Python then keeps ignoring it unless the program installs its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.tritonserver
 def test_serve_cli_exits_non_zero_naming_the_failing_model(tmp_path: Path) -> None:
     repo = broken_repository(tmp_path / "repo")
     done = subprocess.run(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
@@ -167,11 +178,13 @@ def test_serve_cli_exits_non_zero_naming_the_failing_model(tmp_path: Path) -> No
     assert processes_using(repo) == []
 
 
+@pytest.mark.tritonserver
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_serve_cli_serves_until_interrupted_then_leaves_nothing(tmp_path: Path, stop_signal: int) -> None:
     repo = tinyllm_repository(tmp_path / "repo", ensemble=False)
     proc = subprocess.Popen(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_a_background_job)
     try:
         lines = []
         assert proc.stdout is not None
@@ -194,6 +207,7 @@ def test_serve_cli_serves_until_interrupted_then_leaves_nothing(tmp_path: Path, 
     assert processes_using(repo) == []
 
 
+@pytest.mark.tritonserver
 def test_serve_cli_prompts_over_grpc_and_http_then_stops(tmp_path: Path) -> None:
     repo = tinyllm_repository(tmp_path / "repo", ensemble=False)
     done = subprocess.run(_specbuild("serve", str(repo), "--prompt", "hello world", "--prompt", "bye",
@@ -225,10 +239,12 @@ def test_bundled_server_is_set_up_once_with_the_stub_for_this_python(tmp_path: P
     assert again.env["OMP_NUM_THREADS"] == "1", "one thread per python model process, not one per core"
 
 
+@pytest.mark.tritonserver
 def test_ctrl_c_while_models_load_stops_the_server_and_its_stubs(tmp_path: Path) -> None:
     repo = slow_repository(tmp_path / "repo")
     proc = subprocess.Popen(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_a_background_job)
     try:
         deadline = time.monotonic() + 60
         while not any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in processes_using(repo)):
@@ -237,7 +253,8 @@ def test_ctrl_c_while_models_load_stops_the_server_and_its_stubs(tmp_path: Path)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
-        assert time.monotonic() - started < 30, "stopping must not wait for the load to finish"
+        # The model takes 120 s to load; 90 s leaves a loaded machine room and still fails a stop that waits.
+        assert time.monotonic() - started < 90, "stopping must not wait for the load to finish"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,7 +1,9 @@
 """What `specbuild serve` does once the arguments are parsed: start, report, serve or ask, stop.
 
-SIGTERM is turned into the same path as Ctrl-C (KeyboardInterrupt), so `kill`, a CI timeout or a terminal
-Ctrl-C all stop tritonserver and its python stubs through `TritonServer.stop()`.
+SIGTERM and SIGINT are both turned into KeyboardInterrupt, so `kill`, a CI timeout or a terminal Ctrl-C all stop
+tritonserver and its python stubs through `TritonServer.stop()`. SIGINT is installed explicitly because Python
+leaves it ignored when it started ignored (a process launched in the background by a non-interactive shell, as
+CI runners and `nohup` do), and `kill -INT` must still stop the server then.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
     )
     console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
                   highlight=False)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # restored below whatever happens from here on
+    # Restored below whatever happens from here on.
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         with console.status("waiting until every model is ready…"):
             server.start()
@@ -67,7 +70,8 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
         console.print("stopping tritonserver…", highlight=False)
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Console) -> None:
