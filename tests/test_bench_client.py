@@ -21,7 +21,9 @@ from specbuild.deploy.server import TritonServer
 from specbuild.errors import SpecbuildError
 from tests.serve_fixtures import tinyllm_repository
 
-STEP_S = 0.02
+pytestmark = pytest.mark.tritonserver
+
+STEP_S = 0.05  # long enough that four requests in flight beat the serial time by a wide margin
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,10 @@ def test_concurrent_clients_multiply_throughput_and_figures_add_up(server: Trito
         assert summary.itl_ms["mean"] == pytest.approx(
             (summary.latency_ms["mean"] - summary.ttft_ms["mean"]) / 7, rel=0.25)
         assert summary.extra["stream"] is True, "tinyllm is decoupled, so the bench streams by default"
-    assert four.output_tokens_per_s > 1.5 * one.output_tokens_per_s, "4 requests in flight, not queued"
+    # tinyllm sleeps STEP_S per step, so 8 requests of 3 steps served one after another take at least
+    # 24 × STEP_S whatever the machine does; four in flight need about a quarter of that. A bound that holds
+    # on a loaded machine, unlike a throughput ratio.
+    assert four.wall_s < 8 * 3 * STEP_S, "4 requests in flight, not queued"
 
 
 def test_tokens_are_counted_with_a_tokenizer_when_given(server: TritonServer, tmp_path: Path) -> None:
