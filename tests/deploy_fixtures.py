@@ -24,7 +24,7 @@ PROMPTS = (
     "Ünïcödé — naïve café, 日本語",
     "called a “starred",
 )
-"""Several prompts, non-ASCII ones among them; the demo target answers the last one starting with '”'."""
+"""Several prompts, non-ASCII ones among them (the answers to them depend on the machine that trained the models)."""
 MAX_TOKENS = 24
 
 
@@ -99,9 +99,18 @@ def deployed_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict
     return Deployed(specs)
 
 
-@pytest.fixture(scope="session", name="greedy_reference")
-def greedy_reference_fixture(deployed: Deployed) -> dict[str, str]:
-    """Plain greedy generation of the target outside Triton (the reference runtime): prompt -> text."""
+@dataclass(frozen=True)
+class Greedy:
+    """One prompt's plain greedy generation by the target outside Triton: the new ids and their text."""
+
+    ids: list[int]
+    text: str
+
+
+@pytest.fixture(scope="session", name="greedy_outputs")
+def greedy_outputs_fixture(deployed: Deployed) -> dict[str, Greedy]:
+    """Plain greedy generation of the target outside Triton (the reference runtime), for every prompt. What the
+    served repositories must answer is derived from these, never written down: the weights differ per CPU."""
     import torch
 
     from specbuild.deploy.tokenizer_files import load_tokenizer
@@ -110,13 +119,35 @@ def greedy_reference_fixture(deployed: Deployed) -> dict[str, str]:
 
     tokenizer = load_tokenizer(deployed.tokenizer_dir)
     model = CausalLM.from_checkpoint(deployed.target_checkpoint())
-    texts = {}
+    outputs = {}
     with torch.inference_mode():
         for prompt in PROMPTS:
             ids = tokenizer.encode(prompt, add_special_tokens=True)
             out = generate(model, [ids], stop=StopCriteria(MAX_TOKENS, tokenizer.eos_token_id)).output_ids[0]
-            texts[prompt] = tokenizer.decode(out, skip_special_tokens=True)
-    return texts
+            outputs[prompt] = Greedy(list(out), tokenizer.decode(out, skip_special_tokens=True))
+    return outputs
+
+
+@pytest.fixture(scope="session", name="greedy_reference")
+def greedy_reference_fixture(greedy_outputs: dict[str, Greedy]) -> dict[str, str]:
+    """prompt -> the target's plain greedy text (see `greedy_outputs`)."""
+    return {prompt: greedy.text for prompt, greedy in greedy_outputs.items()}
+
+
+def stop_phrase(tokenizer: Any, ids: list[int]) -> tuple[str, int]:
+    """A phrase the model really generates in `ids`, after its first two tokens, that the tokenizer encodes back
+    to exactly the generated tokens (so a stop word matches there); returns it and where it first occurs."""
+    for start in range(2, len(ids)):
+        for length in (1, 2):
+            piece = ids[start : start + length]
+            phrase = tokenizer.decode(piece)
+            if len(piece) < length or not phrase.strip() or "\ufffd" in phrase:
+                continue
+            if tokenizer.encode(phrase, add_special_tokens=False) != piece:
+                continue
+            first = next(i for i in range(len(ids)) if ids[i : i + length] == piece)
+            return phrase, first
+    raise AssertionError(f"no usable stop phrase in the greedy output {ids}")
 
 
 def _server(repository: Path, log: Path) -> Iterator[Any]:

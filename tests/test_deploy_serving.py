@@ -25,13 +25,16 @@ from tests.deploy_fixtures import (  # noqa: F401 - fixtures
     MAX_TOKENS,
     PROMPTS,
     Deployed,
+    Greedy,
     deployed_fixture,
     dt_server_fixture,
+    greedy_outputs_fixture,
     greedy_reference_fixture,
     medusa_server_fixture,
+    stop_phrase,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 
 
 # -- clients -------------------------------------------------------------------------------------------------
@@ -277,12 +280,20 @@ def test_medusa_sixteen_concurrent_streaming_clients(medusa_server: Any, greedy_
     assert results == {i: greedy_reference[PROMPTS[i % len(PROMPTS)]] for i in range(16)}
 
 
-def test_stop_words_end_the_text(dt_server: Any, medusa_server: Any, greedy_reference: dict[str, str]) -> None:
+def test_stop_words_end_the_text(dt_server: Any, medusa_server: Any, deployed: Deployed,
+                                 greedy_outputs: dict[str, Greedy]) -> None:
+    """The stop phrase is taken from the target's own greedy answer in this run: the served text ends right
+    before the phrase's first occurrence, for the BLS and for the Medusa ensemble."""
+    from specbuild.deploy.tokenizer_files import load_tokenizer
+
+    tokenizer = load_tokenizer(deployed.tokenizer_dir)
     prompt = PROMPTS[0]
-    assert "except" in greedy_reference[prompt]
+    greedy = greedy_outputs[prompt]
+    phrase, first = stop_phrase(tokenizer, greedy.ids)
+    expected = tokenizer.decode(greedy.ids[:first], skip_special_tokens=True)
     for server, model in ((dt_server, "tensorrt_llm_bls"), (medusa_server, "ensemble")):
-        text = http_generate(server.http_url, model, prompt, stop_words=["except"])["text_output"]
-        assert "except" not in text and greedy_reference[prompt].startswith(text), (model, text)
+        text = http_generate(server.http_url, model, prompt, stop_words=[phrase])["text_output"]
+        assert text == expected, (model, phrase, text)
 
 
 def test_sampling_with_draft_logits_returns_text(dt_server: Any) -> None:
