@@ -53,6 +53,10 @@ QUIET = Console(stderr=True, quiet=True)
 CALIB = {"calib_source": "builtin", "calib_size": 16, "calib_seq_len": 128}
 AWQ = tuple(name for name, fmt in FORMATS.items() if fmt.awq)
 AGREEMENT_MIN = 0.99  # the issue's bar; measured 1.000 for every format
+CLEAR_LOGIT_MARGIN = 0.05
+"""A top-1 lead this large survives the implementations' logit differences (at most ~0.01 on the demo models)."""
+FLAT_AGREEMENT_MIN = 0.95
+"""Overall top-1 agreement on the untrained (flat-logit) families; measured 0.980-1.000 across seeds."""
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                      "c_attn", "c_proj", "c_fc")  # Llama family, GPT-2
 
@@ -158,8 +162,11 @@ def test_runtime_matches_modelopt_fake_quant(fmt: str, sources: dict[str, Path],
 def test_other_families_match_modelopt_fake_quant(family: str, demo_models: dict[str, Path], tmp_path: Path,
                                                   heldout_ids: torch.Tensor) -> None:
     """Qwen2 (qkv bias, ModelOpt decoder `qwen`) and GPT-2 (LayerNorm, ungated MLP, Conv1D linears, decoder
-    `gpt`) with SmoothQuant's int8 activations: the same agreement bar as the demo draft (these demo models are
-    untrained, so their logits are nearly flat and top-1 is a stricter test)."""
+    `gpt`) with SmoothQuant's int8 activations. These demo models are untrained, so their logits are nearly flat:
+    where the reference's best two logits are closer than the two implementations' rounding differences (about
+    0.01 here), top-1 is a coin toss that changes with the random weights (GPT-2 agreed on 98.0-99.6 % of the
+    positions over demo models built from four different seeds). So: every position the reference decides by a
+    clear margin must agree, and nearly all positions overall."""
     quantization = settings("int8_sq")
     source = demo_models[family]
     convert_checkpoint(ConvertRequest(family, source, tmp_path / family, "float32", quantization=quantization),
@@ -168,7 +175,12 @@ def test_other_families_match_modelopt_fake_quant(family: str, demo_models: dict
     with torch.no_grad():
         reference = fake_quantized(source, quantization)(ids).logits
     ours = runtime_logits(tmp_path / family, ids)
-    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean().item() >= AGREEMENT_MIN
+    agree = ours.argmax(-1) == reference.argmax(-1)
+    best_two = reference.topk(2, dim=-1).values
+    decided = best_two[..., 0] - best_two[..., 1] > CLEAR_LOGIT_MARGIN
+    assert decided.float().mean().item() > 0.25, "too few clearly decided positions to judge"
+    assert agree[decided].all(), (family, int((~agree[decided]).sum()))
+    assert agree.float().mean().item() >= FLAT_AGREEMENT_MIN, (family, agree.float().mean().item())
 
 
 EXPECTED_ALGOS = {"fp8": ("FP8", "FP8"), "int8_sq": ("W8A8_SQ_PER_CHANNEL", None), "int8_wo": ("W8A16", None),
