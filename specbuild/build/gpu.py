@@ -22,6 +22,8 @@ KNOWN_GPUS: dict[str, tuple[float, float | None]] = {
     "RTX 6000 Ada": (8.9, 48.0),
     "H100": (9.0, 80.0), "H100 NVL": (9.0, 94.0), "H800": (9.0, 80.0), "H200": (9.0, 141.0), "GH200": (9.0, 96.0),
     "B100": (10.0, None), "B200": (10.0, 180.0), "GB200": (10.0, 186.0), "RTX 5090": (12.0, 32.0),
+    # Blackwell Ultra is sm_103, inside the SM 100-119 range TensorRT-LLM's builder treats apart (validate.py).
+    "B300": (10.3, None), "GB300": (10.3, None),
 }
 _CC_RE = re.compile(r"^(?:sm_?)?(\d{1,2})\.?(\d)$", re.IGNORECASE)
 _MEMORY_RE = re.compile(r"(\d{2,3})\s*GB", re.IGNORECASE)
@@ -35,6 +37,11 @@ class Gpu:
     name: str
     compute_capability: float
     memory_gib: float | None = None
+
+    @property
+    def sm(self) -> int:
+        """The compute capability as TensorRT-LLM's `get_sm_version()` returns it: major * 10 + minor (90, 103)."""
+        return round(self.compute_capability * 10)
 
     @property
     def generation(self) -> str:

@@ -19,6 +19,13 @@ from specbuild.build.trtllm_flags import DEFAULT_MAX_NUM_TOKENS, EXPLICIT, FP8_C
 from specbuild.spec import PipelineSpec
 
 SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
+TOKENS_PER_BLOCK = int(EXPLICIT["--tokens_per_block"])
+FP8_CONTEXT_FMHA_QUANT = ("FP8", "W4A8_AWQ", "NVFP4")
+"""quant_algo values whose engines may use FP8 context FMHA. With paged context FMHA on (always, here),
+TensorRT-LLM 1.2's `build()` turns `use_fp8_context_fmha` on for these exactly when the KV cache is FP8 ("FP8
+Context FMHA is enabled to support FP8 Paged Context FMHA.") and off otherwise, whatever the flag says
+(NVIDIA/TensorRT-LLM tensorrt_llm/builder.py `build()` @73c0d691, "Logics to control paged_context_fmha and
+fp8_context_fmha"); the plan asks for what the engine will get."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,9 @@ def engine_max_draft_len(spec: PipelineSpec) -> int:
 
 def default_max_num_tokens(batch: int, input_len: int, draft_len: int) -> int:
     """Room for a whole prompt (no chunked context needed) and for batch x (draft + 1) verification tokens,
-    capped at trtllm-build's own default of 8192 unless those two need more."""
-    return max(min(batch * input_len, DEFAULT_MAX_NUM_TOKENS), input_len, batch * (draft_len + 1))
+    capped at trtllm-build's own default of 8192 unless those two need more; never below tokens_per_block,
+    which TensorRT-LLM 1.2 raises it to anyway (`check_max_num_tokens`, tensorrt_llm/_common.py @0fccc5b9)."""
+    return max(min(batch * input_len, DEFAULT_MAX_NUM_TOKENS), input_len, batch * (draft_len + 1), TOKENS_PER_BLOCK)
 
 
 def plan_engine(spec: PipelineSpec, role: str, facts: CheckpointFacts | None) -> BuildPlan:
@@ -123,7 +131,7 @@ def plan_engine(spec: PipelineSpec, role: str, facts: CheckpointFacts | None) ->
         # (triton-backend.md §2.1), so either engine's "prompt" can grow to all but the last token.
         input_len = seq_len - 1
     max_num_tokens = build.max_num_tokens or default_max_num_tokens(build.max_batch_size, input_len, draft_len)
-    fp8 = facts is not None and facts.quant_algo == "FP8" and facts.kv_cache_quant_algo == "FP8"
+    fp8 = facts is not None and facts.quant_algo in FP8_CONTEXT_FMHA_QUANT and facts.kv_cache_quant_algo == "FP8"
     medusa_choices = spec.medusa.resolved_choices() if role == "medusa" and spec.medusa is not None else None
     return BuildPlan(
         role=role,

@@ -29,7 +29,8 @@ EXPLICIT: dict[str, str] = {
 serving needs on both engines (§3, triton-backend.md §2.1)."""
 
 FP8_CONTEXT_FMHA = "--use_fp8_context_fmha"
-"""enable only where the checkpoint is FP8 with an FP8 KV cache; 1.2 silently turns it off elsewhere."""
+"""enable only where the checkpoint is FP8, W4A8 AWQ or NVFP4 with an FP8 KV cache (plan.FP8_CONTEXT_FMHA_QUANT):
+1.2 turns it on there and off elsewhere, whatever the flag says."""
 
 DEFAULT_MAX_NUM_TOKENS = 8192
 """`--max_num_tokens` default of trtllm-build; specbuild's own default stays at or below it where it can."""

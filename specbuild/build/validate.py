@@ -1,8 +1,13 @@
 """Every check that can be made before an engine build starts, reported together, one message per problem.
 
 Each rule is a mistake TensorRT-LLM users report finding only after a long build or at serving time
-(shared/reference/tensorrt-llm.md §2-§5, triton-backend.md §5). Errors stop the build; warnings (memory
-estimate, choices that cost speed) are printed and the build goes on.
+(shared/reference/tensorrt-llm.md §2-§5, triton-backend.md §5), or a rule of TensorRT-LLM 1.2's own
+`trtllm-build` that refuses, or silently changes, a configuration specbuild can plan. Those are read from
+NVIDIA/TensorRT-LLM: `tensorrt_llm/builder.py` `build()` (the same lines at commits 73c0d691 and 008b2b8d and in
+the 1.x version without auto_parallel that 1.2's `tensorrt_llm/commands/build.py` @65f1d153 imports),
+`tensorrt_llm/_common.py` `check_max_num_tokens()` @0fccc5b9 and `tensorrt_llm/quantization/mode.py`
+`QuantMode.from_quant_algo()` @89fd9b74. Errors stop the build; warnings (memory estimate, choices that cost
+speed, changes trtllm-build makes that the engine survives) are printed and the build goes on.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Literal
 
 from specbuild.build.checkpoints import CheckpointFacts
 from specbuild.build.gpu import Gpu
-from specbuild.build.plan import BuildPlan
+from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, TOKENS_PER_BLOCK, BuildPlan
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec import PipelineSpec
@@ -34,6 +39,34 @@ QUANT_MIN_CC: dict[str, tuple[float, str]] = {
 }
 SPECULATIVE_MIN_CC = 8.0
 """Medusa and draft-target engines need compute capability >= 8.0 (tensorrt-llm.md §2.4, triton-backend.md §2.1)."""
+
+# TensorRT-LLM 1.2's build() refuses integer quantization when `100 <= get_sm_version() < 120` (B100/B200/GB200,
+# B300/GB300; not SM 120-121, the RTX 50xx / RTX PRO Blackwell parts), raising RuntimeError in this order:
+#   is_int8_weight_only() or is_int4_weight_only() or has_int8_kv_cache() -> "INT8/INT4 quantization is not ..."
+#   has_act_and_weight_quant()                                           -> "SmoothQuant is not supported ..."
+#   has_per_channel_scaling() or has_per_token_dynamic_scaling()         -> "Per-channel or per-token scaling ..."
+# Source: NVIDIA/TensorRT-LLM tensorrt_llm/builder.py build() @73c0d691 (identical @008b2b8d and in the 1.x
+# builder without auto_parallel). Which quant_algo sets which QuantMode flags: tensorrt_llm/quantization/mode.py
+# QuantMode.from_quant_algo() @89fd9b74 (W4A8_AWQ is use_weight_only(int4, per_group), hence "int4 weight only";
+# W4A8_QSERVE_* set neither PER_CHANNEL nor PER_TOKEN and pass; FP8_PER_CHANNEL_PER_TOKEN sets both).
+SM100_REFUSED_RANGE = (100, 120)
+_INT_WEIGHTS = "INT8/INT4 quantization is not supported on SM>=100."
+_SMOOTHQUANT = "SmoothQuant is not supported on SM>=100."
+_SCALING = "Per-channel or per-token scaling is not supported on SM>=100."
+SM100_REFUSED: dict[tuple[str, str], str] = {
+    **{("quant_algo", algo): _INT_WEIGHTS
+       for algo in ("W8A16", "W4A16", "W4A16_AWQ", "W4A8_AWQ", "W8A16_GPTQ", "W4A16_GPTQ")},
+    ("kv_cache_quant_algo", "INT8"): _INT_WEIGHTS,
+    **{("quant_algo", algo): _SMOOTHQUANT
+       for algo in ("W8A8_SQ_PER_CHANNEL", "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+                    "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN")},
+    ("quant_algo", "FP8_PER_CHANNEL_PER_TOKEN"): _SCALING,
+}
+"""(checkpoint field, value) -> the RuntimeError TensorRT-LLM 1.2's build() raises for it on SM 100-119."""
+
+SPEC_FORMAT = {"FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8_sq", "W8A16": "int8_wo", "W4A16_AWQ": "int4_awq",
+               "W4A8_AWQ": "w4a8_awq"}
+"""quant_algo -> the `draft.quantization.format` that exports it (specbuild/convert/quantize.py FORMATS)."""
 
 Severity = Literal["error", "warning"]
 
@@ -61,6 +94,18 @@ def _error(message: str) -> BuildProblem:
 
 def _warning(message: str) -> BuildProblem:
     return BuildProblem("warning", message)
+
+
+def _quantization(fact: CheckpointFacts, field: str) -> str:
+    """`quant_algo=W8A8_SQ_PER_CHANNEL (draft.quantization.format int8_sq)`: the field and where it came from."""
+    value = getattr(fact, field)
+    if value is None:
+        return f"{field}=null"
+    if fact.role == "draft" and field == "quant_algo" and value in SPEC_FORMAT:
+        return f"{field}={value} (draft.quantization.format {SPEC_FORMAT[value]})"
+    if fact.role == "draft" and field == "kv_cache_quant_algo" and value == "FP8":
+        return f"{field}={value} (draft.quantization.kv_cache fp8)"
+    return f"{field}={value}"
 
 
 def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -> Iterator[BuildProblem]:
@@ -130,6 +175,8 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
     if plan.role == "medusa":
         yield from tree_problems(plan, fact)
     if plan.max_draft_len:
+        # build() raises max_num_tokens to this under any speculative mode (builder.py @73c0d691), so a smaller
+        # build.max_num_tokens is not what the engine gets.
         need = plan.max_batch_size * (plan.max_draft_len + 1)
         if plan.max_num_tokens < need:
             yield _error(
@@ -137,11 +184,16 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
                 f" = {plan.max_batch_size} x {plan.max_draft_len + 1} = {need}, the tokens one verification step "
                 "needs; raise it or lower build.max_batch_size"
             )
+        # trtllm-build main(): "Gather context logits is not support with draft len > 0." (RuntimeError),
+        # NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py @65f1d153.
         if plan.gather_context_logits:
             yield _error(
                 f"{name}: build.gather_context_logits cannot be used on an engine with a draft length "
                 f"({plan.max_draft_len}); TensorRT-LLM refuses the combination"
             )
+    yield from max_num_tokens_problems(spec, plan)
+    if fact is not None:
+        yield from paged_context_fmha_problems(spec, plan, fact)
     if plan.max_num_tokens < plan.max_input_len:
         yield _warning(
             f"{name}: max_num_tokens {plan.max_num_tokens} < max_input_len {plan.max_input_len}: longer prompts "
@@ -162,6 +214,78 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
         )
 
 
+def trtllm_max_num_tokens(plan: BuildPlan) -> int:
+    """The max_num_tokens TensorRT-LLM 1.2 builds the plan's engine with. `check_max_num_tokens()`
+    (tensorrt_llm/_common.py @0fccc5b9, called from builder.py `_init_max_seq_len()` before max_draft_len is
+    added to max_seq_len) lowers it to max_batch_size x max_seq_len, then raises it to tokens_per_block (context
+    FMHA is on); `build()` (builder.py @73c0d691) then raises it to max_batch_size x (max_draft_len + 1) under
+    any speculative mode."""
+    tokens = max(min(plan.max_num_tokens, plan.max_batch_size * plan.max_seq_len), TOKENS_PER_BLOCK)
+    if plan.speculative_decoding_mode != "none":
+        tokens = max(tokens, plan.max_batch_size * (plan.max_draft_len + 1))
+    return tokens
+
+
+def max_num_tokens_problems(spec: PipelineSpec, plan: BuildPlan) -> Iterator[BuildProblem]:
+    """build.max_num_tokens that trtllm-build silently changes. Lowered: the built engine's
+    build_config.max_num_tokens is then below the plan's, which the post-build check (tensorrt.py) refuses
+    after the whole build; raised to tokens_per_block: the engine works, longer prompts need chunked context."""
+    name, given = f"{plan.role} engine", plan.max_num_tokens
+    built = trtllm_max_num_tokens(plan)
+    if built < given:
+        ceiling = plan.max_batch_size * plan.max_seq_len
+        yield _error(
+            f"{name}: build.max_num_tokens {given} is more than max_batch_size x (max_input_len + max_output_len)"
+            f" = {plan.max_batch_size} x {plan.max_seq_len} = {ceiling}; trtllm-build lowers it to {built} "
+            "(\"max_num_tokens shouldn't be greater than max_seq_len * max_batch_size\") and the engine would not "
+            f"match its plan: set build.max_num_tokens to at most {built}, or leave it unset"
+        )
+    elif given < TOKENS_PER_BLOCK and spec.build.max_num_tokens is not None and built == TOKENS_PER_BLOCK:
+        yield _warning(
+            f"{name}: build.max_num_tokens {given} is less than tokens_per_block ({TOKENS_PER_BLOCK}); "
+            f"trtllm-build raises it to {built}, and prompts longer than that are served only with chunked "
+            f"context: set build.max_num_tokens to at least {TOKENS_PER_BLOCK}"
+        )
+
+
+def paged_context_fmha_lost(fact: CheckpointFacts) -> str | None:
+    """Why TensorRT-LLM 1.2's `build()` turns `--use_paged_context_fmha enable` off for this checkpoint (its
+    warning), or None where it keeps it. builder.py @73c0d691, "Logics to control paged_context_fmha and
+    fp8_context_fmha": a quant_algo other than FP8/W4A8_AWQ/NVFP4 cannot use FP8 context FMHA, and an FP8 KV
+    cache then loses paged context FMHA too; an INT8 KV cache always does. (FP8/W4A8_AWQ/NVFP4 on SM < 89 lose it
+    too, but gpu_problems refuses those formats there already.)"""
+    if fact.kv_cache_quant_algo == "FP8" and fact.quant_algo not in FP8_CONTEXT_FMHA_QUANT:
+        return "FP8 Paged Context FMHA is disabled because FP8 context FMHA is disabled."
+    if fact.kv_cache_quant_algo == "INT8":
+        return "Paged Context FMHA is disabled because it doesn't work with int8 kv cache currently."
+    return None
+
+
+def paged_context_fmha_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts) -> Iterator[BuildProblem]:
+    """Every plan passes `--use_paged_context_fmha enable` (trtllm_flags.EXPLICIT): KV-cache reuse, which
+    draft-target serving needs on both engines (examples/draft_target_model/README.md, triton-backend.md §2.1) and
+    deploy enables on every engine, and chunked context need it. trtllm-build only warns when it drops it."""
+    reason = paged_context_fmha_lost(fact)
+    if reason is None:
+        return
+    what = (f"{plan.role} engine: checkpoint {_quantization(fact, 'quant_algo')} with "
+            f"{_quantization(fact, 'kv_cache_quant_algo')} is built by TensorRT-LLM 1.2 without paged context "
+            f"FMHA (\"{reason}\")")
+    if fact.role == "draft" and fact.kv_cache_quant_algo == "FP8":
+        fix = ("set draft.quantization.kv_cache to none, or draft.quantization.format to fp8 or w4a8_awq (which "
+               "keep paged context FMHA with an fp8 KV cache), then re-run `specbuild convert SPEC`")
+    elif fact.role == "draft":
+        fix = "set draft.quantization.kv_cache to fp8 or none, then re-run `specbuild convert SPEC`"
+    elif fact.kv_cache_quant_algo == "FP8":
+        fix = f"re-export the {fact.role} checkpoint without the FP8 KV cache, or with fp8 weights (quant_algo FP8)"
+    else:
+        fix = f"re-export the {fact.role} checkpoint with an FP8 KV cache or none"
+    if spec.speculative.mode == "draft_target":
+        yield _error(f"{what}, which draft-target serving needs on both engines for KV-cache reuse; {fix}")
+    else:
+        yield _warning(f"{what}: KV-cache reuse (deploy enables it) and chunked context are lost; {fix}")
+
+
 def gpu_problems(plans: list[BuildPlan], facts: dict[str, CheckpointFacts], gpu: Gpu) -> Iterator[BuildProblem]:
     """Formats the GPU's generation cannot run: an engine is built for one compute capability."""
     where = f"{gpu.name} (compute capability {gpu.compute_capability:g}, {gpu.generation})"
@@ -175,6 +299,21 @@ def gpu_problems(plans: list[BuildPlan], facts: dict[str, CheckpointFacts], gpu:
                 yield _error(
                     f"{plan.role} checkpoint is quantized {field}={algo}, which needs {generation} "
                     f"(compute capability >= {floor:g}); {where} cannot run it: choose another format for this GPU"
+                )
+        if SM100_REFUSED_RANGE[0] <= gpu.sm < SM100_REFUSED_RANGE[1]:
+            for field in ("quant_algo", "kv_cache_quant_algo"):
+                refusal = SM100_REFUSED.get((field, getattr(fact, field)))
+                if refusal is None:
+                    continue
+                if fact.role == "draft":
+                    key = "format" if field == "quant_algo" else "kv_cache"
+                    fix = (f"set draft.quantization.{key} to fp8 (or none) and re-run `specbuild convert SPEC`, "
+                           "or build for an Ada/Hopper GPU")
+                else:
+                    fix = f"convert the {fact.role} checkpoint to fp8 or unquantized, or build for an Ada/Hopper GPU"
+                yield _error(
+                    f"{plan.role} engine: checkpoint {_quantization(fact, field)} cannot be built for {where}: "
+                    f"TensorRT-LLM 1.2 refuses it on SM 100-119 (\"{refusal}\"); {fix}"
                 )
         if fact.dtype == "bfloat16" and gpu.compute_capability < 8.0:
             yield _error(f"{plan.role} checkpoint is bfloat16, which {where} lacks; use float16")
