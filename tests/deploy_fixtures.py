@@ -167,3 +167,9 @@ def dt_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFacto
 def medusa_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """tritonserver on the Medusa repository (entry point ensemble, decoupled tensorrt_llm)."""
     yield from _server(deployed.repository("medusa"), tmp_path_factory.mktemp("logs") / "medusa.log")
+
+
+@pytest.fixture(scope="module", name="plain_server")
+def plain_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """tritonserver on the repository without speculation (entry point ensemble, decoupled tensorrt_llm)."""
+    yield from _server(deployed.repository("none"), tmp_path_factory.mktemp("logs") / "plain.log")
