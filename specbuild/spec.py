@@ -457,6 +457,10 @@ class DeploySpec(_Section):
     decoupled: Annotated[bool, Strict()] = False
     """true: responses stream token by token (gRPC stream, /generate_stream); plain HTTP /infer and unary
     gRPC then refuse the model. TensorRT-LLM's own recipes keep draft-target models non-decoupled."""
+    exclude_input_in_output: Annotated[bool, Strict()] = False
+    """The LLM models' `exclude_input_in_output` parameter: false (the TensorRT-LLM backend's default) puts the
+    prompt at the head of output_ids and of the ensemble's text_output; true returns the completion only. A
+    request's own exclude_input_in_output input overrides it."""
     http_port: Port = 8000
     grpc_port: Port = 8001
     metrics_port: Port = 8002

@@ -15,6 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from specbuild.build.engine_info import ENGINE_INFO
+from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, Tensor
 from specbuild.deploy.pbtxt import parameter, parse_choices, read_config
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import validated
@@ -110,11 +111,60 @@ def _check_model(report: RepositoryReport, model: ModelFacts) -> None:
     if any(parameter(model.config, key) is not None for key in CALLED_MODEL_PARAMETERS):
         _check_bls(report, model)
     _check_paths(report, model)
+    _check_contract(report, model)
     if parameter(model.config, "decoding_mode") == "medusa":
         try:
             validated(parse_choices(parameter(model.config, "medusa_choices") or ""))  # as the model's load does
         except ValueError as err:
             report.problems.append(f"{model.name}: parameter medusa_choices: {err}")
+
+
+def contract_of(model: ModelFacts) -> ModelContract | None:
+    """Which of the TensorRT-LLM backend's models this one is: by name, and LLM models (tensorrt_llm_draft, or
+    any other name) by their engine parameter."""
+    if model.name in MODELS:
+        return MODELS[model.name]
+    if parameter(model.config, "gpt_model_path") is not None and model.config.platform != "ensemble":
+        return MODELS["tensorrt_llm"]
+    return None
+
+
+def _dims(tensor: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in tensor.dims)
+
+
+def _check_contract(report: RepositoryReport, model: ModelFacts) -> None:
+    """Every tensor and parameter of NVIDIA's template is declared as NVIDIA declares it, so NVIDIA's clients
+    and the C++ backend find what they expect (specbuild may declare more)."""
+    from tritonclient.grpc import model_config_pb2
+
+    contract = contract_of(model)
+    if contract is None:
+        return
+    where = f"{model.name}/config.pbtxt"
+
+    def compare(kind: str, expected: Tensor, declared: dict[str, Any]) -> None:
+        tensor = declared.get(expected.name)
+        if tensor is None:
+            report.problems.append(f"{where}: {kind} {expected.name!r} of the TensorRT-LLM backend's "
+                                   f"{contract.name} model is not declared")
+            return
+        want_type = PLACEHOLDER_TYPES.get(expected.data_type, expected.data_type)
+        got_type = model_config_pb2.DataType.Name(tensor.data_type)
+        if got_type != want_type or _dims(tensor) != expected.dims:
+            report.problems.append(f"{where}: {kind} {expected.name!r} is {got_type} {list(_dims(tensor))}, the "
+                                   f"backend's is {want_type} {list(expected.dims)}")
+        if kind == "input" and bool(tensor.optional) != expected.optional:
+            report.problems.append(f"{where}: input {expected.name!r} must {'' if expected.optional else 'not '}be "
+                                   "optional, as in the backend's template")
+
+    for expected in contract.nvidia_inputs():
+        compare("input", expected, model.inputs())
+    for expected in contract.nvidia_outputs():
+        compare("output", expected, model.outputs())
+    for key in (p.key for p in contract.parameters if p.extra is None):
+        if parameter(model.config, key) is None:
+            report.problems.append(f"{where}: parameter {key!r} of the backend's {contract.name} model is missing")
 
 
 def _check_ensemble(report: RepositoryReport, model: ModelFacts) -> None:

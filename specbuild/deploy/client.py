@@ -1,12 +1,12 @@
 """One LLM request against a deployed repository, over gRPC streaming or HTTP generate, timed per response.
 
-Tensor names are the Triton TensorRT-LLM backend's (shared/reference/triton-backend.md §1.2, §3): inputs
-`text_input`, `max_tokens`, `stream`, `num_draft_tokens`, `return_perf_metrics`; outputs `text_output` and the
-acceptance statistics `acceptance_rate`, `total_accepted_draft_tokens`, `total_draft_tokens`. Optional inputs
-are sent only when the model's config declares them, so the same client drives the ensemble, the BLS and any
-python model with those names. gRPC uses the bidirectional stream with `enable_empty_final_response=True` and
-waits for `triton_final_response` (the only RPC that works for decoupled models); HTTP uses
-`/v2/models/<m>/generate` (one response) or `/generate_stream` (server-sent events).
+Tensor names are the TensorRT-LLM Triton backend's (specbuild.contracts.triton_backend): inputs `text_input`,
+`max_tokens`, `stream`, `num_draft_tokens`, `exclude_input_in_output`, `return_perf_metrics`; outputs
+`text_output` and the acceptance statistics `acceptance_rate`, `total_accepted_draft_tokens`,
+`total_draft_tokens`. Optional inputs are sent only when the model's config declares them, so the same client
+drives the ensemble, the BLS and any python model with those names. gRPC uses the bidirectional stream with
+`enable_empty_final_response=True` and waits for `triton_final_response` (the only RPC that works for decoupled
+models); HTTP uses `/v2/models/<m>/generate` (one response) or `/generate_stream` (server-sent events).
 """
 
 from __future__ import annotations
@@ -143,6 +143,8 @@ class LLMClient:
             fields["stream"] = stream
         if num_draft_tokens is not None and "num_draft_tokens" in self.model.inputs:
             fields["num_draft_tokens"] = num_draft_tokens
+        if "exclude_input_in_output" in self.model.inputs:
+            fields["exclude_input_in_output"] = True  # the completion only: the backend's default adds the prompt
         if "return_perf_metrics" in self.model.inputs:
             fields["return_perf_metrics"] = True  # the acceptance outputs are perf metrics in the TRT-LLM backend
         return fields

@@ -57,8 +57,11 @@ class DeployResult:
 
 
 def render_config(model: ModelPlan) -> str:
-    text = fill(template_text(model.template), model.values, where=f"{model.name}/config.pbtxt")
-    text = text + parameters_text(model.parameters) if model.parameters else text
+    """The template's header, the contract's tensors and every contract parameter (spec value or NVIDIA's
+    default), parsed as Triton's ModelConfig."""
+    text = fill(template_text(model.template), model.template_values(), where=f"{model.name}/config.pbtxt")
+    parameters = model.all_parameters()
+    text = text + parameters_text(parameters) if parameters else text
     parse_config(text, where=f"{model.name}/config.pbtxt")
     return text
 
