@@ -87,9 +87,9 @@ def _prompts(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
 
 def acceptance(target: Any, draft_dir: Path, prompts: list[list[int]], new_tokens: int, k: int) -> dict[str, Any]:
     """Greedy draft-target generation of every prompt; accepted / proposed draft tokens over all rounds."""
-    from specbuild.runtime.generation import StopCriteria
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.sampling import SamplingParams
+    from specbuild.runtime.sequence import StopCriteria
     from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
     draft = CausalLM.from_checkpoint(draft_dir)

@@ -146,10 +146,11 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
                       batch_sizes: Sequence[int], batch_k: int) -> tuple[list[Method], dict[str, Any]]:
     """Rows for specbuild's runtime: plain, draft-target per K, Medusa per tree (batch 1; a few at larger batch)."""
     from specbuild.medusa.tree import MedusaTree, load_choices
-    from specbuild.runtime.generation import StopCriteria, generate
+    from specbuild.runtime.generation import generate
     from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.sampling import SamplingParams
+    from specbuild.runtime.sequence import StopCriteria
     from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
     target, draft = CausalLM.from_checkpoint(ckpts["target"]), CausalLM.from_checkpoint(ckpts["draft"])

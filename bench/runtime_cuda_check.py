@@ -49,10 +49,11 @@ def _timed(fn):  # type: ignore[no-untyped-def]
 
 def run(folder: Path, out: Path) -> dict[str, object]:
     from specbuild.medusa.tree import load_choices
-    from specbuild.runtime.generation import StopCriteria, generate
+    from specbuild.runtime.generation import generate
     from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.sampling import SamplingParams
+    from specbuild.runtime.sequence import StopCriteria
     from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
     assert torch.cuda.is_available(), "no CUDA device"

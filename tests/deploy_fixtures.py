@@ -114,8 +114,9 @@ def greedy_outputs_fixture(deployed: Deployed) -> dict[str, Greedy]:
     import torch
 
     from specbuild.deploy.tokenizer_files import load_tokenizer
-    from specbuild.runtime.generation import StopCriteria, generate
+    from specbuild.runtime.generation import generate
     from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.sequence import StopCriteria
 
     tokenizer = load_tokenizer(deployed.tokenizer_dir)
     model = CausalLM.from_checkpoint(deployed.target_checkpoint())

@@ -182,7 +182,8 @@ def test_streamed_chunks_detokenise_to_the_whole_text(deployed: Deployed) -> Non
 def test_reference_llm_verifies_drafts_like_plain_greedy_and_reuses_the_prefix(deployed: Deployed) -> None:
     from specbuild.build.engine_info import engine_dir, read_engine_info, reference_checkpoint
     from specbuild.deploy.reference_llm import LLMRequest, ReferenceLLM
-    from specbuild.runtime.generation import StopCriteria, generate
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.sequence import StopCriteria
 
     directory = engine_dir(deployed.specs["draft_target"], "target")
     info = read_engine_info(directory)

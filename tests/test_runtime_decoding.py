@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 
 from specbuild.cli import app
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
-from specbuild.runtime.generation import StopCriteria, generate
+from specbuild.runtime.generation import generate
 from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams, probabilities
+from specbuild.runtime.sequence import StopCriteria
 from specbuild.runtime.speculative import (
     DraftTargetConfig,
     accept_rejection_sampling,

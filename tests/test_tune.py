@@ -25,7 +25,7 @@ from specbuild.build.tune_measure import Acceptance, calibration_prompts, medusa
 from specbuild.build.tune_tree import expected_accepted_length, grow_tree, path_expectation
 from specbuild.cli import app
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.generation import GenerationStats
+from specbuild.runtime.sequence import GenerationStats
 from specbuild.spec import load_spec
 
 QUIET = Console(quiet=True)

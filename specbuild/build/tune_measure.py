@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbuild.runtime.generation import GenerationStats, StopCriteria, generate
+from specbuild.runtime.generation import generate
 from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
 from specbuild.runtime.model import CausalLM
+from specbuild.runtime.sequence import GenerationStats, StopCriteria
 from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
 Prompts = list[list[int]]

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.generation import GenerationResult, StopCriteria, generate
+from specbuild.runtime.generation import generate
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams
+from specbuild.runtime.sequence import GenerationResult, StopCriteria
 
 
 @dataclass

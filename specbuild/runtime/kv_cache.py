@@ -3,7 +3,9 @@
 A forward writes the K/V of its T new tokens after each row's committed prefix without committing them; the
 caller then keeps what was accepted: `advance` for a linear block (draft-target verification, plain decoding),
 `compact` for the accepted path of a tree (Medusa), `truncate` to roll back. Storage is one tensor
-[layers, 2, batch, kv_heads, max_len, head_dim] allocated once, so a decoding step never reallocates it.
+[layers, 2, batch, kv_heads, max_len, head_dim] allocated once, so a decoding step never reallocates it. A
+serving engine keeps one row per sequence: `view` runs a forward over a range of rows without copying them,
+`swap_rows` and `copy_prefix` move sequences between rows (a shared prompt prefix is copied, not recomputed).
 """
 
 from __future__ import annotations
@@ -118,6 +120,49 @@ class KVCache:
         row.index_copy_(3, start + torch.arange(keep.numel(), device=self.device), row.index_select(3, start + keep))
         self.lengths[batch_index] += keep.numel()
         self.pending[batch_index] = 0
+
+    # -- rows: what a serving engine needs to give sequences their own rows ------------------------------------
+    def view(self, start: int, stop: int) -> KVCache:
+        """Rows [start, stop) as a cache of their own that shares this one's storage: a forward over the view
+        reads and writes those rows only, and its commits change this cache's lengths."""
+        if not 0 <= start < stop <= self.batch_size:
+            raise ValueError(f"view({start}, {stop}) is not a non-empty row range of a {self.batch_size}-row cache")
+        view = KVCache.__new__(KVCache)
+        view.num_layers, view.batch_size, view.max_len = self.num_layers, stop - start, self.max_len
+        view.data = self.data[:, :, start:stop]
+        view.lengths = self.lengths[start:stop]
+        view.pending = self.pending[start:stop]
+        view.block_size = 0
+        view._write_start = view._write_slots = None
+        return view
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Exchange two rows' committed entries and lengths (only the longer one's committed slots move)."""
+        if a == b:
+            return
+        n = int(max(self.lengths[a], self.lengths[b]))
+        if n:
+            rows = torch.tensor([a, b], device=self.device)
+            self.data[:, :, [b, a], :, :n] = self.data[:, :, :, :, :n].index_select(2, rows)
+        self.lengths[[a, b]] = self.lengths[[b, a]]
+        self.pending[[a, b]] = 0
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Give row `target` the first `length` committed entries of row `source` (and that length)."""
+        if not 0 <= length <= int(self.lengths[source]):
+            raise ValueError(f"copy_prefix: row {source} has {int(self.lengths[source])} committed entries, "
+                             f"not {length}")
+        if source != target and length:
+            self.data[:, :, target, :, :length] = self.data[:, :, source, :, :length]
+        self.lengths[target] = length
+        self.pending[target] = 0
+
+    def truncate_row(self, row: int, length: int) -> None:
+        """Roll one row back to `length` committed entries."""
+        if not 0 <= length <= int(self.lengths[row]):
+            raise ValueError(f"truncate_row({row}, {length}) may only shrink its length {int(self.lengths[row])}")
+        self.lengths[row] = length
+        self.pending[row] = 0
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Roll committed lengths back (e.g. a draft model's rejected tokens); growing is not allowed."""

@@ -13,50 +13,16 @@ draft/target cost ratio c, maximising the paper's expected speedup (1 - alpha^(K
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from specbuild.runtime.generation import (
-    GenerationResult,
-    GenerationStats,
-    SequenceState,
-    StopCriteria,
-    check_prompts,
-    padded,
-    prefill,
-)
+from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
+from specbuild.runtime.generation import padded, prefill
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams, draw, probabilities
-
-# (target probs [k+1, V], draft probs [k, V], draft tokens [k], generator) -> (accepted count, next token)
-AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], tuple[int, int]]
-
-
-def accept_greedy(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
-    """Longest prefix of drafts equal to the target's argmax, then the target's argmax after it (`p` may be
-    logits or probabilities: only its argmax is read)."""
-    best = p.argmax(-1)
-    matches = (drafts == best[: len(drafts)]).long()
-    accepted = int(matches.cumprod(0).sum())
-    return accepted, int(best[accepted])
-
-
-def accept_rejection_sampling(
-    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator
-) -> tuple[int, int]:
-    """Modified rejection sampling: the emitted tokens are distributed exactly as the target's p."""
-    uniforms = torch.rand(len(drafts), generator=gen, device=gen.device).tolist()
-    for i, token in enumerate(drafts.tolist()):
-        p_x, q_x = float(p[i, token]), float(q[i, token])
-        if uniforms[i] * q_x <= p_x:  # accept with probability min(1, p/q)
-            continue
-        residual = torch.clamp(p[i] - q[i], min=0.0)
-        total = residual.sum()
-        residual = residual / total if total > 0 else p[i]
-        return i, int(draw(residual, gen))
-    return len(drafts), int(draw(p[len(drafts)], gen))
+from specbuild.runtime.sequence import GenerationResult, GenerationStats, SequenceState, StopCriteria, check_prompts
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:

@@ -1,0 +1,597 @@
+"""The serving engine: in-flight (continuous) batching of many sequences over one model.
+
+What TensorRT-LLM's executor does for its engines, done for the reference runtime: every sequence has its own
+row of one KV cache; requests that arrive while others run join the batch at the next step, finished ones leave
+it, and each step runs the active sequences' next blocks in one batched forward - a plain decode token, a prompt
+(prefill), a prompt tail plus external draft tokens to verify (draft-target), or a Medusa candidate tree - padded
+to one length, each row with its own positions and attention mask. A finished sequence's row stays in a pool
+until the row is needed, so a request that repeats its prefix (the BLS sends the whole sequence every round)
+computes only its new tokens, as TensorRT-LLM's KV-cache block reuse does.
+
+The engine knows nothing of Triton: requests are plain dataclasses, results come back through a callback per
+update (from the engine's thread) or by waiting on the handle. Stop rules are the runtime's (`SequenceState`),
+the acceptance rules the runtime's (`accept_greedy`, `accept_rejection_sampling`, the Medusa tree's).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from specbuild.medusa.tree import MedusaTree, accept_typical
+from specbuild.medusa.tree import accept_greedy as accept_tree
+from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
+from specbuild.runtime.model import CausalLM, ForwardOutput
+from specbuild.runtime.sampling import SamplingParams, next_tokens, probabilities
+from specbuild.runtime.sequence import GenerationStats, SequenceState, StopCriteria
+
+FinishReason = Literal["length", "end_id", "stop_word", "cancelled", "error", "round"]
+"""Why a sequence ended: max_new_tokens, its end id, a stop word, cancelled, failed, or its one verification
+round done (a request with external draft tokens)."""
+
+
+@dataclass
+class EngineRequest:
+    """One sequence to serve. With `draft_tokens` it is one verification round (the target's side of
+    draft-target decoding): the longest accepted prefix of the drafts plus one token of the model's own."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None
+    stop_words: tuple[tuple[int, ...], ...] = ()
+    include_stop_words: bool = False  # True: TensorRT-LLM's executor semantics (the stop word is output)
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    min_tokens: int = 0
+    draft_tokens: list[int] | None = None
+    draft_logits: torch.Tensor | None = None  # [len(draft_tokens), V]: accept by rejection sampling
+    speculate: bool = True  # Medusa engines: use the tree when this request allows it
+    typical: Typical | None = None  # Medusa: the paper's typical acceptance instead of matching the model's choice
+    return_logits: bool = False  # keep each emitted token's logits (generation_logits)
+    return_log_probs: bool = False
+    on_update: Callable[[Update], None] | None = None
+
+
+@dataclass(frozen=True)
+class Typical:
+    """Medusa's typical acceptance (Cai et al. 2024): accept a node whose token the model gives probability above
+    min(threshold, alpha * exp(-entropy)); needs a temperature > 0."""
+
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+
+
+@dataclass
+class Update:
+    """What one engine step did for one sequence."""
+
+    tokens: list[int]  # tokens emitted this step (end id and stop words not included)
+    finished: bool = False
+    reason: FinishReason | None = None
+    logits: torch.Tensor | None = None  # [len(tokens) or more, V] when return_logits
+    log_probs: list[float] = field(default_factory=list)
+    accepted_draft_tokens: int = 0  # totals so far
+    draft_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Result:
+    """Everything a finished sequence produced."""
+
+    tokens: list[int]
+    reason: FinishReason | None
+    accepted_draft_tokens: int = 0
+    draft_tokens: int = 0
+    logits: torch.Tensor | None = None
+    log_probs: list[float] = field(default_factory=list)
+    error: str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+
+class Handle:
+    """A submitted request: wait for its result, or cancel it."""
+
+    def __init__(self, request: EngineRequest) -> None:
+        self.request = request
+        self.arrival_time = time.time()
+        self.first_scheduled_time: float | None = None
+        self.cancelled = False
+        self._done = threading.Event()
+        self._tokens: list[int] = []
+        self._logits: list[torch.Tensor] = []
+        self._log_probs: list[float] = []
+        self.result: Result | None = None
+        self.reused_tokens = 0  # prompt tokens whose KV came from the cache
+        self.first_token_time: float | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> Result:
+        if not self._done.wait(timeout):
+            raise TimeoutError("the request did not finish in time")
+        assert self.result is not None
+        return self.result
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _record(self, update: Update) -> None:
+        now = time.time()
+        if self.first_token_time is None and update.tokens:
+            self.first_token_time = now
+        self._tokens += update.tokens
+        if update.logits is not None:
+            self._logits.append(update.logits)
+        self._log_probs += update.log_probs
+        if update.finished:
+            logits = torch.cat(self._logits) if self._logits else None
+            self.result = Result(self._tokens, update.reason, update.accepted_draft_tokens, update.draft_tokens,
+                                 logits, self._log_probs, update.error, self.first_token_time, now)
+        if self.request.on_update is not None:
+            self.request.on_update(update)
+        if update.finished:
+            self._done.set()
+
+
+# -- one sequence -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Block:
+    """A row's input for one forward: tokens, their positions, and (tree rows) the tree mask."""
+
+    tokens: list[int]
+    positions: list[int]
+    tree: torch.Tensor | None = None  # [T, T] bool for a Medusa tree; None: causal
+
+
+class _Sequence:
+    """A request being served: its progress, its KV row, and what it feeds next."""
+
+    def __init__(self, handle: Handle, engine: ServingEngine) -> None:
+        request = handle.request
+        self.handle, self.request, self.engine = handle, request, engine
+        self.state = SequenceState(list(request.prompt))
+        self.stop = StopCriteria(request.max_new_tokens, request.end_id, request.stop_words,
+                                 request.include_stop_words)
+        self.row = -1
+        self.committed: list[int] = []  # exactly the tokens whose K/V the row holds
+        self.pending: list[int] = []  # tokens to feed next (the cache holds everything before them)
+        self.gen: torch.Generator | None = None
+        if not request.params.greedy:  # a seeded request draws differently at each length: BLS rounds differ
+            seed = request.params.seed
+            self.gen = torch.Generator().manual_seed(seed + len(request.prompt) if seed is not None
+                                                     else int(torch.seed()))
+        self.accepted = self.drafted = 0
+        self.sent = 0  # output tokens already sent in updates
+        self.token_logits: list[torch.Tensor] = []  # the distribution each output token came from
+        self.topk: torch.Tensor | None = None  # Medusa: [heads, k] head guesses at the last accepted position
+        self.tree = engine.tree if request.speculate and request.draft_tokens is None else None
+        self.verify = request.draft_tokens is not None
+
+    # -- what to feed ----------------------------------------------------------------------------------------
+    def block(self, speculate: bool) -> _Block:
+        start = len(self.committed)
+        if self.verify:
+            tokens = [*self.pending, *(self.request.draft_tokens or ())]
+            return _Block(tokens, list(range(start, start + len(tokens))))
+        if self.tree is not None and self.topk is not None and speculate:
+            tree = self.tree
+            nodes = tree.candidate_tokens(torch.tensor(self.pending[-1:]), self.topk[:, None])[0].tolist()
+            return _Block(nodes, (start + tree.depth).tolist(), tree.attention_mask)
+        return _Block(list(self.pending), list(range(start, start + len(self.pending))))
+
+    # -- what the forward said ---------------------------------------------------------------------------------
+    def after(self, block: _Block, out: ForwardOutput, row: int) -> tuple[int, torch.Tensor | None, Update]:
+        """Accept/sample from the row's logits; returns (tokens to commit as a linear prefix of the block, or
+        the tree path to compact; the Update)."""
+        logits = out.logits[row, : len(block.tokens)]
+        if block.tree is not None:
+            return self._after_tree(block, out, row, logits)
+        if self.verify:
+            return self._after_verify(block, logits)
+        return self._after_linear(block, out, row, logits)
+
+    def _after_linear(self, block: _Block, out: ForwardOutput, row: int,
+                      logits: torch.Tensor) -> tuple[int, None, Update]:
+        last = self._constrain(logits[-1])
+        token = self._draw(last[None])[0]
+        if self.tree is not None:  # a Medusa sequence's prefill, or a step taken without the tree: refresh guesses
+            self.topk = self.engine.head_topk(out.hidden[row, len(block.tokens) - 1])
+        update = self._emit([token], [last])
+        self.committed += block.tokens
+        return len(block.tokens), None, update
+
+    def _after_verify(self, block: _Block, logits: torch.Tensor) -> tuple[int, None, Update]:
+        drafts = list(self.request.draft_tokens or ())
+        k, tail = len(drafts), len(block.tokens) - len(drafts)
+        target = logits[tail - 1 :]  # [k + 1, V]: after the last prompt token, then after each draft
+        if self.request.bad_words or self.request.min_tokens:
+            target = torch.stack([self._constrain(target[i], drafts[:i]) for i in range(k + 1)])
+        draft_tensor = torch.tensor(drafts, dtype=torch.long)
+        params = self.request.params
+        if params.greedy:
+            accepted, nxt = accept_greedy(target, target, draft_tensor, None)  # type: ignore[arg-type]
+        else:
+            q = (probabilities(self.request.draft_logits.float(), params) if self.request.draft_logits is not None
+                 else torch.nn.functional.one_hot(draft_tensor, target.shape[-1]).float())
+            assert self.gen is not None
+            accepted, nxt = self.engine.accept(probabilities(target, params), q, draft_tensor, self.gen)
+        self.accepted += accepted
+        self.drafted += k
+        self.engine.stats.acceptance.record_acceptance(k, accepted)
+        update = self._emit([*drafts[:accepted], nxt], list(target[: accepted + 1]), one_round=True)
+        commit = tail + accepted
+        self.committed += block.tokens[:commit]
+        return commit, None, update
+
+    def _after_tree(self, block: _Block, out: ForwardOutput, row: int,
+                    logits: torch.Tensor) -> tuple[int, torch.Tensor, Update]:
+        tree = self.tree
+        assert tree is not None
+        tokens = torch.tensor(block.tokens)
+        typical = self.request.typical
+        if typical is not None:
+            path, accepted = accept_typical(tree, tokens, logits, self.request.params.temperature,
+                                            typical.posterior_threshold, typical.posterior_alpha)
+            choice = self._draw(logits)
+        else:
+            # The model's own choice at every node (argmax, or a draw at the request's temperature); a path is
+            # accepted while each node's token is the choice at its parent.
+            choice = self._draw(logits)
+            path, accepted = accept_tree(tree, tokens, torch.tensor(choice))
+        last = int(path[-1])
+        self.accepted += accepted
+        self.drafted += tree.max_depth
+        self.engine.stats.acceptance.record_acceptance(tree.max_depth, accepted)
+        self.topk = self.engine.head_topk(out.hidden[row, last])
+        emitted = [*tokens[path[1:]].tolist(), choice[last]]
+        update = self._emit(emitted, list(logits[path]))
+        self.committed += tokens[path].tolist()
+        return 0, path, update
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    def _draw(self, logits: torch.Tensor) -> list[int]:
+        if self.gen is None:
+            return logits.argmax(-1).tolist()
+        return next_tokens(logits, self.request.params, self.gen).tolist()
+
+    def _constrain(self, logits: torch.Tensor, ahead: Sequence[int] = ()) -> torch.Tensor:
+        """Bad words and min_tokens as logit masks (TensorRT-LLM's semantics): a bad word's last token is banned
+        where the tokens before it were just generated; the end id is banned before min_tokens."""
+        request = self.request
+        out = [*self.state.output, *ahead]
+        if not request.bad_words and len(out) >= request.min_tokens:
+            return logits
+        logits = logits.clone()
+        if len(out) < request.min_tokens and request.end_id is not None:
+            logits[request.end_id] = -math.inf
+        history = [*self.state.tokens[-16:], *ahead]
+        for word in request.bad_words:
+            if word and (len(word) == 1 or history[-(len(word) - 1):] == list(word[:-1])):
+                logits[word[-1]] = -math.inf
+        return logits
+
+    def _emit(self, tokens: list[int], logits: list[torch.Tensor], one_round: bool = False) -> Update:
+        """Apply the stop rules token by token; what may be sent is this step's update. `logits[i]` is the
+        distribution tokens[i] came from. Tokens that could still turn out to start a dropped stop word are held
+        back until that is decided, so no stream ever sends text it must take back."""
+        for token, logit in zip(tokens, logits, strict=True):
+            appended = self.state.emit(token, self.stop)
+            if self.state.output and len(self.token_logits) < len(self.state.output):
+                self.token_logits.append(logit)
+            del self.token_logits[len(self.state.output):]  # a dropped stop word
+            if not appended:
+                break
+        output = self.state.output
+        reason = self.state.finish_reason or ("round" if one_round else None)
+        ready = len(output) if reason is not None else len(output) - self.stop.held_back(output)
+        new = output[self.sent : ready]
+        update = Update(list(new), finished=reason is not None, reason=reason,
+                        accepted_draft_tokens=self.accepted, draft_tokens=self.drafted)
+        if self.request.return_logits and new:
+            update.logits = torch.stack(self.token_logits[self.sent : ready]).float()
+        if self.request.return_log_probs and new:
+            update.log_probs = [float(torch.log_softmax(logit.float(), -1)[token])
+                                for logit, token in zip(self.token_logits[self.sent : ready], new, strict=True)]
+        self.sent = max(self.sent, ready)
+        if not update.finished:
+            self.pending = [tokens[-1]]
+        return update
+
+
+# -- the engine -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    """One KV-cache row: the tokens it holds (exactly its committed entries) and who uses it."""
+
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    owner: _Sequence | None = None
+    last_used: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters the tests and benchmarks read."""
+
+    forwards: int = 0
+    steps: int = 0
+    rows_forwarded: int = 0  # sum over forwards of their batch size
+    reused_tokens: int = 0
+    admitted: int = 0
+    acceptance: GenerationStats = field(default_factory=GenerationStats)  # per speculation round, by position
+
+
+class ServingEngine:
+    """In-flight batching over `model`: at most `max_batch` active sequences of up to `max_seq_len` tokens.
+
+    `tree` makes it a Medusa engine (requests speculate with it while at most `speculate_max_batch`
+    sequences are active, else take plain steps); `max_draft_len` bounds external draft tokens per request.
+    """
+
+    def __init__(self, model: CausalLM, *, max_batch: int, max_seq_len: int, max_draft_len: int = 0,
+                 tree: MedusaTree | None = None, kv_rows: int | None = None,
+                 speculate_max_batch: int | None = None, accept: AcceptRule | None = None) -> None:
+        if tree is not None and model.config.num_medusa_heads < tree.max_depth:
+            raise ValueError(f"the Medusa tree is {tree.max_depth} deep but the checkpoint has "
+                             f"{model.config.num_medusa_heads} heads")
+        self.model, self.max_batch, self.max_seq_len = model, max_batch, max_seq_len
+        self.max_draft_len, self.tree = max_draft_len, tree
+        self.speculate_max_batch = speculate_max_batch
+        self.accept = accept or accept_rejection_sampling  # draft-target under sampling (tests swap in wrong rules)
+        self.topk_size = int(tree.rank.max()) + 1 if tree is not None else 0
+        # A step pads short blocks to one length; longer ones (prompts) run alone.
+        self.short_block = max(16, max_draft_len + 2, (tree.num_nodes + 1) if tree is not None else 0)
+        self.rows_total = max(kv_rows or 0, 2 * max_batch, max_batch + 1)
+        self.cache = model.new_cache(self.rows_total, max_seq_len + self.short_block + 1)
+        self.rows = [_Row() for _ in range(self.rows_total)]
+        self.active: list[_Sequence] = []  # active[i].row == i
+        self.waiting: deque[Handle] = deque()
+        self.stats = EngineStats()
+        self._clock = 0
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- requests ------------------------------------------------------------------------------------------------
+    def submit(self, request: EngineRequest) -> Handle:
+        """Queue a request (thread-safe); it joins the batch at the next step."""
+        self.check(request)
+        handle = Handle(request)
+        with self._lock:
+            self.waiting.append(handle)
+            self._lock.notify()
+        return handle
+
+    def check(self, request: EngineRequest) -> None:
+        """ValueError for a request the engine cannot serve at all (the caller validated the rest)."""
+        vocab = self.model.config.vocab_size
+        if not request.prompt:
+            raise ValueError("a request needs at least one prompt token")
+        if min(request.prompt) < 0 or max(request.prompt) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        drafts = request.draft_tokens or []
+        if len(drafts) > self.max_draft_len:
+            raise ValueError(f"{len(drafts)} draft tokens is more than the engine's max_draft_len "
+                             f"{self.max_draft_len}")
+        if drafts and (min(drafts) < 0 or max(drafts) >= vocab):
+            raise ValueError(f"draft token ids must be in [0, {vocab})")
+        if len(request.prompt) + max(request.max_new_tokens, 1) > self.max_seq_len:
+            raise ValueError(f"prompt {len(request.prompt)} + max_new_tokens {request.max_new_tokens} is more than "
+                             f"the engine's max_seq_len {self.max_seq_len}")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1 (got {request.max_new_tokens})")
+
+    # -- running -------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve from a background thread until `stop()`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="specbuild-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self.waiting and not self.active:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+            self.step()
+
+    def run_until_idle(self) -> None:
+        """Step until nothing is waiting or active (for callers without a background thread)."""
+        while self.step():
+            pass
+
+    @torch.inference_mode()
+    def step(self) -> bool:
+        """One scheduler iteration: drop cancelled sequences, admit waiting ones, run every active sequence's
+        next block; returns whether there was anything to do."""
+        self._drop_cancelled()
+        self._admit()
+        if not self.active:
+            return False
+        self.stats.steps += 1
+        speculate = self.speculate_max_batch is None or len(self.active) <= self.speculate_max_batch
+        blocks = [seq.block(speculate) for seq in self.active]
+        for start, stop in self._groups(blocks):
+            self._forward(start, stop, blocks[start:stop])
+        for seq in [s for s in self.active if s.handle.done]:
+            self._release(seq)
+        return True
+
+    def _groups(self, blocks: list[_Block]) -> list[tuple[int, int]]:
+        """Row ranges that share a forward: runs of short blocks; long ones (prompts) together when every row's
+        padded block fits its cache row, else each alone. Admission keeps long blocks at the end."""
+        groups: list[tuple[int, int]] = []
+        long_rows: list[int] = []
+        start = None
+        for i, block in enumerate(blocks):
+            if len(block.tokens) > self.short_block:
+                long_rows.append(i)
+                if start is not None:
+                    groups.append((start, i))
+                    start = None
+            elif start is None:
+                start = i
+        if start is not None:
+            groups.append((start, len(blocks)))
+        if long_rows:
+            width = max(len(blocks[i].tokens) for i in long_rows)
+            contiguous = long_rows == list(range(long_rows[0], long_rows[-1] + 1))
+            fits = all(blocks[i].positions[0] + width <= self.cache.max_len for i in long_rows)
+            if contiguous and fits:
+                groups.append((long_rows[0], long_rows[-1] + 1))
+            else:
+                groups += [(i, i + 1) for i in long_rows]
+        return sorted(groups)
+
+    def _forward(self, start: int, stop: int, blocks: list[_Block]) -> None:
+        width = max(len(b.tokens) for b in blocks)
+        batch = len(blocks)
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        positions = torch.zeros(batch, width, dtype=torch.long)
+        trees = any(b.tree is not None for b in blocks)
+        mask = torch.tril(torch.ones(width, width, dtype=torch.bool)).repeat(batch, 1, 1) if trees else None
+        for i, block in enumerate(blocks):
+            n = len(block.tokens)
+            ids[i, :n] = torch.tensor(block.tokens)
+            positions[i, :n] = torch.tensor(block.positions)
+            positions[i, n:] = positions[i, n - 1]  # padding: any valid position, its outputs are dropped
+            if block.tree is not None and mask is not None:
+                mask[i] = torch.eye(width, dtype=torch.bool)
+                mask[i, :n, :n] = block.tree
+        view = self.cache.view(start, stop)
+        sequences = self.active[start:stop]
+        try:
+            out = self.model(ids, view, position_ids=positions, tree_mask=mask)
+        except Exception as err:  # a failed forward fails its sequences, not the engine
+            for seq in sequences:
+                self._finish(seq, Update([], True, "error", error=f"{type(err).__name__}: {err}"))
+            return
+        self.stats.forwards += 1
+        self.stats.rows_forwarded += batch
+        counts = torch.zeros(batch, dtype=torch.long)
+        paths: list[tuple[int, torch.Tensor]] = []
+        updates = []
+        for i, (seq, block) in enumerate(zip(sequences, blocks, strict=True)):
+            commit, path, update = seq.after(block, out, i)
+            counts[i] = commit
+            if path is not None:
+                paths.append((i, path))
+            updates.append(update)
+        view.advance(counts)
+        for i, path in paths:
+            view.compact(i, path)
+        for seq, update in zip(sequences, updates, strict=True):
+            self.rows[seq.row].tokens = np.asarray(seq.committed, dtype=np.int64)
+            if update.finished:
+                self._finish(seq, update)
+            else:
+                seq.handle._record(update)
+
+    def head_topk(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[heads, k] top guesses of every Medusa head at one position (hidden [H])."""
+        return torch.topk(self.model.medusa_logits(hidden[None, None])[:, 0, 0], self.topk_size, dim=-1).indices
+
+    # -- rows ------------------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Waiting requests join while there is room; within a step, prompts that must run alone come last so
+        the short blocks stay one contiguous run of rows."""
+        with self._lock:
+            room = self.max_batch - len(self.active)
+            joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        joining.sort(key=lambda h: len(h.request.prompt) + len(h.request.draft_tokens or ()))
+        for handle in joining:
+            if handle.cancelled:
+                handle._record(Update([], True, "cancelled"))
+                continue
+            seq = _Sequence(handle, self)
+            self._place(seq)
+            handle.first_scheduled_time = time.time()
+            self.stats.admitted += 1
+
+    def _place(self, seq: _Sequence) -> None:
+        """Give `seq` row len(active), reusing the longest cached prefix of its prompt."""
+        self._clock += 1
+        prompt = np.asarray(seq.request.prompt, dtype=np.int64)
+        limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        best, match = -1, 0
+        for index, row in enumerate(self.rows):
+            n = min(_common_prefix(row.tokens, prompt), limit)
+            if n > match:
+                best, match = index, n
+        dest = len(self.active)
+        if best >= dest:  # a free row holds the prefix: bring it to the active end
+            self._swap(best, dest)
+        else:
+            victim = min(range(dest, self.rows_total), key=lambda i: self.rows[i].last_used)
+            self._swap(victim, dest)
+            if best >= 0 and match:
+                self.cache.copy_prefix(best, dest, match)
+        self.cache.truncate_row(dest, match)
+        row = self.rows[dest]
+        row.tokens, row.owner, row.last_used = prompt[:match].copy(), seq, self._clock
+        seq.row, seq.committed, seq.pending = dest, prompt[:match].tolist(), prompt[match:].tolist()
+        seq.handle.reused_tokens = match
+        self.stats.reused_tokens += match
+        self.active.append(seq)
+
+    def _swap(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        self.cache.swap_rows(a, b)
+        self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
+        for index in (a, b):
+            owner = self.rows[index].owner
+            if owner is not None:
+                owner.row = index
+
+    def _finish(self, seq: _Sequence, update: Update) -> None:
+        seq.handle._record(update)
+
+    def _release(self, seq: _Sequence) -> None:
+        """A finished sequence leaves the active rows; its row joins the pool with what it holds."""
+        last = len(self.active) - 1
+        row = seq.row
+        self.active[row], self.active[last] = self.active[last], self.active[row]
+        self._swap(row, last)
+        self.active.pop()
+        released = self.rows[last]
+        released.owner, released.last_used = None, self._clock
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self.active if s.handle.cancelled and not s.handle.done]:
+            self._finish(seq, Update([], True, "cancelled", accepted_draft_tokens=seq.accepted,
+                                     draft_tokens=seq.drafted))
+            self._release(seq)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n

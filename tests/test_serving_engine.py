@@ -1,0 +1,186 @@
+"""The serving engine: in-flight batching, per-sequence KV rows, prefix reuse, mixed batches, stop rules.
+
+Every expectation is the same model's output on another path (each request served alone, or plain greedy
+decoding), on small random checkpoints made here, so the tests need neither the trained demo models nor a server.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+from specbuild.medusa.tree import MedusaTree, load_choices
+from specbuild.runtime.model import CausalLM
+from specbuild.runtime.sampling import SamplingParams
+from specbuild.runtime.serving import EngineRequest, ServingEngine
+from tests.test_runtime_model import add_medusa_heads
+from tests.tiny_models import make_model, save_model
+
+VOCAB = 1000
+TREE = MedusaTree.from_choices(load_choices("mc_sim_7b_top8"))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("engine")
+    hf = save_model(make_model("llama", seed=3, dtype=torch.float32), root / "hf")
+    quiet = Console(quiet=True)
+    convert_checkpoint(ConvertRequest("target", hf, root / "target", "float32"), console=quiet)
+    convert_checkpoint(ConvertRequest("medusa", hf, root / "medusa", "float32"), console=quiet)
+    add_medusa_heads(root / "medusa", num_heads=3, num_layers=1, seed=5)
+    return {"target": root / "target", "medusa": root / "medusa"}
+
+
+@pytest.fixture(scope="module")
+def model(checkpoints: dict[str, Path]) -> CausalLM:
+    return CausalLM.from_checkpoint(checkpoints["target"])
+
+
+@pytest.fixture(scope="module")
+def medusa(checkpoints: dict[str, Path]) -> CausalLM:
+    return CausalLM.from_checkpoint(checkpoints["medusa"])
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, VOCAB, (int(torch.randint(2, 30, (1,), generator=gen)),), generator=gen).tolist()
+            for _ in range(n)]
+
+
+def alone(model: CausalLM, request: EngineRequest, **engine: object) -> list[int]:
+    """The request served by a fresh engine with nothing else to do."""
+    eng = ServingEngine(model, max_batch=1, max_seq_len=128, **engine)  # type: ignore[arg-type]
+    handle = eng.submit(request)
+    eng.run_until_idle()
+    return handle.wait(0).tokens
+
+
+def test_requests_that_arrive_while_others_run_join_the_batch(model: CausalLM) -> None:
+    """Eight requests submitted one step apart: the engine runs them together (fewer forwards than serving them
+    one after another, and several rows per forward), and each output equals that request served alone."""
+    requests = [EngineRequest(p, 20) for p in prompts(8)]
+    engine = ServingEngine(model, max_batch=8, max_seq_len=128)
+    handles = []
+    for request in requests:
+        handles.append(engine.submit(request))
+        engine.step()  # the earlier ones are decoding when the next one arrives
+    engine.run_until_idle()
+    serial_forwards = sum(len(alone(model, r)) for r in requests)  # one forward per token, served alone
+    assert engine.stats.forwards < serial_forwards / 3
+    assert engine.stats.rows_forwarded / engine.stats.forwards > 3
+    assert [h.wait(0).tokens for h in handles] == [alone(model, r) for r in requests]
+
+
+def test_a_background_engine_serves_concurrent_submitters(model: CausalLM) -> None:
+    engine = ServingEngine(model, max_batch=4, max_seq_len=128)
+    engine.start()
+    try:
+        requests = [EngineRequest(p, 12) for p in prompts(6, seed=1)]
+        results: dict[int, list[int]] = {}
+        threads = [threading.Thread(target=lambda i=i, r=r: results.__setitem__(i, engine.submit(r).wait(60).tokens))
+                   for i, r in enumerate(requests)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        engine.stop()
+    assert results == {i: alone(model, r) for i, r in enumerate(requests)}
+
+
+def test_mixed_batch_plain_verification_and_medusa_each_equal_alone(medusa: CausalLM) -> None:
+    """One Medusa engine, one batch: Medusa requests, plain ones (speculate=False), one-round verifications of
+    external draft tokens (some right, some wrong), stop words, an end id, different lengths and a request
+    cancelled mid-batch; every surviving output equals the same request served alone."""
+    ps = prompts(7, seed=2)
+    greedy = alone(medusa, EngineRequest(ps[2], 10, speculate=False), tree=TREE)
+    drafts = [*greedy[:2], (greedy[2] + 1) % VOCAB]  # two right guesses, then a wrong one
+    stop_free = alone(medusa, EngineRequest(ps[4], 16), tree=TREE)
+    word = tuple(stop_free[5:7])
+    stop_at = next(i for i in range(len(stop_free)) if tuple(stop_free[i : i + 2]) == word)
+    requests = [
+        EngineRequest(ps[0], 16),
+        EngineRequest(ps[1], 9, speculate=False),
+        EngineRequest(ps[2], 4, draft_tokens=drafts),
+        EngineRequest(ps[3], 14, end_id=stop_free[0]),
+        EngineRequest(ps[4], 16, stop_words=(word,)),
+        EngineRequest(ps[5], 30, speculate=False),
+        EngineRequest(ps[6], 30),
+    ]
+    engine = ServingEngine(medusa, max_batch=8, max_seq_len=128, max_draft_len=4, tree=TREE)
+    handles = [engine.submit(r) for r in requests]
+    for _ in range(3):
+        engine.step()
+    handles[5].cancel()
+    engine.run_until_idle()
+    results = [h.wait(0) for h in handles]
+    assert results[5].reason == "cancelled"
+    expected = [alone(medusa, r, tree=TREE, max_draft_len=4) for r in requests]
+    for index, (result, want) in enumerate(zip(results, expected, strict=True)):
+        if index != 5:
+            assert result.tokens == want, index
+    assert results[2].tokens == greedy[:3] and results[2].accepted_draft_tokens == 2 and results[2].reason == "round"
+    assert results[4].tokens == stop_free[:stop_at] and results[4].reason == "stop_word"
+    assert results[0].draft_tokens > 0, "the Medusa request speculated"
+    assert results[1].draft_tokens == 0, "the plain one did not"
+
+
+def test_medusa_greedy_output_is_plain_greedy_output(medusa: CausalLM) -> None:
+    for prompt in prompts(3, seed=4):
+        assert alone(medusa, EngineRequest(prompt, 24), tree=TREE) == alone(
+            medusa, EngineRequest(prompt, 24, speculate=False), tree=TREE)
+
+
+def test_a_repeated_prefix_is_reused_not_recomputed(model: CausalLM) -> None:
+    """A BLS sends the whole sequence every round: the second request finds the first one's row."""
+    prompt = prompts(1, seed=5)[0]
+    engine = ServingEngine(model, max_batch=2, max_seq_len=128)
+    first = engine.submit(EngineRequest(prompt, 8))
+    engine.run_until_idle()
+    continued = prompt + first.wait(0).tokens
+    second = engine.submit(EngineRequest(continued, 8))
+    engine.run_until_idle()
+    assert second.reused_tokens == len(continued) - 1
+    assert second.wait(0).tokens == alone(model, EngineRequest(continued, 8))
+
+
+def test_a_dropped_stop_word_is_never_streamed(model: CausalLM) -> None:
+    """Tokens that could start a stop word wait until it is decided: the stream only ever grows."""
+    prompt = prompts(1, seed=6)[0]
+    free = alone(model, EngineRequest(prompt, 20))
+    word = tuple(free[8:11])
+    first = next(i for i in range(len(free)) if tuple(free[i : i + 3]) == word)
+    streamed: list[int] = []
+    done = alone(model, EngineRequest(prompt, 20, stop_words=(word,),
+                                      on_update=lambda u: streamed.extend(u.tokens)))
+    assert done == free[:first] == streamed
+    kept = alone(model, EngineRequest(prompt, 20, stop_words=(word,), include_stop_words=True))
+    assert kept == free[: first + 3], "TensorRT-LLM's semantics: the stop word is part of the output"
+
+
+def test_above_the_load_threshold_medusa_takes_plain_steps(medusa: CausalLM) -> None:
+    ps = prompts(4, seed=7)
+    engine = ServingEngine(medusa, max_batch=4, max_seq_len=128, tree=TREE, speculate_max_batch=2)
+    handles = [engine.submit(EngineRequest(p, 12)) for p in ps]
+    engine.run_until_idle()
+    assert [h.wait(0).tokens for h in handles] == [alone(medusa, EngineRequest(p, 12), tree=TREE) for p in ps]
+    assert engine.stats.acceptance.proposed_by_position == [] or sum(
+        engine.stats.acceptance.proposed_by_position) < sum(len(h.wait(0).tokens) for h in handles)
+
+
+def test_seeded_sampling_is_reproducible_and_bad_requests_are_refused(model: CausalLM) -> None:
+    prompt = prompts(1, seed=8)[0]
+    params = SamplingParams(temperature=0.9, top_k=50, seed=11)
+    assert alone(model, EngineRequest(prompt, 16, params)) == alone(model, EngineRequest(prompt, 16, params))
+    engine = ServingEngine(model, max_batch=1, max_seq_len=32, max_draft_len=2)
+    for request, message in ((EngineRequest([], 4), "at least one prompt token"),
+                             (EngineRequest([VOCAB], 4), r"must be in \[0, 1000\)"),
+                             (EngineRequest([5] * 30, 4), "max_seq_len 32"),
+                             (EngineRequest([5], 4, draft_tokens=[1, 2, 3]), "max_draft_len 2")):
+        with pytest.raises(ValueError, match=message):
+            engine.submit(request)
