@@ -14,15 +14,16 @@ import torch
 from rich.console import Console
 
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
-from specbuild.medusa.tree import MedusaTree, load_choices
+from specbuild.medusa.tree import load_choices
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams
+from specbuild.runtime.schedule import DraftSchedule
 from specbuild.runtime.serving import EngineRequest, ServingEngine
 from tests.test_runtime_model import add_medusa_heads
 from tests.tiny_models import make_model, save_model
 
 VOCAB = 1000
-TREE = MedusaTree.from_choices(load_choices("mc_sim_7b_top8"))
+CHOICES = load_choices("mc_sim_7b_top8")
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +99,9 @@ def test_mixed_batch_plain_verification_and_medusa_each_equal_alone(medusa: Caus
     external draft tokens (some right, some wrong), stop words, an end id, different lengths and a request
     cancelled mid-batch; every surviving output equals the same request served alone."""
     ps = prompts(7, seed=2)
-    greedy = alone(medusa, EngineRequest(ps[2], 10, speculate=False), tree=TREE)
+    greedy = alone(medusa, EngineRequest(ps[2], 10, speculate=False), medusa_choices=CHOICES)
     drafts = [*greedy[:2], (greedy[2] + 1) % VOCAB]  # two right guesses, then a wrong one
-    stop_free = alone(medusa, EngineRequest(ps[4], 16), tree=TREE)
+    stop_free = alone(medusa, EngineRequest(ps[4], 16), medusa_choices=CHOICES)
     word = tuple(stop_free[5:7])
     stop_at = next(i for i in range(len(stop_free)) if tuple(stop_free[i : i + 2]) == word)
     requests = [
@@ -112,7 +113,7 @@ def test_mixed_batch_plain_verification_and_medusa_each_equal_alone(medusa: Caus
         EngineRequest(ps[5], 30, speculate=False),
         EngineRequest(ps[6], 30),
     ]
-    engine = ServingEngine(medusa, max_batch=8, max_seq_len=128, max_draft_len=4, tree=TREE)
+    engine = ServingEngine(medusa, max_batch=8, max_seq_len=128, max_draft_len=4, medusa_choices=CHOICES)
     handles = [engine.submit(r) for r in requests]
     for _ in range(3):
         engine.step()
@@ -120,7 +121,7 @@ def test_mixed_batch_plain_verification_and_medusa_each_equal_alone(medusa: Caus
     engine.run_until_idle()
     results = [h.wait(0) for h in handles]
     assert results[5].reason == "cancelled"
-    expected = [alone(medusa, r, tree=TREE, max_draft_len=4) for r in requests]
+    expected = [alone(medusa, r, medusa_choices=CHOICES, max_draft_len=4) for r in requests]
     for index, (result, want) in enumerate(zip(results, expected, strict=True)):
         if index != 5:
             assert result.tokens == want, index
@@ -132,8 +133,8 @@ def test_mixed_batch_plain_verification_and_medusa_each_equal_alone(medusa: Caus
 
 def test_medusa_greedy_output_is_plain_greedy_output(medusa: CausalLM) -> None:
     for prompt in prompts(3, seed=4):
-        assert alone(medusa, EngineRequest(prompt, 24), tree=TREE) == alone(
-            medusa, EngineRequest(prompt, 24, speculate=False), tree=TREE)
+        assert alone(medusa, EngineRequest(prompt, 24), medusa_choices=CHOICES) == alone(
+            medusa, EngineRequest(prompt, 24, speculate=False), medusa_choices=CHOICES)
 
 
 def test_a_repeated_prefix_is_reused_not_recomputed(model: CausalLM) -> None:
@@ -163,14 +164,21 @@ def test_a_dropped_stop_word_is_never_streamed(model: CausalLM) -> None:
     assert kept == free[: first + 3], "TensorRT-LLM's semantics: the stop word is part of the output"
 
 
-def test_above_the_load_threshold_medusa_takes_plain_steps(medusa: CausalLM) -> None:
+def test_the_schedule_shrinks_the_medusa_tree_with_load(medusa: CausalLM) -> None:
+    """TensorRT-LLM's draft_len_schedule: 4 active sequences get the tree's first 3 paths, and none above
+    max_concurrency; the output stays the plain greedy output either way."""
     ps = prompts(4, seed=7)
-    engine = ServingEngine(medusa, max_batch=4, max_seq_len=128, tree=TREE, speculate_max_batch=2)
-    handles = [engine.submit(EngineRequest(p, 12)) for p in ps]
-    engine.run_until_idle()
-    assert [h.wait(0).tokens for h in handles] == [alone(medusa, EngineRequest(p, 12), tree=TREE) for p in ps]
-    assert engine.stats.acceptance.proposed_by_position == [] or sum(
-        engine.stats.acceptance.proposed_by_position) < sum(len(h.wait(0).tokens) for h in handles)
+    for schedule, proposed in ((DraftSchedule({1: 8, 3: 3}, 8), 3), (DraftSchedule({1: 8}, 8, max_concurrency=2), 0)):
+        engine = ServingEngine(medusa, max_batch=4, max_seq_len=128, medusa_choices=CHOICES, schedule=schedule)
+        handles = [engine.submit(EngineRequest(p, 12)) for p in ps]
+        engine.step()
+        engine.step()  # prefill, then the first tree step with all four active
+        assert engine.tree_for(4) is None if proposed == 0 else engine.tree_for(4).num_nodes == proposed
+        engine.run_until_idle()
+        assert [h.wait(0).tokens for h in handles] == [
+            alone(medusa, EngineRequest(p, 12, speculate=False), medusa_choices=CHOICES) for p in ps]
+    with pytest.raises(ValueError, match="batch size 1 must draft the full length 8"):
+        DraftSchedule({1: 4}, 8)
 
 
 def test_seeded_sampling_is_reproducible_and_bad_requests_are_refused(model: CausalLM) -> None:

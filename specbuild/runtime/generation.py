@@ -20,7 +20,6 @@ from specbuild.runtime.sequence import (
 )
 
 if TYPE_CHECKING:
-    from specbuild.medusa.tree import MedusaTree
     from specbuild.runtime.kv_cache import KVCache
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.serving import Typical
@@ -71,7 +70,7 @@ def run_to_completion(
     params: SamplingParams,
     stop: StopCriteria,
     *,
-    tree: MedusaTree | None = None,
+    medusa_choices: Sequence[Sequence[int]] | None = None,
     typical: Typical | None = None,
 ) -> GenerationResult:
     """Every prompt as one request of a serving engine sized for the whole batch, stepped until all finish:
@@ -80,8 +79,8 @@ def run_to_completion(
 
     check_prompts(prompts, model.config.vocab_size)
     start = time.perf_counter()
-    extra = tree.num_nodes + 1 if tree is not None else 0
-    engine = ServingEngine(model, max_batch=len(prompts), tree=tree,
+    extra = len(medusa_choices) + 1 if medusa_choices else 0
+    engine = ServingEngine(model, max_batch=len(prompts), medusa_choices=medusa_choices,
                            max_seq_len=max(len(p) for p in prompts) + stop.max_new_tokens + extra + 1)
     handles = [engine.submit(EngineRequest(list(p), stop.max_new_tokens, params, stop.end_id, stop.stop_words,
                                            stop.include_stop_words, typical=typical)) for p in prompts]

@@ -10,11 +10,8 @@ pending token. The steps are the serving engine's (`specbuild.runtime.serving`),
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
 
 from specbuild.medusa.tree import MedusaTree
 from specbuild.runtime.generation import run_to_completion
@@ -53,12 +50,4 @@ def generate_medusa(
     if config.typical and params.greedy:
         raise ValueError("typical acceptance samples: give a temperature > 0 (greedy uses exact verification)")
     typical = Typical(config.posterior_threshold, config.posterior_alpha) if config.typical else None
-    return run_to_completion(model, prompts, params, stop, tree=_on_device(tree, model.device), typical=typical)
-
-
-def _on_device(tree: MedusaTree, device: torch.device) -> MedusaTree:
-    """The tree's index tensors on the model's device, so a CUDA round never mixes devices."""
-    return dataclasses.replace(
-        tree, depth=tree.depth.to(device), parent=tree.parent.to(device), rank=tree.rank.to(device),
-        attention_mask=tree.attention_mask.to(device), retrieve_indices=tree.retrieve_indices.to(device),
-    )
+    return run_to_completion(model, prompts, params, stop, medusa_choices=config.choices, typical=typical)

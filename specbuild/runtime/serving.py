@@ -15,6 +15,7 @@ the acceptance rules the runtime's (`accept_greedy`, `accept_rejection_sampling`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -31,6 +32,7 @@ from specbuild.medusa.tree import accept_greedy as accept_tree
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
 from specbuild.runtime.model import CausalLM, ForwardOutput
 from specbuild.runtime.sampling import SamplingParams, next_tokens, probabilities
+from specbuild.runtime.schedule import DraftSchedule
 from specbuild.runtime.sequence import GenerationStats, SequenceState, StopCriteria
 
 FinishReason = Literal["length", "end_id", "stop_word", "cancelled", "error", "round"]
@@ -150,11 +152,11 @@ class Handle:
 
 @dataclass
 class _Block:
-    """A row's input for one forward: tokens, their positions, and (tree rows) the tree mask."""
+    """A row's input for one forward: tokens, their positions, and (tree rows) the Medusa tree."""
 
     tokens: list[int]
     positions: list[int]
-    tree: torch.Tensor | None = None  # [T, T] bool for a Medusa tree; None: causal
+    tree: MedusaTree | None = None  # None: a causal block
 
 
 class _Sequence:
@@ -178,19 +180,19 @@ class _Sequence:
         self.sent = 0  # output tokens already sent in updates
         self.token_logits: list[torch.Tensor] = []  # the distribution each output token came from
         self.topk: torch.Tensor | None = None  # Medusa: [heads, k] head guesses at the last accepted position
-        self.tree = engine.tree if request.speculate and request.draft_tokens is None else None
+        self.medusa = engine.tree is not None and request.speculate and request.draft_tokens is None
         self.verify = request.draft_tokens is not None
 
     # -- what to feed ----------------------------------------------------------------------------------------
-    def block(self, speculate: bool) -> _Block:
+    def block(self, tree: MedusaTree | None) -> _Block:
+        """This step's block; `tree` is the Medusa tree the engine's load allows now (None: no speculation)."""
         start = len(self.committed)
         if self.verify:
             tokens = [*self.pending, *(self.request.draft_tokens or ())]
             return _Block(tokens, list(range(start, start + len(tokens))))
-        if self.tree is not None and self.topk is not None and speculate:
-            tree = self.tree
+        if self.medusa and tree is not None and self.topk is not None:
             nodes = tree.candidate_tokens(torch.tensor(self.pending[-1:]), self.topk[:, None])[0].tolist()
-            return _Block(nodes, (start + tree.depth).tolist(), tree.attention_mask)
+            return _Block(nodes, (start + tree.depth).tolist(), tree)
         return _Block(list(self.pending), list(range(start, start + len(self.pending))))
 
     # -- what the forward said ---------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class _Sequence:
                       logits: torch.Tensor) -> tuple[int, None, Update]:
         last = self._constrain(logits[-1])
         token = self._draw(last[None])[0]
-        if self.tree is not None:  # a Medusa sequence's prefill, or a step taken without the tree: refresh guesses
+        if self.medusa:  # a Medusa sequence's prefill, or a step taken without the tree: refresh guesses
             self.topk = self.engine.head_topk(out.hidden[row, len(block.tokens) - 1])
         update = self._emit([token], [last])
         self.committed += block.tokens
@@ -239,7 +241,7 @@ class _Sequence:
 
     def _after_tree(self, block: _Block, out: ForwardOutput, row: int,
                     logits: torch.Tensor) -> tuple[int, torch.Tensor, Update]:
-        tree = self.tree
+        tree = block.tree
         assert tree is not None
         tokens = torch.tensor(block.tokens)
         typical = self.request.typical
@@ -339,19 +341,25 @@ class EngineStats:
 class ServingEngine:
     """In-flight batching over `model`: at most `max_batch` active sequences of up to `max_seq_len` tokens.
 
-    `tree` makes it a Medusa engine (requests speculate with it while at most `speculate_max_batch`
-    sequences are active, else take plain steps); `max_draft_len` bounds external draft tokens per request.
+    `medusa_choices` makes it a Medusa engine; `schedule` then sizes the tree by load (the first K paths of
+    `medusa_choices`, whose order must keep every leading slice a tree: FasterDecoding's presets and `specbuild
+    tune` trees do; K = 0: plain steps). `max_draft_len` bounds external draft tokens per request.
     """
 
     def __init__(self, model: CausalLM, *, max_batch: int, max_seq_len: int, max_draft_len: int = 0,
-                 tree: MedusaTree | None = None, kv_rows: int | None = None,
-                 speculate_max_batch: int | None = None, accept: AcceptRule | None = None) -> None:
+                 medusa_choices: Sequence[Sequence[int]] | None = None, kv_rows: int | None = None,
+                 schedule: DraftSchedule | None = None, accept: AcceptRule | None = None) -> None:
+        self.choices = [list(path) for path in medusa_choices] if medusa_choices else None
+        tree = MedusaTree.from_choices(self.choices) if self.choices else None
         if tree is not None and model.config.num_medusa_heads < tree.max_depth:
             raise ValueError(f"the Medusa tree is {tree.max_depth} deep but the checkpoint has "
                              f"{model.config.num_medusa_heads} heads")
         self.model, self.max_batch, self.max_seq_len = model, max_batch, max_seq_len
         self.max_draft_len, self.tree = max_draft_len, tree
-        self.speculate_max_batch = speculate_max_batch
+        self.schedule = schedule
+        self._trees: dict[int, MedusaTree | None] = {0: None}
+        if tree is not None:
+            self._trees[tree.num_nodes] = _on_device(tree, model.device)
         self.accept = accept or accept_rejection_sampling  # draft-target under sampling (tests swap in wrong rules)
         self.topk_size = int(tree.rank.max()) + 1 if tree is not None else 0
         # A step pads short blocks to one length; longer ones (prompts) run alone.
@@ -434,8 +442,8 @@ class ServingEngine:
         if not self.active:
             return False
         self.stats.steps += 1
-        speculate = self.speculate_max_batch is None or len(self.active) <= self.speculate_max_batch
-        blocks = [seq.block(speculate) for seq in self.active]
+        tree = self.tree_for(len(self.active))
+        blocks = [seq.block(tree) for seq in self.active]
         for start, stop in self._groups(blocks):
             self._forward(start, stop, blocks[start:stop])
         for seq in [s for s in self.active if s.handle.done]:
@@ -482,7 +490,7 @@ class ServingEngine:
             positions[i, n:] = positions[i, n - 1]  # padding: any valid position, its outputs are dropped
             if block.tree is not None and mask is not None:
                 mask[i] = torch.eye(width, dtype=torch.bool)
-                mask[i, :n, :n] = block.tree
+                mask[i, :n, :n] = block.tree.attention_mask
         view = self.cache.view(start, stop)
         sequences = self.active[start:stop]
         try:
@@ -511,6 +519,21 @@ class ServingEngine:
                 self._finish(seq, update)
             else:
                 seq.handle._record(update)
+
+    def tree_for(self, active: int) -> MedusaTree | None:
+        """The Medusa tree for a step with `active` sequences: the schedule's first K paths (None: no tree)."""
+        if self.tree is None:
+            return None
+        k = self.tree.num_nodes if self.schedule is None else min(self.schedule.draft_len(active),
+                                                                   self.tree.num_nodes)
+        if k not in self._trees:
+            assert self.choices is not None
+            try:
+                self._trees[k] = _on_device(MedusaTree.from_choices(self.choices[:k]), self.model.device)
+            except ValueError as err:
+                raise ValueError(f"the first {k} Medusa paths are not a tree ({err}): order medusa_choices so "
+                                 "that every path comes after its prefix") from None
+        return self._trees[k]
 
     def head_topk(self, hidden: torch.Tensor) -> torch.Tensor:
         """[heads, k] top guesses of every Medusa head at one position (hidden [H])."""
@@ -587,6 +610,14 @@ class ServingEngine:
             self._finish(seq, Update([], True, "cancelled", accepted_draft_tokens=seq.accepted,
                                      draft_tokens=seq.drafted))
             self._release(seq)
+
+
+def _on_device(tree: MedusaTree, device: torch.device) -> MedusaTree:
+    """The tree's index tensors on the model's device, so a CUDA step never mixes devices."""
+    return dataclasses.replace(
+        tree, depth=tree.depth.to(device), parent=tree.parent.to(device), rank=tree.rank.to(device),
+        attention_mask=tree.attention_mask.to(device), retrieve_indices=tree.retrieve_indices.to(device),
+    )
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
