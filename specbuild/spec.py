@@ -40,6 +40,7 @@ from rich.table import Table
 from specbuild.atomic import stage_text
 from specbuild.errors import SpecError
 from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, load_choices, medusa_tree_problems
+from specbuild.runtime.schedule import schedule_problems
 
 __all__ = [
     "MAX_DRAFT_TOKENS",
@@ -386,6 +387,13 @@ class SpeculativeSpec(_Section):
     use_draft_logits: Annotated[bool, Strict()] = False
     """draft_target: accept draft tokens by rejection sampling on the draft's and the target's logits instead
     of by token match; both engines are then built with --gather_generation_logits (TensorRT-LLM#2798)."""
+    draft_len_schedule: dict[int, int] | None = None
+    """Load-aware speculation, as TensorRT-LLM's `draft_len_schedule`: active sequences -> draft length, each
+    entry from that many on ({1: 4, 4: 2, 8: 0}: K=4 alone, 2 from 4 sequences, none from 8). Must map 1 to the
+    full length (num_draft_tokens; the tree's node count for medusa, whose tree then shrinks to its first K
+    paths). `specbuild tune` measures and writes it. Default: the full length at any load."""
+    max_concurrency: Annotated[int, Strict(), Field(ge=1)] | None = None
+    """Speculation off above this many active sequences (TensorRT-LLM's `max_concurrency`). Default: never off."""
 
     @model_validator(mode="after")
     def _check_draft_settings(self) -> SpeculativeSpec:
@@ -405,6 +413,11 @@ class SpeculativeSpec(_Section):
                 "would refuse every draft ('Number of draft tokens is larger than maximum number of draft tokens')",
                 line,
             ))
+        if self.draft_len_schedule is not None and self.mode == "none":
+            issues.append((("draft_len_schedule",), "only used with speculative decoding (mode is 'none')", None))
+        elif self.draft_len_schedule is not None and self.mode == "draft_target":
+            issues += [(("draft_len_schedule",), problem, None)
+                       for problem in schedule_problems(self.draft_len_schedule, self.num_draft_tokens)]
         if issues:
             _raise_issues(issues)
         return self
@@ -577,7 +590,19 @@ def _mode_issues(mode: str, present: dict[str, bool], k_given: bool) -> Iterator
 def _spec_mode_issues(spec: PipelineSpec) -> list[_Issue]:
     present = {"draft": spec.draft is not None, "medusa": spec.medusa is not None}
     k_given = "num_draft_tokens" in spec.speculative.model_fields_set
-    return list(_mode_issues(spec.speculative.mode, present, k_given))
+    issues = list(_mode_issues(spec.speculative.mode, present, k_given))
+    schedule = spec.speculative.draft_len_schedule
+    if schedule is not None and spec.speculative.mode == "medusa" and spec.medusa is not None:
+        choices = spec.medusa.resolved_choices()
+        issues += [(("speculative", "draft_len_schedule"), f"{problem} (the Medusa tree's node count)", None)
+                   for problem in schedule_problems(schedule, len(choices))]
+        for length in sorted(set(schedule.values()) - {0}):
+            if medusa_tree_problems(choices[:length]):
+                issues.append((("speculative", "draft_len_schedule"),
+                               f"the tree's first {length} paths are not a tree (a path before its prefix): order "
+                               "medusa.choices so every leading slice is a tree, as the presets and tuned trees "
+                               "are", None))
+    return issues
 
 
 def _raw_mode_issues(data: dict[str, Any]) -> list[_Issue]:

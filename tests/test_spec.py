@@ -201,6 +201,25 @@ def test_num_draft_tokens_bounds(tmp_path: Path) -> None:
         assert f"speculative.num_draft_tokens: {expected} (got {bad})" in spec_error(path).message
 
 
+def test_draft_len_schedule_follows_tensorrt_llms_rules(tmp_path: Path) -> None:
+    """TensorRT-LLM's DecodingBaseConfig (tensorrt_llm/llmapi/llm_args.py): batch size 1 maps to the full draft
+    length; for Medusa every scheduled length must be a leading slice of the tree that is a tree itself."""
+    base = MINIMAL + "draft:\n  model: d\nspeculative:\n  mode: draft_target\n  num_draft_tokens: 4\n"
+    spec = load_spec(write(tmp_path, base + "  draft_len_schedule: {1: 4, 4: 2, 8: 0}\n  max_concurrency: 12\n"))
+    assert spec.speculative.draft_len_schedule == {1: 4, 4: 2, 8: 0} and spec.speculative.max_concurrency == 12
+    message = spec_error(write(tmp_path, base + "  draft_len_schedule: {1: 3, 4: 7}\n")).message
+    assert "batch size 1 must draft the full length 4, not 3" in message
+    assert "draft length 7 (batch size 4) must be an integer in 0..4" in message
+    medusa = ("speculative:\n  mode: medusa\n  draft_len_schedule: {1: 3, 2: 2}\nmedusa:\n  heads: h\n"
+              "  choices: [[0], [0, 0], [1]]\n")
+    assert load_spec(write(tmp_path, MINIMAL + medusa)).speculative.draft_len_schedule == {1: 3, 2: 2}
+    short = medusa.replace("{1: 3, 2: 2}", "{1: 2}")
+    assert "batch size 1 must draft the full length 3, not 2 (the Medusa tree's node count)" in spec_error(
+        write(tmp_path, MINIMAL + short)).message
+    child_first = medusa.replace("{1: 3, 2: 2}", "{1: 3, 2: 1}").replace("[[0], [0, 0], [1]]", "[[0, 0], [0], [1]]")
+    assert "the tree's first 1 paths are not a tree" in spec_error(write(tmp_path, MINIMAL + child_first)).message
+
+
 def test_medusa_tree_with_missing_prefix(tmp_path: Path) -> None:
     medusa = "medusa:\n  heads: heads\n  choices: [[0], [1, 0], [0, 0]]\n"
     path = write(tmp_path, MINIMAL + "speculative:\n  mode: medusa\n" + medusa)
