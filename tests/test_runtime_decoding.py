@@ -205,7 +205,9 @@ def test_speculative_sampling_matches_target_distribution(
     prompt, trials = [1, 2, 3], 3000
     result = generate_draft_target(target, draft, [prompt] * trials, PARAMS, StopCriteria(max_new_tokens=3),
                                    DraftTargetConfig(3), accept=rule)  # type: ignore[arg-type]
-    for position in (1, 2):  # tokens decided by the first speculative round (accepted or resampled)
+    # The first round drafts from the prompt (as TensorRT-LLM's BLS): with 3 new tokens it proposes K = 2, so
+    # positions 0 and 1 are draft tokens accepted or resampled, the rule under test.
+    for position in (0, 1):
         expected = exact_marginal(target, prompt, position)
         observed = torch.bincount(torch.tensor([o[position] for o in result.output_ids]), minlength=VOCAB).float()
         keep = expected * trials >= 5  # chi-square needs expected counts >= 5; pool the rest

@@ -6,6 +6,7 @@ are drawn from, so temperature, top-k and top-p are applied here once, to both m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def for_row(self, row: int) -> SamplingParams:
+        """The parameters for row `row` of a batch seeded as a whole: its own seed, so identical prompts in one
+        batch still draw independently (a request's seed alone would make them draw alike)."""
+        if self.seed is None or self.greedy:
+            return self
+        return dataclasses.replace(self, seed=(self.seed * 7919 + row) % (2**63))
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         """A generator on the device the probabilities live on (CUDA draws need a CUDA generator)."""

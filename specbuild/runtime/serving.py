@@ -172,10 +172,8 @@ class _Sequence:
         self.committed: list[int] = []  # exactly the tokens whose K/V the row holds
         self.pending: list[int] = []  # tokens to feed next (the cache holds everything before them)
         self.gen: torch.Generator | None = None
-        if not request.params.greedy:  # a seeded request draws differently at each length: BLS rounds differ
-            seed = request.params.seed
-            self.gen = torch.Generator().manual_seed(seed + len(request.prompt) if seed is not None
-                                                     else int(torch.seed()))
+        if not request.params.greedy:
+            self.gen = torch.Generator().manual_seed(_seed(request))
         self.accepted = self.drafted = 0
         self.sent = 0  # output tokens already sent in updates
         self.token_logits: list[torch.Tensor] = []  # the distribution each output token came from
@@ -610,6 +608,16 @@ class ServingEngine:
             self._finish(seq, Update([], True, "cancelled", accepted_draft_tokens=seq.accepted,
                                      draft_tokens=seq.drafted))
             self._release(seq)
+
+
+def _seed(request: EngineRequest) -> int:
+    """A seeded request draws differently at each sequence length (speculation rounds of one sequence do not
+    repeat their draws) and for verification than for generation (a draft's draws and the target's acceptance
+    test of them must be independent); an unseeded one draws from a random seed."""
+    seed = request.params.seed
+    if seed is None:
+        return int(torch.seed())
+    return (seed * 1_000_003 + 2 * len(request.prompt) + (request.draft_tokens is not None)) % (2**63)
 
 
 def _on_device(tree: MedusaTree, device: torch.device) -> MedusaTree:

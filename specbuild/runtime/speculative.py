@@ -16,13 +16,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
-from specbuild.runtime.generation import padded, prefill
 from specbuild.runtime.model import CausalLM
-from specbuild.runtime.sampling import SamplingParams, draw, probabilities
+from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.sequence import GenerationResult, GenerationStats, SequenceState, StopCriteria, check_prompts
+from specbuild.runtime.serving import EngineRequest, ServingEngine
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -72,88 +70,66 @@ def check_pair(draft: CausalLM, target: CausalLM) -> None:
 
 
 class _DraftTargetRun:
-    """State of one batched draft-target generation."""
+    """One batched draft-target generation over two serving engines: each round every unfinished sequence asks
+    the draft engine for its K tokens and the target engine to verify them (one batched forward per engine
+    step), then applies the stop rules to what the target returned."""
 
     def __init__(
         self, target: CausalLM, draft: CausalLM, prompts: Sequence[Sequence[int]], params: SamplingParams,
         stop: StopCriteria, config: DraftTargetConfig, accept: AcceptRule,
     ) -> None:
-        self.target, self.draft, self.params, self.stop, self.config = target, draft, params, stop, config
-        self.accept = accept
+        self.params, self.stop, self.config = params, stop, config
         self.seqs = [SequenceState(list(p)) for p in prompts]
-        self.gen = params.generator(target.device)
-        # Committed tokens stay below prompt + max_new_tokens; a round writes at most K + 1 more past them.
+        # A round verifies the whole sequence so far plus at most K drafts.
         capacity = max(len(p) for p in prompts) + stop.max_new_tokens + config.num_draft_tokens + 2
-        self.tcache = target.new_cache(len(prompts), capacity)
-        self.dcache = draft.new_cache(len(prompts), capacity)
+        k = config.num_draft_tokens
+        self.target = ServingEngine(target, max_batch=len(prompts), max_seq_len=capacity, max_draft_len=k,
+                                    accept=accept)
+        self.draft = ServingEngine(draft, max_batch=len(prompts), max_seq_len=capacity)
         self.stats = GenerationStats()
         self.alpha = [config.prior_acceptance] * len(prompts)
         self.cost_ratio = config.cost_ratio if config.cost_ratio is not None else parameter_ratio(draft, target)
 
-    def round_k(self) -> list[int]:
-        k_max = self.config.num_draft_tokens
-        if not self.config.adaptive:
-            return [k_max] * len(self.seqs)
-        return [best_k(a, self.cost_ratio, k_max) for a in self.alpha]
+    def round_k(self, seq: SequenceState, index: int) -> int:
+        """This round's K: the configured (or adaptive) one, never past the budget (the target's own token makes
+        the last one, as TensorRT-LLM's BLS counts)."""
+        k = self.config.num_draft_tokens
+        if self.config.adaptive:
+            k = best_k(self.alpha[index], self.cost_ratio, k)
+        return max(0, min(k, self.stop.max_new_tokens - len(seq.output) - 1))
 
-    def propose(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The draft's k tokens per sequence ([B, k]) and the distributions they were drawn from ([B, k, V])."""
-        backlog = [s.tokens[int(n):] for s, n in zip(self.seqs, self.dcache.lengths.tolist(), strict=True)]
-        ids, lengths = padded(backlog)
-        out = self.draft(ids, self.dcache)
-        self.dcache.advance(lengths)
-        logits = out.logits[torch.arange(len(backlog)), lengths - 1]
-        tokens, dists = [], []
-        for step in range(k):
-            if self.params.greedy:  # greedy verification never reads q: skip building it
-                token, q = logits.argmax(-1), logits
-            else:
-                q = probabilities(logits, self.params)
-                token = draw(q, self.gen)
-            tokens.append(token)
-            dists.append(q)
-            if step + 1 < k:
-                logits = self.draft(token[:, None], self.dcache).logits[:, -1]
-                self.dcache.advance(1)
-        self.stats.draft_forwards += k
-        return torch.stack(tokens, 1), torch.stack(dists, 1)
-
-    def verify(self, pending: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor, ks: list[int]) -> torch.Tensor:
-        """Score pending + drafts with the target, accept per sequence, commit, emit; returns the new pending."""
-        out = self.target(torch.cat([pending[:, None], drafts], 1), self.tcache)
-        self.stats.target_forwards += 1
-        p = out.logits if self.params.greedy else probabilities(out.logits, self.params)
-        new_pending = pending.clone()
-        commit = torch.zeros(len(self.seqs), dtype=torch.long)
-        # The draft cache may hold rejected drafts: it keeps at most what each sequence has committed.
-        draft_keep = torch.tensor([len(s.tokens) for s in self.seqs])
-        for b, seq in enumerate(self.seqs):
-            if seq.done:
-                continue
-            k = ks[b]
-            accepted, nxt = self.accept(p[b, : k + 1], q[b, :k], drafts[b, :k], self.gen)
-            self.stats.record_acceptance(k, accepted)
-            self.alpha[b] += self.config.smoothing * (accepted / k - self.alpha[b])
-            before = len(seq.tokens)
-            for token in [*drafts[b, :accepted].tolist(), nxt]:
+    def round(self) -> None:
+        rows = [(i, seq, self.round_k(seq, i)) for i, seq in enumerate(self.seqs) if not seq.done]
+        sampling = not self.params.greedy
+        proposals = {i: self.draft.submit(EngineRequest(seq.tokens, k, self.params.for_row(i),
+                                                        return_logits=sampling)) for i, seq, k in rows if k}
+        self.draft.run_until_idle()
+        verdicts = {}
+        for i, seq, k in rows:
+            drafts = proposals[i].wait(0) if k else None
+            verdicts[i] = self.target.submit(EngineRequest(
+                seq.tokens, k + 1, self.params.for_row(i), end_id=self.stop.end_id,
+                draft_tokens=drafts.tokens if drafts else [],
+                draft_logits=drafts.logits if drafts and sampling else None))
+        self.target.run_until_idle()
+        for i, seq, _ in rows:
+            result = verdicts[i].wait(0)
+            proposed = result.draft_tokens
+            if proposed:
+                self.stats.record_acceptance(proposed, result.accepted_draft_tokens)
+                self.alpha[i] += self.config.smoothing * (result.accepted_draft_tokens / proposed - self.alpha[i])
+            for token in result.tokens:
                 if not seq.emit(token, self.stop):
                     break
-            new_pending[b] = nxt
-            if not seq.done:  # a finished sequence's caches are never read again: commit nothing more
-                commit[b] = 1 + accepted
-                draft_keep[b] = before + accepted
-        self.tcache.advance(commit)
-        self.dcache.truncate(torch.minimum(self.dcache.lengths, draft_keep.to(self.dcache.lengths.device)))
-        return new_pending
+            if result.reason == "end_id" and not seq.done:
+                seq.emit(self.stop.end_id, self.stop)  # type: ignore[arg-type]
 
     def run(self) -> GenerationResult:
         start = time.perf_counter()
-        pending = prefill(self.target, self.tcache, self.seqs, self.params, self.gen, self.stop)
-        self.stats.target_forwards += 1
         while not all(s.done for s in self.seqs):
-            ks = self.round_k()
-            drafts, q = self.propose(max(k for k, s in zip(ks, self.seqs, strict=True) if not s.done))
-            pending = self.verify(pending, drafts, q, ks)
+            self.round()
+        self.stats.target_forwards = self.target.stats.forwards
+        self.stats.draft_forwards = self.draft.stats.forwards
         self.stats.generated_tokens = sum(len(s.output) for s in self.seqs)
         self.stats.seconds = time.perf_counter() - start
         return GenerationResult([s.output for s in self.seqs], self.stats)
