@@ -214,10 +214,16 @@ def summarise(
 
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
-        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan")}
+        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
     ordered = sorted(values)
     return {
         "mean": statistics.fmean(ordered),
         "p50": statistics.median(ordered),
-        "p90": ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))],
+        "p90": _percentile(ordered, 0.9),
+        "p99": _percentile(ordered, 0.99),
     }
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """The nearest-rank percentile of sorted values."""
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
