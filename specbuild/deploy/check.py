@@ -22,7 +22,7 @@ from specbuild.medusa.choices import validated
 
 CALLED_MODEL_PARAMETERS = ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
                            "postprocessing_model_name")
-"""BLS parameters that name models it calls with exec(decoupled=False)."""
+"""BLS parameters that name models it calls."""
 
 
 @dataclass
@@ -213,11 +213,19 @@ def _check_bls(report: RepositoryReport, model: ModelFacts) -> None:
             report.problems.append(f"{model.name}: parameter {key} = {name!r} names no model in the repository "
                                    f"(models: {known})")
             continue
-        if target.decoupled:
+        if target.decoupled and not _streams_through(model, key):
             report.problems.append(f"{model.name}: parameter {key} = {name!r} names a decoupled model, which a "
                                    "BLS exec(decoupled=False) call cannot use")
         called.append(name)
     report.wiring[model.name] = "calls " + ", ".join(called) + ("  (streams)" if model.decoupled else "")
+
+
+def _streams_through(bls: ModelFacts, key: str) -> bool:
+    """Whether the BLS calls this model with exec(decoupled=True): a decoupled BLS streams its LLM's responses
+    (NVIDIA's tensorrt_llm_bls does, triton_decoder.py), except around a draft model, whose speculation rounds
+    call both LLM models with exec(decoupled=False) as NVIDIA's BLS does."""
+    return (key == "tensorrt_llm_model_name" and bls.decoupled
+            and not parameter(bls.config, "tensorrt_llm_draft_model_name"))
 
 
 def _check_paths(report: RepositoryReport, model: ModelFacts) -> None:
