@@ -1,4 +1,8 @@
-"""postprocessing: token ids -> text; streamed chunks decode incrementally (PRECEDING_IDS, IS_FINAL)."""
+"""postprocessing: token ids -> text, as NVIDIA's postprocessing (NVIDIA/TensorRT-LLM `triton_backend/all_models/
+inflight_batcher_llm/postprocessing/1/model.py` @2e2327b9): OUTPUT is a 1-D array of UTF-8 strings, one per
+(row, beam) of the request (a client reads `text_output[0].decode("utf-8")`), each beam's tokens cut to
+SEQUENCE_LENGTH and decoded with skip_special_tokens. specbuild's optional PRECEDING_IDS / IS_FINAL make a
+streamed chunk decode incrementally (specbuild.deploy.detokenize); without them a chunk decodes on its own."""
 
 from __future__ import annotations
 
@@ -7,30 +11,26 @@ from typing import Any
 import numpy as np
 
 from specbuild.deploy import triton_io as io
-from specbuild.deploy.detokenize import decode_chunk
+from specbuild.deploy.detokenize import decode_outputs
+from specbuild.deploy.preprocess import nvidia_flag
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params, self.tokenizer = io.setup_tokenizer_model(args)
-        self.skip_special_tokens = io.flag(params, "skip_special_tokens", default=True)
+        self.skip_special_tokens = nvidia_flag(params.get("skip_special_tokens"))
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        return [self._one(request) for request in requests]
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._one(io.inputs(request)))
+            except (ValueError, IndexError) as err:
+                responses.append(io.error(f"postprocessing: {err}"))
+        return responses
 
-    def _one(self, request: Any) -> Any:
-        tokens = io.get(request, "TOKENS_BATCH")  # [B, beams, T]
-        lengths = io.get(request, "SEQUENCE_LENGTH")  # [B, beams]
-        preceding = io.get(request, "PRECEDING_IDS")  # [B, W], -1 padded
-        final = io.get(request, "IS_FINAL")
-        texts = []
-        for b in range(tokens.shape[0]):
-            row = tokens[b].reshape(-1, tokens.shape[-1]) if tokens.ndim > 1 else tokens[None]
-            length = int(np.asarray(lengths[b]).reshape(-1)[0])
-            context = [] if preceding is None else [int(t) for t in preceding[b].reshape(-1) if t >= 0]
-            is_final = bool(io.row_scalar(final, b, True))
-            texts.append(decode_chunk(self.tokenizer, row[0, :length].tolist(), context, is_final,
-                                      self.skip_special_tokens).encode("utf-8"))
-        return io.pb_utils.InferenceResponse(output_tensors=[
-            io.output("OUTPUT", np.array([[t] for t in texts], dtype=object)),
-        ])
+    def _one(self, tensors: dict[str, np.ndarray]) -> Any:
+        texts = decode_outputs(self.tokenizer, tensors["TOKENS_BATCH"], tensors["SEQUENCE_LENGTH"],
+                               tensors.get("PRECEDING_IDS"), tensors.get("IS_FINAL"), self.skip_special_tokens)
+        output = np.array([t.encode("utf-8") for t in texts], dtype=object)
+        return io.pb_utils.InferenceResponse(output_tensors=[io.output("OUTPUT", output)])

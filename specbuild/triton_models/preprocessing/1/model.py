@@ -1,5 +1,7 @@
-"""preprocessing: prompt text -> token ids, word lists -> TensorRT-LLM's [2, N] format; rejects prompts the
-engines cannot take before any LLM time is spent."""
+"""preprocessing: prompt text -> token ids and the LLM's other request tensors, with NVIDIA's outputs and
+behaviour for a text-only repository (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/
+preprocessing/1/model.py` @01259b15; the logic is specbuild.deploy.preprocess). It validates no lengths:
+REQUEST_OUTPUT_LEN passes through and the LLM model refuses (or shortens) what its engine cannot take."""
 
 from __future__ import annotations
 
@@ -7,75 +9,67 @@ from typing import Any
 
 import numpy as np
 
+from specbuild.deploy import preprocess as pre
 from specbuild.deploy import triton_io as io
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params, self.tokenizer = io.setup_tokenizer_model(args)
-        self.add_special_tokens = io.flag(params, "add_special_tokens", default=True)
-        self.end_id, self.pad_id = int(params["end_id"]), int(params["pad_id"])
-        self.max_input_len, self.max_output_len = int(params["max_input_len"]), int(params["max_output_len"])
+        self.add_special_tokens = pre.nvidia_flag(params.get("add_special_tokens"))
+        self.end_id, self.pad_id = pre.default_ids(self.tokenizer)
+        self.vocab_size = int(self.tokenizer.vocab_size)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
-                responses.append(self._one(request))
+                responses.append(self._one(io.inputs(request)))
             except ValueError as err:
                 responses.append(io.error(str(err)))
         return responses
 
-    def _one(self, request: Any) -> Any:
-        queries = io.get(request, "QUERY")
-        out_len = io.get(request, "REQUEST_OUTPUT_LEN")
+    def _one(self, tensors: dict[str, np.ndarray]) -> Any:
+        pre.refuse_multimodal(tensors)
+        queries = tensors["QUERY"]
         batch = queries.shape[0]
-        ids = [self._encode(io.text(queries[b].reshape(-1)[0])) for b in range(batch)]
-        lengths = []
-        for b in range(batch):
-            n = int(io.row_scalar(out_len, b, 0))
-            if not 1 <= n <= self.max_output_len:
-                raise ValueError(f"max_tokens must be between 1 and {self.max_output_len} (got {n})")
-            lengths.append(n)
-        end_ids, pad_ids = io.get(request, "END_ID"), io.get(request, "PAD_ID")
-        end = [int(io.row_scalar(end_ids, b, self.end_id)) for b in range(batch)]
-        pad = [int(io.row_scalar(pad_ids, b, self.pad_id)) for b in range(batch)]
-        return io.pb_utils.InferenceResponse(output_tensors=[
-            io.output("INPUT_ID", io.padded(ids, pad[0])),
-            io.output("REQUEST_INPUT_LEN", np.array([[len(row)] for row in ids], dtype=np.int32)),
-            io.output("REQUEST_OUTPUT_LEN", np.array([[n] for n in lengths], dtype=np.int32)),
-            io.output("BAD_WORDS_IDS", self._word_lists(io.get(request, "BAD_WORDS_DICT"), batch)),
-            io.output("STOP_WORDS_IDS", self._word_lists(io.get(request, "STOP_WORDS_DICT"), batch)),
-            io.output("OUT_END_ID", np.array([[e] for e in end], dtype=np.int32)),
-            io.output("OUT_PAD_ID", np.array([[p] for p in pad], dtype=np.int32)),
-        ])
-
-    def _encode(self, prompt: str) -> list[int]:
-        if not prompt:
+        prompts = pre.texts(queries)
+        if any(not p for p in prompts):
             raise ValueError("text_input is empty: give a prompt of at least one token")
-        ids = self.tokenizer.encode(prompt, add_special_tokens=self.add_special_tokens)
-        if not ids:
+        ids, lengths = pre.encode_prompts(self.tokenizer, prompts, add_special_tokens=self.add_special_tokens,
+                                          pad_id=self.pad_id)
+        if int(lengths.min()) == 0:
             raise ValueError("text_input encodes to no tokens")
-        if len(ids) > self.max_input_len:
-            raise ValueError(f"the prompt is {len(ids)} tokens; the engines take at most {self.max_input_len}")
-        return ids
+        end = self._per_row(tensors.get("END_ID"), self.end_id, batch)
+        pad = self._per_row(tensors.get("PAD_ID"), self.pad_id, batch)
+        decoder = tensors.get("DECODER_QUERY")
+        if decoder is not None:
+            decoder_ids, decoder_lengths = pre.encode_prompts(
+                self.tokenizer, pre.texts(decoder), add_special_tokens=self.add_special_tokens, pad_id=self.pad_id)
+        else:  # decoder-only engines ignore them; the C++ backend reads them only for encoder-decoder engines
+            decoder_ids, decoder_lengths = pad.copy(), np.ones((batch, 1), dtype=np.int32)
+        outputs = {
+            "INPUT_ID": ids,
+            "REQUEST_INPUT_LEN": lengths,
+            "DECODER_INPUT_ID": decoder_ids,
+            "REQUEST_DECODER_INPUT_LEN": decoder_lengths,
+            "BAD_WORDS_IDS": pre.word_list(self.tokenizer, tensors.get("BAD_WORDS_DICT"), batch),
+            "STOP_WORDS_IDS": pre.word_list(self.tokenizer, tensors.get("STOP_WORDS_DICT"), batch),
+            "REQUEST_OUTPUT_LEN": tensors["REQUEST_OUTPUT_LEN"],
+            "EMBEDDING_BIAS": pre.embedding_bias(self.tokenizer, tensors.get("EMBEDDING_BIAS_WORDS"),
+                                                 tensors.get("EMBEDDING_BIAS_WEIGHTS"), batch),
+            "OUT_END_ID": end,
+            "OUT_PAD_ID": pad,
+        }
+        extra = tensors.get("PROMPT_TABLE_EXTRA_ID")
+        if extra is not None:
+            outputs["OUT_PROMPT_TABLE_EXTRA_IDS"] = pre.prompt_table_extra_ids(ids, extra, self.vocab_size)
+        return io.pb_utils.InferenceResponse(output_tensors=[io.output(k, v) for k, v in outputs.items()])
 
-    def _word_lists(self, words: np.ndarray | None, batch: int) -> np.ndarray:
-        """[batch, 2, N]: each row's phrases encoded without special tokens, flat, with end offsets."""
-        rows = []
-        for b in range(batch):
-            phrases = [] if words is None else [io.text(w) for w in words[b if words.shape[0] > b else 0].reshape(-1)]
-            flat: list[int] = []
-            offsets: list[int] = []
-            for phrase in phrases:
-                if phrase:
-                    flat += self.tokenizer.encode(phrase, add_special_tokens=False)
-                    offsets.append(len(flat))
-            rows.append((flat, offsets))
-        width = max(1, *(len(flat) for flat, _ in rows))
-        out = np.zeros((batch, 2, width), dtype=np.int32)
-        out[:, 1, :] = -1
-        for b, (flat, offsets) in enumerate(rows):
-            out[b, 0, : len(flat)] = flat
-            out[b, 1, : len(offsets)] = offsets
-        return out
+    @staticmethod
+    def _per_row(array: np.ndarray | None, default: int, batch: int) -> np.ndarray:
+        """END_ID / PAD_ID [B, 1]: the request's values (a single row broadcasts), else the tokenizer's."""
+        if array is None or array.size == 0:
+            return np.full((batch, 1), default, dtype=np.int32)
+        rows = array.reshape(array.shape[0], -1)[:, :1].astype(np.int32)
+        return rows if rows.shape[0] == batch else np.repeat(rows[:1], batch, axis=0)
