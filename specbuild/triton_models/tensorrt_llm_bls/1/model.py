@@ -1,53 +1,93 @@
-"""tensorrt_llm_bls: draft-target speculative decoding as Business Logic Scripting.
+"""tensorrt_llm_bls: NVIDIA's BLS model (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/
+tensorrt_llm_bls/1/model.py` @0ef1f21e, `lib/decode.py` @4db68284, `lib/triton_decoder.py` @07f3e442) in every
+repository: the same inputs, the same calls to the LLM model, the same outputs and refusals, so that it works
+unchanged when `tensorrt_llm` is the C++ `tensorrtllm` backend.
 
-Each round the draft proposes up to K tokens (request_output_len K), the target verifies them as
-draft_input_ids (request_output_len K + 1) and returns the accepted ones plus its own next token; both LLM
-models keep the sequence's KV cache between rounds. Beyond the TensorRT-LLM backend's BLS: when deployed
-decoupled it streams every round's accepted tokens as one response (incrementally detokenised), and batch > 1
-requests are served row by row.
+- Without speculation: preprocessing -> tensorrt_llm -> postprocessing for every LLM response, as NVIDIA's; a
+  decoupled LLM gets one `exec(decoupled=True)` call with the whole batch (a stream when the client asked for
+  one), a non-decoupled one an `exec()` per row (the C++ backend takes batch > 1 only when decoupled).
+- With num_draft_tokens (the repository's default K where it has a draft): draft-target speculation, the loop
+  in specbuild.deploy.bls_loop, row by row; unlike NVIDIA's it also streams (each round's decided tokens) and
+  serves batch > 1. Its text is detokenised here with postprocessing's own tokenizer and settings (read from
+  its config.pbtxt), which is what postprocessing would answer, without a Triton call per round.
+
+This file only converts tensors and calls the other models; what it sends and reads is specbuild.deploy.bls_calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specbuild.deploy import triton_io as io
+from specbuild.deploy.bls_calls import (
+    ACCEPTANCE_OUTPUTS,
+    PREPROCESSING_OUTPUTS,
+    RESPONSE_OUTPUTS,
+    Arrays,
+    BlsRequest,
+    Preprocessed,
+    RequestError,
+    RowCalls,
+    acceptance,
+    as_rows,
+    chain_inputs,
+    created_outputs,
+    first,
+    loop_outputs,
+    stack_rows,
+)
+from specbuild.deploy.bls_loop import Chunk, DraftUnavailable, Proposal, Row, Verdict, speculate
 from specbuild.deploy.check import CALLED_MODEL_PARAMETERS
-from specbuild.deploy.detokenize import preceding_tokens
+from specbuild.deploy.detokenize import StreamedText, decode_chunk, preceding_tokens
+from specbuild.deploy.preprocess import nvidia_flag
 
-Send = Callable[[Any, bool], None]
-
-
-class RequestError(ValueError):
-    """Goes back to the client as a Triton error."""
+_NVIDIA_TRUE = ("true", "yes", "1", "t")
 
 
-@dataclass
-class Row:
-    """One batch row's prompt, limits and progress."""
-
-    prompt: list[int]
-    max_tokens: int
-    end_id: int
-    pad_id: int
-    stop_words: tuple[tuple[int, ...], ...]
-    bad_words: np.ndarray
-    generated: list[int] = field(default_factory=list)
-    accepted: int = 0
-    drafted: int = 0
+def _param(params: dict[str, str], key: str, default: Any) -> Any:
+    """NVIDIA's BLS reads an empty or `${`-prefixed value as unset (1/model.py `get_valid_param_value`)."""
+    value = params.get(key, "")
+    return default if not value or value.startswith("${") else value
 
 
-def _stop_word_cut(generated: list[int], words: tuple[tuple[int, ...], ...], since: int) -> int | None:
-    """Where the first stop word that ends at or after `since` begins, if any."""
-    for end in range(since + 1, len(generated) + 1):
-        for word in words:
-            if word and end >= len(word) and tuple(generated[end - len(word) : end]) == word:
-                return end - len(word)
-    return None
+@dataclass(frozen=True)
+class _Model:
+    """What the BLS needs to know about a model it calls, from the repository's config.pbtxt."""
+
+    name: str
+    decoupled: bool
+    outputs: frozenset[str]
+    exclude_input: bool  # its exclude_input_in_output parameter (triton_decoder.py `_load_each_model_config`)
+    parameters: dict[str, str]
+
+    @classmethod
+    def read(cls, repository: Path, name: str) -> _Model:
+        from specbuild.deploy.pbtxt import read_config
+
+        config = read_config(repository / name / "config.pbtxt")
+        params = {key: value.string_value for key, value in config.parameters.items()}
+        return cls(name, bool(config.model_transaction_policy.decoupled), frozenset(o.name for o in config.output),
+                   params.get("exclude_input_in_output", "").lower() in _NVIDIA_TRUE, params)
+
+
+def _engine(repository: Path, model: _Model) -> Any:
+    """The EngineInfo of the model's engine (its engine.json), or None when it cannot be read."""
+    from specbuild.build.engine_info import read_engine_info
+    from specbuild.errors import SpecbuildError
+
+    path = model.parameters.get("gpt_model_path", "")
+    if not path or path.startswith("${"):
+        return None
+    try:
+        return read_engine_info(io.resolve({"model_repository": str(repository / model.name)}, path))
+    except (SpecbuildError, OSError, ValueError):
+        return None
 
 
 def _check_called_models(args: dict[str, str], params: dict[str, str]) -> None:
@@ -56,218 +96,379 @@ def _check_called_models(args: dict[str, str], params: dict[str, str]) -> None:
     repository = io.model_dir(args).parent
     for key in CALLED_MODEL_PARAMETERS:
         name = params.get(key)
-        if name and not (repository / name / "config.pbtxt").is_file():
-            raise io.pb_utils.TritonModelException(
-                f"parameter {key} = {name!r} names no model in {repository}")
+        if name and not name.startswith("${") and not (repository / name / "config.pbtxt").is_file():
+            raise io.pb_utils.TritonModelException(f"parameter {key} = {name!r} names no model in {repository}")
 
 
-def _sender(sender: Any) -> Send:
-    def send(response: Any, final: bool) -> None:
+# -- replies -------------------------------------------------------------------------------------------------
+
+
+def _response(part: Arrays) -> Any:
+    return io.pb_utils.InferenceResponse(output_tensors=[io.output(name, value) for name, value in part.items()])
+
+
+class _Decoupled:
+    """Responses of a decoupled BLS: streamed parts go out at once (the stream ends with an empty final flag
+    when the last part could not say it was the last); a non-streaming request's parts are held one behind so
+    that the last carries the final flag (HTTP /generate then sees one response)."""
+
+    def __init__(self, sender: Any, *, hold: bool) -> None:
+        self.sender, self.hold = sender, hold
+        self.held: Arrays | None = None
+        self.closed = False
+
+    def _send(self, response: Any = None, final: bool = False) -> None:
+        flags = io.FINAL if final else 0
         try:
-            sender.send(response, flags=io.FINAL if final else 0)
+            if response is None:
+                self.sender.send(flags=flags)
+            else:
+                self.sender.send(response, flags=flags)
         except io.pb_utils.TritonModelException as err:  # the client went away: nobody to tell
             io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: response not sent: {err}")
+        self.closed = self.closed or final
 
-    return send
+    def send(self, part: Arrays, final: bool = False) -> None:
+        if self.held is not None:
+            self._send(_response(self.held))
+            self.held = None
+        if self.hold and not final:
+            self.held = part
+        else:
+            self._send(_response(part), final)
+
+    def finish(self) -> None:
+        if self.closed:
+            return
+        if self.held is not None:
+            self._send(_response(self.held), True)
+            self.held = None
+        else:
+            self._send(None, True)
+
+    def error(self, message: str) -> None:
+        if self.closed:
+            return
+        if self.held is not None:
+            self._send(_response(self.held))
+            self.held = None
+        self._send(io.error(message), True)
+
+
+class _Collected:
+    """The one response of a non-decoupled BLS: every row's part joined (text_output as one 1-D array)."""
+
+    def __init__(self) -> None:
+        self.parts: list[Arrays] = []
+        self.message: str | None = None
+
+    def send(self, part: Arrays, final: bool = False) -> None:
+        self.parts.append(part)
+
+    def finish(self) -> None:
+        pass
+
+    def error(self, message: str) -> None:
+        self.message = message
+
+    def response(self) -> Any:
+        if self.message is not None or not self.parts:
+            return io.error(self.message or "tensorrt_llm_bls: the LLM model sent no response")
+        joined: Arrays = {"text_output": np.concatenate([p["text_output"] for p in self.parts])}
+        for name in self.parts[0]:
+            if name != "text_output" and all(name in p for p in self.parts):
+                joined[name] = stack_rows([p[name] for p in self.parts])
+        return _response(joined)
+
+
+def _texts(values: list[str]) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=object)
+
+
+# -- the model -----------------------------------------------------------------------------------------------
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = io.model_parameters(args)
         io.set_threads(params, torch_too=False)
-        self.decoupled = io.is_decoupled(args)
-        self.target = params["tensorrt_llm_model_name"]
-        self.draft = params.get("tensorrt_llm_draft_model_name") or None
-        self.preprocessing = params["preprocessing_model_name"]
-        self.postprocessing = params["postprocessing_model_name"]
-        self.default_k = int(params.get("num_draft_tokens") or 0)
-        self.max_draft_len = int(params.get("max_draft_len") or 0)
-        self.use_draft_logits = io.flag(params, "use_draft_logits")
         _check_called_models(args, params)
+        self.decoupled = io.is_decoupled(args)
+        self.accumulate = _param(params, "accumulate_tokens", "").lower() in _NVIDIA_TRUE
+        repository = io.model_dir(args).parent
+        self.preprocessing = _param(params, "preprocessing_model_name", "preprocessing")
+        self.postprocessing = _param(params, "postprocessing_model_name", "postprocessing")
+        self.target = _Model.read(repository, _param(params, "tensorrt_llm_model_name", "tensorrt_llm"))
+        engine = _engine(repository, self.target)
+        self.target_limits = None if engine is None else (engine.max_seq_len, engine.max_draft_len)
+        draft = _param(params, "tensorrt_llm_draft_model_name", None)
+        self.draft = _Model.read(repository, draft) if draft else None
+        draft_engine = _engine(repository, self.draft) if self.draft else None
+        # A draft engine built without gather_generation_logits refuses return_generation_logits (executor:
+        # "To return generation logits, gather_generation_logits must be enabled"): propose without logits then.
+        self.draft_logits_possible = draft_engine is None or bool(draft_engine.gather_generation_logits)
+        self.default_k = int(_param(params, "num_draft_tokens", "0")) if self.draft else 0
+        self.max_draft_len = int(_param(params, "max_draft_len", "0"))
+        self.use_draft_logits = _param(params, "use_draft_logits", "").lower() in io.TRUE
+        self.tokenizer = None
+        if self.draft is not None:  # the speculation loop detokenises here, as postprocessing would
+            from specbuild.deploy.tokenizer_files import load_tokenizer
+
+            post = _Model.read(repository, self.postprocessing)
+            self.tokenizer = load_tokenizer(io.resolve({"model_repository": str(repository / self.postprocessing)},
+                                                       post.parameters.get("tokenizer_dir", "tokenizer")),
+                                            trust_remote_code=io.flag(post.parameters, "trust_remote_code"))
+            self.skip_special_tokens = nvidia_flag(post.parameters.get("skip_special_tokens"))
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
             for request in requests:
-                self._serve(request, _sender(request.get_response_sender()))
+                reply = _Decoupled(request.get_response_sender(), hold=not self._streams(request))
+                self._serve(request, reply)
             return None
         responses = []
         for request in requests:
-            sent: list[Any] = []
-            self._serve(request, lambda response, final, sent=sent: sent.append(response))
-            responses.append(sent[-1])
+            collected = _Collected()
+            self._serve(request, collected)
+            responses.append(collected.response())
         return responses
 
+    @staticmethod
+    def _streams(request: Any) -> bool:
+        stream = io.get(request, "stream")
+        return bool(first(stream, 0, False))
+
     # -- a request -------------------------------------------------------------------------------------------
-    def _serve(self, request: Any, send: Send) -> None:
+    def _serve(self, triton_request: Any, reply: Any) -> None:
         try:
-            stream = bool(io.row_scalar(io.get(request, "stream"), 0, False))
-            if stream and not self.decoupled:
-                raise RequestError("streaming needs tensorrt_llm_bls deployed decoupled (deploy.decoupled: true)")
-            k = int(io.row_scalar(io.get(request, "num_draft_tokens"), 0, self.default_k))
-            if not 0 <= k <= self.max_draft_len:
-                raise RequestError(f"num_draft_tokens must be between 0 and the target engine's max_draft_len "
-                                   f"{self.max_draft_len} (got {k})")
-            if k and self.draft is None:
-                raise RequestError("cannot perform speculative decoding without a draft model")
-            rows = self._preprocess(request)
-            prefix = self._prompt_prefix(request)
-            for b, row in enumerate(rows):
-                on_round = None
-                if stream:
-                    def on_round(start: int, done: bool, b: int = b, row: Row = row) -> None:
-                        text = self._detokenize([row.generated[start:]], [preceding_tokens(row.generated, start)],
-                                                done)[0]
-                        text = (prefix[b] if start == 0 else "") + text
-                        send(self._response([text], [row], [b]), done and b == len(rows) - 1)
-                if not self._generate(request, row, k, on_round):
-                    raise RequestError("the request was cancelled")
-            if not stream:
-                texts = self._detokenize([row.generated for row in rows], [[] for _ in rows], True)
-                send(self._response([p + t for p, t in zip(prefix, texts, strict=True)], rows, range(len(rows))),
-                     True)
+            request = BlsRequest(io.inputs(triton_request))
+            k = request.validate(draft_model=self.draft and self.draft.name, default_k=self.default_k,
+                                 max_draft_len=self.max_draft_len, decoupled=self.decoupled)
+            pre = Preprocessed.from_outputs(self._call(self.preprocessing, request.preprocessing_inputs(),
+                                                       list(PREPROCESSING_OUTPUTS)))
+            if k > 0:
+                self._speculate(triton_request, request, pre, k, reply)
+            else:
+                self._chain(triton_request, request, pre, reply)
+            reply.finish()
         except RequestError as err:
-            send(io.error(str(err)), True)
-
-    def _prompt_prefix(self, request: Any) -> list[str]:
-        """The prompt text for rows that asked for it (exclude_input_in_output false), else empty strings."""
-        queries = io.get(request, "text_input")
-        exclude = io.get(request, "exclude_input_in_output")
-        return [io.text(queries[b].reshape(-1)[0]) if not io.row_scalar(exclude, b, True) else ""
-                for b in range(queries.shape[0])]
-
-    def _generate(self, request: Any, row: Row, k: int, on_round: Callable[[int, bool], None] | None) -> bool:
-        """Speculation rounds until the row is done (True), or until its client cancels (False: nothing final
-        was sent; the request is only touched before its final response, after which Triton frees it)."""
-        sampling = self._sampling_inputs(request)
-        use_logits = bool(io.row_scalar(io.get(request, "use_draft_logits"), 0, self.use_draft_logits))
-        while True:
-            sequence = row.prompt + row.generated
-            remaining = row.max_tokens - len(row.generated)
-            drafts: list[int] = []
-            logits = None
-            speculating = k > 0 and remaining > 1
-            if speculating:
-                drafts, logits = self._propose(row, sequence, min(k, remaining - 1), use_logits, sampling)
-            out_len = len(drafts) + 1 if speculating else remaining
-            new, accepted = self._verify(row, sequence, drafts, logits, out_len, sampling)
-            row.accepted += accepted
-            row.drafted += len(drafts)
-            start = len(row.generated)
-            expected = accepted + 1 if speculating else out_len
-            done = len(new) < expected
-            row.generated += new
-            cut = _stop_word_cut(row.generated, row.stop_words, start)
-            if cut is not None:
-                del row.generated[cut:]
-                done = True
-            if len(row.generated) >= row.max_tokens:
-                del row.generated[row.max_tokens :]
-                done = True
-            if not done and request.is_cancelled():  # a client that went away stops costing rounds
-                return False
-            if on_round is not None:
-                on_round(min(start, len(row.generated)), done)
-            if done:
-                return True
+            reply.error(str(err))
+        except Exception:  # a bug here: the client gets the traceback, as from NVIDIA's BLS
+            message = traceback.format_exc()
+            io.pb_utils.Logger.log_error(f"tensorrt_llm_bls: {message}")
+            reply.error(message)
 
     # -- calls to the other models ---------------------------------------------------------------------------
-    def _call(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        request = io.pb_utils.InferenceRequest(
-            model_name=model, requested_output_names=outputs,
-            inputs=[io.output(name, value) for name, value in inputs.items()],
-        )
-        response = request.exec()
+    def _request(self, model: str, inputs: Arrays, outputs: list[str]) -> Any:
+        return io.pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs,
+                                            inputs=[io.output(name, value) for name, value in inputs.items()])
+
+    @staticmethod
+    def _outputs(response: Any, model: str) -> Arrays:
         if response.has_error():
             raise RequestError(f"{model}: {response.error().message()}")
-        return {name: io.pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+        return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
-    def _preprocess(self, request: Any) -> list[Row]:
-        inputs = {"QUERY": io.get(request, "text_input"), "REQUEST_OUTPUT_LEN": io.get(request, "max_tokens")}
-        for mine, theirs in (("bad_words", "BAD_WORDS_DICT"), ("stop_words", "STOP_WORDS_DICT"),
-                             ("end_id", "END_ID"), ("pad_id", "PAD_ID")):
-            value = io.get(request, mine)
-            if value is not None:
-                inputs[theirs] = value
-        names = ["INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS",
-                 "OUT_END_ID", "OUT_PAD_ID"]
-        out = self._call(self.preprocessing, inputs, names)
-        rows = []
-        for b in range(out["INPUT_ID"].shape[0]):
-            length = int(out["REQUEST_INPUT_LEN"][b].reshape(-1)[0])
-            rows.append(Row(
-                prompt=out["INPUT_ID"][b, :length].tolist(),
-                max_tokens=int(out["REQUEST_OUTPUT_LEN"][b].reshape(-1)[0]),
-                end_id=int(out["OUT_END_ID"][b].reshape(-1)[0]),
-                pad_id=int(out["OUT_PAD_ID"][b].reshape(-1)[0]),
-                stop_words=io.word_lists(out["STOP_WORDS_IDS"], b),
-                bad_words=out["BAD_WORDS_IDS"][b : b + 1],
-            ))
-        return rows
+    def _call(self, model: str, inputs: Arrays, outputs: list[str]) -> Arrays:
+        """One exec(decoupled=False): the outputs the model returned, by name."""
+        return self._outputs(self._request(model, inputs, outputs).exec(), model)
 
-    def _sampling_inputs(self, request: Any) -> dict[str, np.ndarray]:
-        inputs = {}
-        for mine, theirs, dtype in (("temperature", "temperature", np.float32), ("top_k", "runtime_top_k", np.int32),
-                                    ("top_p", "runtime_top_p", np.float32), ("seed", "seed", np.uint64)):
-            value = io.get(request, mine)
-            if value is not None:
-                inputs[theirs] = np.asarray(value, dtype=dtype).reshape(-1)[:1].reshape(1, 1)
-        return inputs
+    def _stream(self, model: str, inputs: Arrays, outputs: list[str], triton_request: Any) -> Iterator[Arrays]:
+        """exec(decoupled=True): every response that has outputs (the last may be an empty final flag)."""
+        responses = self._request(model, inputs, outputs).exec(decoupled=True)
+        for response in responses:
+            answer = self._outputs(response, model)
+            if answer:
+                yield answer
+            if triton_request.is_cancelled():
+                cancel = getattr(responses, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                raise RequestError("the request was cancelled")
 
-    def _common(self, row: Row, sequence: list[int], out_len: int) -> dict[str, np.ndarray]:
-        """The inputs every LLM call of a round needs (each tensor costs a trip through shared memory, so
-        empty word lists stay out)."""
-        inputs = {
-            "input_ids": np.array([sequence], dtype=np.int32),
-            "input_lengths": np.array([[len(sequence)]], dtype=np.int32),
-            "request_output_len": np.array([[out_len]], dtype=np.int32),
-            "end_id": np.array([[row.end_id]], dtype=np.int32),
-            "pad_id": np.array([[row.pad_id]], dtype=np.int32),
-            "exclude_input_in_output": np.array([[True]]),
-        }
-        if (row.bad_words[:, 1] >= 0).any():
-            inputs["bad_words_list"] = row.bad_words
-        return inputs
+    def _llm(self, model: Any, inputs: Arrays, outputs: list[str], triton_request: Any) -> Arrays:
+        """One non-streaming LLM answer, however the LLM model is deployed."""
+        if not model.decoupled:
+            return self._call(model.name, inputs, outputs)
+        answers = list(self._stream(model.name, inputs, outputs, triton_request))
+        if not answers:
+            raise RequestError(f"{model.name}: no response")
+        return answers[-1]
 
-    def _propose(self, row: Row, sequence: list[int], k: int, use_logits: bool,
-                 sampling: dict[str, np.ndarray]) -> tuple[list[int], np.ndarray | None]:
-        assert self.draft is not None
-        inputs = {**self._common(row, sequence, k), **sampling,
-                  "return_generation_logits": np.array([[use_logits]])}
-        out = self._call(self.draft, inputs, ["output_ids", "sequence_length", "generation_logits"])
-        n = int(out["sequence_length"].reshape(-1)[0])
-        drafts = out["output_ids"].reshape(-1)[:n].tolist()
-        logits = out["generation_logits"][0, 0, :n] if use_logits and n else None
-        return drafts, logits
+    # -- without speculation: NVIDIA's flow ------------------------------------------------------------------
+    def _chain(self, triton_request: Any, request: BlsRequest, pre: Preprocessed, reply: Any) -> None:
+        stream = request.flag("stream")
+        llm = self.target
+        if llm.decoupled:
+            inputs = chain_inputs(request, pre)
+            answers: Iterator[tuple[int | None, Arrays]] = (
+                (None, answer) for answer in
+                self._stream(llm.name, inputs, self._wanted(inputs, stream), triton_request))
+        else:
+            answers = self._rows(triton_request, request, pre)
+        streamed: dict[tuple[int, int], list[int]] = {}
+        finals: set[tuple[int, int]] = set()
+        for row, answer in answers:
+            batch_row = row if row is not None else int(first(answer.get("batch_index"), 0, 0))
+            part = {name: answer[name] for name in RESPONSE_OUTPUTS if name in answer}
+            if row is not None and request.batch > 1:
+                part["batch_index"] = np.array([[row]], dtype=np.int32)
+            if self.draft is not None and "total_draft_tokens" not in part:
+                part.update(acceptance(0, 0))  # a draft-target BLS always reports acceptance
+            if stream and llm.decoupled:
+                final = bool(first(answer.get("is_final"), 0, False))
+                texts = self._postprocess_chunk(answer, batch_row, streamed, final)
+                if final:
+                    finals.update(key for key in streamed if key[0] == batch_row)
+            else:
+                texts = self._postprocess(answer["output_ids"], answer["sequence_length"])
+            reply.send({"text_output": texts, **part})
+        if stream and llm.decoupled and not self.accumulate:
+            self._flush(request, streamed, finals, reply)
 
-    def _verify(self, row: Row, sequence: list[int], drafts: list[int], logits: np.ndarray | None, out_len: int,
-                sampling: dict[str, np.ndarray]) -> tuple[list[int], int]:
-        inputs = {**self._common(row, sequence, out_len), **sampling, "return_perf_metrics": np.array([[True]])}
-        if drafts:
-            inputs["draft_input_ids"] = np.array([drafts], dtype=np.int32)
-            if logits is not None:
-                inputs["draft_logits"] = np.ascontiguousarray(logits[None], dtype=np.float32)
-        out = self._call(self.target, inputs, ["output_ids", "sequence_length", "total_accepted_draft_tokens"])
-        n = int(out["sequence_length"].reshape(-1)[0])
-        return out["output_ids"].reshape(-1)[:n].tolist(), int(out["total_accepted_draft_tokens"].reshape(-1)[0])
+    def _rows(self, triton_request: Any, request: BlsRequest, pre: Preprocessed) -> Iterator[tuple[int, Arrays]]:
+        """A non-decoupled LLM: one exec() per row, not streaming (the backend cannot stream then)."""
+        for b in range(pre.batch):
+            inputs = chain_inputs(request, pre, row=b, streaming=False)
+            yield b, self._call(self.target.name, inputs, self._wanted(inputs, False))
+            if b + 1 < pre.batch and triton_request.is_cancelled():
+                raise RequestError("the request was cancelled")
 
-    def _detokenize(self, chunks: list[list[int]], preceding: list[list[int]], final: bool) -> list[str]:
-        out = self._call(self.postprocessing, {
-            "TOKENS_BATCH": io.padded(chunks, 0)[:, None, :],
-            "SEQUENCE_LENGTH": np.array([[len(c)] for c in chunks], dtype=np.int32),
-            "PRECEDING_IDS": io.padded(preceding, -1),
-            "IS_FINAL": np.full((len(chunks), 1), final),
-        }, ["OUTPUT"])
-        return [io.text(v) for v in out["OUTPUT"].reshape(-1)]
+    def _wanted(self, inputs: Arrays, stream: bool) -> list[str]:
+        """The outputs the LLM creates for these inputs; in reference repositories also is_final for streams."""
+        wanted = created_outputs(inputs, self.target.outputs)
+        if stream and "is_final" in self.target.outputs:
+            wanted.append("is_final")
+        return wanted
 
-    def _response(self, texts: list[str], rows: Any, indices: Any) -> Any:
-        rows = list(rows)
-        drafted = np.array([[r.drafted] for r in rows], dtype=np.int32)
-        accepted = np.array([[r.accepted] for r in rows], dtype=np.int32)
-        rate = np.where(drafted > 0, accepted / np.maximum(drafted, 1), 0.0).astype(np.float32)
-        return io.pb_utils.InferenceResponse(output_tensors=[
-            io.output("text_output", np.array([[t.encode("utf-8")] for t in texts], dtype=object)),
-            io.output("batch_index", np.array([[i] for i in indices], dtype=np.int32)),
-            io.output("acceptance_rate", rate),
-            io.output("total_accepted_draft_tokens", accepted),
-            io.output("total_draft_tokens", drafted),
-        ])
+    def _postprocess(self, tokens: np.ndarray, lengths: np.ndarray, preceding: np.ndarray | None = None,
+                     final: bool | None = None) -> np.ndarray:
+        inputs = {"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": lengths}
+        if preceding is not None:
+            inputs["PRECEDING_IDS"] = preceding
+            inputs["IS_FINAL"] = np.full((tokens.shape[0], 1), bool(final))
+        return self._call(self.postprocessing, inputs, ["OUTPUT"])["OUTPUT"].reshape(-1)
+
+    def _postprocess_chunk(self, answer: Arrays, row: int, streamed: dict[tuple[int, int], list[int]],
+                           final: bool) -> np.ndarray:
+        """A streamed LLM response (one row's new tokens) through postprocessing: after the tokens streamed
+        before it (PRECEDING_IDS), or, with accumulate_tokens, all tokens so far re-decoded (beam width 1 only,
+        decode.py `Decoder.postprocess`)."""
+        ids, lengths = answer["output_ids"], answer["sequence_length"]
+        if ids.shape[0] != 1:
+            raise RequestError(f"{self.target.name}: a streamed response holds {ids.shape[0]} rows, expected 1")
+        lengths = lengths.reshape(1, -1)
+        if self.accumulate:
+            if ids.shape[1] != 1:
+                raise RequestError("Accumulation of tokens is only implemented for beam width = 1")
+            tokens = streamed.setdefault((row, 0), [])
+            tokens += ids[0, 0, : int(lengths[0, 0])].tolist()
+            return self._postprocess(np.array([[tokens]], dtype=np.int32), np.array([[len(tokens)]], np.int32))
+        preceding = []
+        for beam in range(ids.shape[1]):
+            tokens = streamed.setdefault((row, beam), [])
+            start = len(tokens)
+            tokens += ids[0, beam, : int(lengths[0, beam])].tolist()
+            preceding.append(preceding_tokens(tokens, start))
+        # PRECEDING_IDS has one row per request row: the beams of a row share beam 0's (streamed beams are rare)
+        return self._postprocess(ids, lengths, io.padded(preceding[:1], -1), final)
+
+    def _flush(self, request: BlsRequest, streamed: dict[tuple[int, int], list[int]],
+               finals: set[tuple[int, int]], reply: Any) -> None:
+        """A backend that does not say which response is a row's last (the C++ one): once the stream is over,
+        the text held back at a chunk's end (an unfinished character) goes out as a last chunk."""
+        for (row, beam), tokens in sorted(streamed.items()):
+            if (row, beam) in finals or beam:
+                continue
+            text = self._postprocess(np.zeros((1, 1, 1), dtype=np.int32), np.zeros((1, 1), dtype=np.int32),
+                                     io.padded([preceding_tokens(tokens, len(tokens))], -1), True)
+            if any(len(t) for t in text):
+                part = {"text_output": text}
+                if request.batch > 1:
+                    part["batch_index"] = np.array([[row]], dtype=np.int32)
+                reply.send(part)
+
+    # -- draft-target speculation ----------------------------------------------------------------------------
+    def _speculate(self, triton_request: Any, request: BlsRequest, pre: Preprocessed, k: int, reply: Any) -> None:
+        assert self.draft is not None and self.tokenizer is not None
+        stream = request.flag("stream")
+        use_logits = request.flag("use_draft_logits", 0, self.use_draft_logits)
+        if use_logits and not self.draft_logits_possible:
+            io.pb_utils.Logger.log_info("tensorrt_llm_bls: use_draft_logits: the draft engine was built without "
+                                        "gather_generation_logits; verifying the draft tokens without logits")
+            use_logits = False
+        max_tokens = as_rows(request.tensors["max_tokens"])
+        last = pre.batch - 1
+        for b in range(pre.batch):
+            calls = RowCalls.build(request, pre, b, use_draft_logits=use_logits, declared=self.target.outputs,
+                                   draft_declared=self.draft.outputs)
+            prompt = pre.prompt(b).tolist()
+            row = Row(prompt, self._budget(len(prompt), int(first(max_tokens, b))), pre.end_id(b), pre.stop_words(b))
+            include_prompt = not request.flag("exclude_input_in_output", b, self.target.exclude_input)
+
+            def propose(sequence: np.ndarray, n: int, calls: RowCalls = calls) -> Proposal:
+                assert self.draft is not None
+                try:
+                    answer = self._llm(self.draft, calls.draft_call(sequence, n), calls.draft_outputs,
+                                       triton_request)
+                except RequestError as err:
+                    if not calls.use_draft_logits:
+                        io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: the draft refused, the target goes on "
+                                                    f"alone: {err}")
+                        raise DraftUnavailable(str(err)) from None
+                    io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: the draft refused, proposing without draft "
+                                                f"logits: {err}")
+                    calls.drop_draft_logits()
+                    return propose(sequence, n, calls)
+                return calls.proposal(answer, n)
+
+            def verify(sequence: np.ndarray, drafts: list[int], logits: Any, out_len: int,
+                       calls: RowCalls = calls) -> Verdict:
+                answer = self._llm(self.target, calls.target_call(sequence, drafts, logits, out_len),
+                                   calls.target_outputs, triton_request)
+                return calls.verdict(answer)
+
+            on_chunk = None
+            if stream:
+                text = StreamedText(self.tokenizer, self.skip_special_tokens, self.accumulate)
+
+                def on_chunk(chunk: Chunk, b: int = b, row: Row = row, calls: RowCalls = calls,
+                             text: StreamedText = text) -> None:
+                    kept = chunk.start + len(chunk.tokens)
+                    part = self._loop_part(request, b, row, calls, text.add(chunk.tokens, chunk.final), kept=kept,
+                                           counted=len(chunk.tokens), include_prompt=False)
+                    reply.send(part, chunk.final and b == last)
+
+            if not speculate(row, k, propose, verify, on_chunk=on_chunk, cancelled=triton_request.is_cancelled):
+                raise RequestError("the request was cancelled")
+            if not stream:
+                tokens = [*row.prompt, *row.generated] if include_prompt else row.generated
+                text_value = decode_chunk(self.tokenizer, tokens, [], True, self.skip_special_tokens)
+                reply.send(self._loop_part(request, b, row, calls, text_value, kept=len(row.generated),
+                                           counted=len(row.generated), include_prompt=include_prompt), b == last)
+
+    def _budget(self, prompt_len: int, max_tokens: int) -> int:
+        """max_tokens shortened as the C++ backend shortens a plain request's (prompt + output + the engine's
+        draft tokens per step must fit max_seq_len; llmRequest.cpp `validate`), so the speculating BLS ends where
+        the target alone would; a prompt too long for the engine is left for the target to refuse."""
+        if self.target_limits is None:
+            return max_tokens
+        max_seq_len, max_draft_len = self.target_limits
+        room = max_seq_len - prompt_len - max_draft_len
+        if 1 <= room < max_tokens:
+            io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: prompt length {prompt_len} + max_tokens {max_tokens} + "
+                                        f"draft tokens per step {max_draft_len} exceeds max_seq_len {max_seq_len}; "
+                                        f"max_tokens is changed to {room}")
+            return room
+        return max_tokens
+
+    def _loop_part(self, request: BlsRequest, b: int, row: Row, calls: RowCalls, text: str, *, kept: int,
+                   counted: int, include_prompt: bool) -> Arrays:
+        part: Arrays = {"text_output": _texts([text])}
+        part.update(loop_outputs(calls, kept=kept, counted=counted, prompt_len=len(row.prompt),
+                                 include_prompt=include_prompt, request=request, row=b))
+        part.update(acceptance(row.accepted, row.drafted))
+        if request.batch > 1:
+            part["batch_index"] = np.array([[b]], dtype=np.int32)
+        assert all(name in part for name in ACCEPTANCE_OUTPUTS)
+        return part
