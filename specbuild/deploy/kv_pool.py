@@ -49,11 +49,12 @@ class KVPool:
         self._clock = 0
         self.reused_tokens = 0
 
-    def acquire(self, ids: np.ndarray) -> tuple[Slot, int]:
+    def acquire(self, ids: np.ndarray, *, reuse: bool = True) -> tuple[Slot, int]:
         """A slot whose cache holds a prefix of `ids` (at most len(ids) - 1 tokens, so the caller always
-        computes the last position's logits), and that prefix's length."""
+        computes the last position's logits), and that prefix's length; `reuse=False` gives a slot to compute
+        from the first token (a request that wants every prompt position's logits)."""
         self._clock += 1
-        limit = len(ids) - 1
+        limit = len(ids) - 1 if reuse else 0
         best, match = None, 0  # the longest shared prefix anywhere
         own, own_match = None, -1  # the longest one whose slot ends within the speculative tail of it
         for slot in self.slots:

@@ -117,3 +117,40 @@ def word_lists(array: np.ndarray | None, row: int) -> tuple[tuple[int, ...], ...
 
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+# -- the reference LLM model's response plumbing ---------------------------------------------------------------
+
+
+def request_id(request: Any) -> str:
+    """The Triton request id ("" when the client sent none)."""
+    try:
+        return str(request.request_id() or "")
+    except AttributeError:
+        return ""
+
+
+def cancelled_check(obj: Any) -> Any:
+    """`obj.is_cancelled` (a request or a response sender) where this Triton has it, else None."""
+    check = getattr(obj, "is_cancelled", None)
+    return check if callable(check) else None
+
+
+def to_response(outputs: dict[str, np.ndarray] | None, error_message: str | None) -> Any:
+    """A pb_utils response: the outputs, an error, or neither (an empty response, as the C++ backend sends to
+    acknowledge a stop command)."""
+    if error_message is not None:
+        return error(error_message)
+    return pb_utils.InferenceResponse(output_tensors=[output(name, array) for name, array in (outputs or {}).items()])
+
+
+def log_info(message: str) -> None:
+    pb_utils.Logger.log_info(message)
+
+
+def log_warn(message: str) -> None:
+    pb_utils.Logger.log_warn(message)
+
+
+def log_error(message: str) -> None:
+    pb_utils.Logger.log_error(message)
