@@ -56,7 +56,8 @@ def test_draft_target_repository_has_every_model_filled_and_consistent(deployed:
 
 def test_medusa_repository_goes_through_the_ensemble_with_its_tree(deployed: Deployed) -> None:
     configs = _configs(deployed.repository("medusa"))
-    assert set(configs) == {"preprocessing", "postprocessing", "tensorrt_llm", "ensemble"}
+    assert set(configs) == {"preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls", "ensemble"}
+    assert parameter(configs["tensorrt_llm_bls"], "tensorrt_llm_draft_model_name") == "", "no draft: a plain chain"
     llm = configs["tensorrt_llm"]
     assert parameter(llm, "decoding_mode") == "medusa"
     tree = deployed.specs["medusa"].medusa.resolved_choices()
