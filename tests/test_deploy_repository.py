@@ -180,34 +180,6 @@ def test_streamed_chunks_detokenise_to_the_whole_text(deployed: Deployed) -> Non
     assert naive != text  # what per-chunk decoding would have streamed
 
 
-def test_reference_llm_verifies_drafts_like_plain_greedy_and_reuses_the_prefix(deployed: Deployed) -> None:
-    from specbuild.build.engine_info import engine_dir, read_engine_info, reference_checkpoint
-    from specbuild.deploy.reference_llm import LLMRequest, ReferenceLLM
-    from specbuild.runtime.generation import generate
-    from specbuild.runtime.sequence import StopCriteria
-
-    directory = engine_dir(deployed.specs["draft_target"], "target")
-    info = read_engine_info(directory)
-    llm = ReferenceLLM(reference_checkpoint(directory), dtype="float32", max_seq_len=info.max_seq_len,
-                       cache_slots=4, max_draft_len=info.max_draft_len)
-    prompt = list(range(5, 25))
-    expected = generate(llm.model, [prompt], stop=StopCriteria(12)).output_ids[0]
-    sequence = list(prompt)
-    wrong = [(t + 1) % llm.vocab_size for t in expected]
-    with torch.inference_mode():
-        while len(sequence) - len(prompt) < 12:
-            done = len(sequence) - len(prompt)
-            # two right guesses, then wrong ones: the target accepts 2 and adds its own next token
-            drafts = [*expected[done:done + 2], *wrong[done + 2:done + 4]][: 12 - done - 1]
-            reused = llm.pool.reused_tokens
-            result = llm.run(LLMRequest(sequence, len(drafts) + 1, draft_ids=drafts or None))
-            if len(sequence) > len(prompt):
-                assert llm.pool.reused_tokens - reused == len(sequence) - 1  # only the new tokens were computed
-            assert result.accepted_draft_tokens == min(2, len(drafts))
-            sequence += result.tokens
-    assert sequence[len(prompt):] == expected
-
-
 def test_dry_run_cli_prints_the_plan(deployed: Deployed) -> None:
     spec = deployed.specs["medusa"]
     result = _specbuild("deploy", str(spec.path), "--dry-run")

@@ -13,7 +13,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,9 @@ from specbuild.deploy.llm_backend import (
     convert_word_list,
     perf_metrics,
 )
-from specbuild.deploy.reference_llm import Decoding, LLMRequest, ReferenceLLM, StepEvent
+from specbuild.runtime.model import CausalLM
+from specbuild.runtime.serving import EngineRequest, ServingEngine, Update
+from specbuild.runtime.trtllm_decoding import TrtllmDecoding
 from tests.tiny_models import make_model, save_model
 
 VOCAB = 1000
@@ -80,20 +82,34 @@ def medusa_checkpoint(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-def llm(checkpoint: Path) -> ReferenceLLM:
-    return ReferenceLLM(checkpoint, dtype="float32", max_seq_len=MAX_SEQ, cache_slots=4, max_draft_len=MAX_DRAFT)
+def llm(checkpoint: Path) -> Iterator[ServingEngine]:
+    """The serving engine the reference model runs, on its own thread as in the server."""
+    engine = ServingEngine(CausalLM.from_checkpoint(checkpoint), max_batch=4, max_seq_len=MAX_SEQ,
+                           max_draft_len=MAX_DRAFT)
+    engine.start()
+    yield engine
+    engine.stop()
 
 
 @pytest.fixture(scope="module")
-def medusa_llm(medusa_checkpoint: Path) -> ReferenceLLM:
-    return ReferenceLLM(medusa_checkpoint, dtype="float32", max_seq_len=MAX_SEQ, cache_slots=4,
-                        max_draft_len=len(TREE), medusa_choices=TREE)
+def medusa_llm(medusa_checkpoint: Path) -> Iterator[ServingEngine]:
+    engine = ServingEngine(CausalLM.from_checkpoint(medusa_checkpoint), max_batch=4, max_seq_len=MAX_SEQ,
+                           max_draft_len=len(TREE), medusa_choices=TREE)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def run(engine: ServingEngine, request: EngineRequest) -> list[int]:
+    """One request alone, as TensorRT-LLM's executor decodes it (the stop word kept)."""
+    request.include_stop_words = True
+    return engine.submit(request).wait(60).tokens
 
 
 @pytest.fixture(scope="module")
-def greedy(llm: ReferenceLLM) -> list[int]:
+def greedy(llm: ServingEngine) -> list[int]:
     """The tiny model's own greedy continuation of PROMPT (32 tokens), the expected values below."""
-    return llm.run(LLMRequest(list(PROMPT), 32)).tokens
+    return run(llm, EngineRequest(list(PROMPT), 32))
 
 
 def config(**changes: Any) -> BackendConfig:
@@ -144,7 +160,7 @@ def ids(response: Response) -> list[int]:
 # -- presence and shapes --------------------------------------------------------------------------------------
 
 
-def test_a_plain_request_gets_output_ids_and_sequence_length_and_nothing_else(llm: ReferenceLLM,
+def test_a_plain_request_gets_output_ids_and_sequence_length_and_nothing_else(llm: ServingEngine,
                                                                              greedy: list[int]) -> None:
     """MIS fillTritonResponse: output_ids [1, beams, len] and sequence_length [1, beams] always; every other
     output only under its rule (no return_* flag, batch 1, one sequence: none). The prompt is included by
@@ -159,7 +175,7 @@ def test_a_plain_request_gets_output_ids_and_sequence_length_and_nothing_else(ll
     assert response.outputs["sequence_length"].tolist() == [[len(PROMPT) + 8]]
 
 
-def test_output_ids_must_be_requested(llm: ReferenceLLM) -> None:
+def test_output_ids_must_be_requested(llm: ServingEngine) -> None:
     """MIS fillTritonResponse: TLLM_THROW("%s tensor must be present in list of output tensors") when the
     request does not ask for output_ids (then for sequence_length), wrapped as "Error encountered while
     populating response: ..."; the failed response is the row's final one."""
@@ -171,7 +187,7 @@ def test_output_ids_must_be_requested(llm: ReferenceLLM) -> None:
     assert "sequence_length tensor must be present in list of output tensors" in str(response.error)
 
 
-def test_generation_logits_only_with_the_flag_and_an_engine_that_gathers_them(llm: ReferenceLLM) -> None:
+def test_generation_logits_only_with_the_flag_and_an_engine_that_gathers_them(llm: ServingEngine) -> None:
     """MIS: generation_logits only when requested and return_generation_logits is set; EX fetchNewRequests:
     "To return generation logits, gather_generation_logits must be enabled in ExecutorConfig" for an engine
     built without it; LR allocates [beams, max_new_tokens, V], so the non-streaming shape is
@@ -192,7 +208,7 @@ def test_generation_logits_only_with_the_flag_and_an_engine_that_gathers_them(ll
     assert np.allclose(logits[0, 0, 0], out.numpy(), atol=1e-4)  # the raw engine logits of the first step
 
 
-def test_streamed_generation_logits_hold_the_current_step_only(llm: ReferenceLLM) -> None:
+def test_streamed_generation_logits_hold_the_current_step_only(llm: ServingEngine) -> None:
     """LR createResult: streaming without draft tokens slices the generation logits to the tokens of this
     response ([1, 1, new tokens, V])."""
     responses = serve(backend(llm, gather_generation_logits=True),
@@ -200,7 +216,7 @@ def test_streamed_generation_logits_hold_the_current_step_only(llm: ReferenceLLM
     assert [r.outputs["generation_logits"].shape for r in responses] == [(1, 1, 1, VOCAB)] * 3
 
 
-def test_context_logits_need_gather_context_logits(llm: ReferenceLLM) -> None:
+def test_context_logits_need_gather_context_logits(llm: ServingEngine) -> None:
     """EX fetchNewRequests: "Return context logit need to build engine with gather_context_logits"; with it,
     MIS sends [1, prompt length, V] (the logits of every prompt position)."""
     wanted = {"output_ids", "sequence_length", "context_logits"}
@@ -214,7 +230,7 @@ def test_context_logits_need_gather_context_logits(llm: ReferenceLLM) -> None:
     assert np.allclose(logits[0], full.numpy(), atol=1e-4)
 
 
-def test_return_perf_metrics_adds_all_ten_whether_requested_or_not(llm: ReferenceLLM) -> None:
+def test_return_perf_metrics_adds_all_ten_whether_requested_or_not(llm: ServingEngine) -> None:
     """MIS fillTritonResponse: with return_perf_metrics all ten perf outputs ([1, 1]; INT32 blocks and draft
     counts, INT64 steady-clock nanoseconds, FP32 acceptance_rate) are added without a requested-check."""
     [response] = serve(backend(llm), request(return_perf_metrics=True), {"output_ids", "sequence_length"})
@@ -230,7 +246,7 @@ def test_return_perf_metrics_adds_all_ten_whether_requested_or_not(llm: Referenc
     assert response.outputs["kv_cache_alloc_total_blocks"][0, 0] == math.ceil((len(PROMPT) + 8) / 32)
 
 
-def test_a_config_without_a_perf_output_fails_like_the_cpp_backend(llm: ReferenceLLM) -> None:
+def test_a_config_without_a_perf_output_fails_like_the_cpp_backend(llm: ServingEngine) -> None:
     """UH getResponseBuffer: "Could not get response output for output tensor <name>: <Triton's error>", and
     Triton core refuses a name the config lacks ("unexpected inference output ..."): a repository whose
     tensorrt_llm config lacks one of the ten fails every return_perf_metrics request."""
@@ -243,7 +259,7 @@ def test_a_config_without_a_perf_output_fails_like_the_cpp_backend(llm: Referenc
     assert fine.error is None
 
 
-def test_a_logits_dtype_other_than_the_engines_fails(llm: ReferenceLLM) -> None:
+def test_a_logits_dtype_other_than_the_engines_fails(llm: ServingEngine) -> None:
     """MIS fillTritonResponse: TLLM_CHECK(generationLogitsType == model_state_->getLogitsDataType()) - the
     config's logits dtype must be the engine's (float32 for specbuild's checkpoints)."""
     [response] = serve(backend(llm, gather_generation_logits=True, logits_datatype="TYPE_FP16"),
@@ -251,21 +267,22 @@ def test_a_logits_dtype_other_than_the_engines_fails(llm: ReferenceLLM) -> None:
     assert "Assertion failed: generationLogitsType == model_state_->getLogitsDataType()" in response.error
 
 
-def test_batch_rows_are_separate_requests_with_one_final_flag(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_batch_rows_are_separate_requests_with_one_final_flag(llm: ServingEngine, greedy: list[int]) -> None:
     """UC splitBatchInputsTensors: every row becomes one executor request, input_ids cut to its input_lengths;
     MIS WaitForResponse: COMPLETE_FINAL only on the final response of the last unfinished row; batch_index only
-    when requested and batch > 1."""
+    when requested and batch > 1. The rows run side by side, so they may finish in either order."""
     short = PROMPT[:6]
     responses = serve(backend(llm), request([list(PROMPT), short], max_tokens=4, exclude_input_in_output=True))
     assert [r.final for r in responses] == [False, True]
-    assert [r.outputs["batch_index"].tolist() for r in responses] == [[[0]], [[1]]]
-    assert ids(responses[0]) == greedy[:4]
-    assert ids(responses[1]) == llm.run(LLMRequest(short, 4)).tokens  # the padding was stripped
+    by_row = {int(r.outputs["batch_index"].reshape(-1)[0]): r for r in responses}
+    assert sorted(by_row) == [0, 1] and all(r.outputs["batch_index"].shape == (1, 1) for r in responses)
+    assert ids(by_row[0]) == greedy[:4]
+    assert ids(by_row[1]) == run(llm, EngineRequest(short, 4))  # the padding was stripped
     [single] = serve(backend(llm), request())
     assert "batch_index" not in single.outputs
 
 
-def test_batch_and_streaming_need_a_decoupled_model(llm: ReferenceLLM) -> None:
+def test_batch_and_streaming_need_a_decoupled_model(llm: ServingEngine) -> None:
     """UC createRequestsFromInputTensors: the two refusals of a non-decoupled model, as the one final error
     response of the request (MIS enqueue -> sendEnqueueResponse)."""
     b = backend(llm, decoupled=False)
@@ -276,7 +293,7 @@ def test_batch_and_streaming_need_a_decoupled_model(llm: ReferenceLLM) -> None:
     assert stream.error == "Streaming is only supported if model is deployed using decoupled mode."
 
 
-def test_num_return_sequences_give_sequence_index(llm: ReferenceLLM) -> None:
+def test_num_return_sequences_give_sequence_index(llm: ServingEngine) -> None:
     """MIS fillTritonResponse: sequence_index only with num_return_sequences > 1; LR createResult: each
     sequence sends its own responses and the result is final only when all are; LR createChildRequest: child i
     samples with seed + i."""
@@ -289,7 +306,7 @@ def test_num_return_sequences_give_sequence_index(llm: ReferenceLLM) -> None:
     assert "sequence_index" not in one.outputs
 
 
-def test_num_input_and_output_tokens_follow_their_flags(llm: ReferenceLLM) -> None:
+def test_num_input_and_output_tokens_follow_their_flags(llm: ServingEngine) -> None:
     """MIS fillTritonResponse: num_input_tokens = the row's input tokens, num_output_tokens = the tokens of all
     beams in this response (the prompt counts when it is included, non-streaming)."""
     [response] = serve(backend(llm), request(max_tokens=4, return_num_input_tokens=True,
@@ -300,7 +317,7 @@ def test_num_input_and_output_tokens_follow_their_flags(llm: ReferenceLLM) -> No
     assert "num_input_tokens" not in plain.outputs and "num_output_tokens" not in plain.outputs
 
 
-def test_exclude_input_in_output_and_streaming(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_exclude_input_in_output_and_streaming(llm: ServingEngine, greedy: list[int]) -> None:
     """UC:915-927: the request's exclude_input_in_output overrides the parameter; LR createResult: non-streaming
     responses hold prompt + generated (or generated only), streaming responses only the tokens since the
     previous response whatever the flag; sequence_length counts what output_ids holds."""
@@ -316,7 +333,7 @@ def test_exclude_input_in_output_and_streaming(llm: ReferenceLLM, greedy: list[i
         assert all(c.outputs["sequence_length"].tolist() == [[1]] for c in chunks)
 
 
-def test_a_stream_ended_by_the_end_id_closes_with_an_empty_response(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_a_stream_ended_by_the_end_id_closes_with_an_empty_response(llm: ServingEngine, greedy: list[int]) -> None:
     """LR createResult: a finished request always sends a (final) response, here with no new tokens; the end id
     itself is never output (the sampling kernels do not grow the sequence length for it)."""
     chunks = serve(backend(llm), request(max_tokens=8, streaming=True, end_id=greedy[2]))
@@ -327,7 +344,7 @@ def test_a_stream_ended_by_the_end_id_closes_with_an_empty_response(llm: Referen
 # -- request intake ------------------------------------------------------------------------------------------
 
 
-def test_required_inputs_and_the_request_constructor_checks(llm: ReferenceLLM) -> None:
+def test_required_inputs_and_the_request_constructor_checks(llm: ServingEngine) -> None:
     """UC splitBatchInputsTensors / createRequestsFromInputTensors and RI Request::Impl::validate
     (TLLM_CHECK(mMaxNewTokens > 0), TLLM_CHECK(!mInputTokenIds.empty())): one final error response each."""
     b = backend(llm)
@@ -353,7 +370,7 @@ def test_word_lists_are_checked_like_convert_word_list() -> None:
             convert_word_list(flat)
 
 
-def test_sampling_config_checks_and_top_p_zero_is_dropped(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_sampling_config_checks_and_top_p_zero_is_dropped(llm: ServingEngine, greedy: list[int]) -> None:
     """SC SamplingConfig checks (TLLM_CHECK texts), UC getSamplingConfigFromTensors drops runtime_top_p <= 0
     (then both top_k and top_p are unset: greedy, samplingTopKKernels.cu setupTopKRuntimeArgs)."""
     b = backend(llm)
@@ -368,7 +385,7 @@ def test_sampling_config_checks_and_top_p_zero_is_dropped(llm: ReferenceLLM, gre
     assert ids(response) == greedy[:6]
 
 
-def test_beam_search_is_refused_by_the_reference(llm: ReferenceLLM) -> None:
+def test_beam_search_is_refused_by_the_reference(llm: ServingEngine) -> None:
     """The one place the reference is less capable than the C++ backend (beam_width default 1, UC): it says so."""
     [response] = serve(backend(llm), request(beam_width=np.array([[2]], dtype=np.int32)))
     assert response.final and "beam width 1 only" in response.error
@@ -376,7 +393,7 @@ def test_beam_search_is_refused_by_the_reference(llm: ReferenceLLM) -> None:
         "[TensorRT-LLM][ERROR] Assertion failed: beamWidth > 0")
 
 
-def test_lookahead_inputs_need_a_lookahead_model(llm: ReferenceLLM) -> None:
+def test_lookahead_inputs_need_a_lookahead_model(llm: ServingEngine) -> None:
     """UC getLookaheadDecodingFromTensors: per-request lookahead_* without the instance's lookahead parameters
     is refused; MIS: decoding_mode lookahead without them does not load."""
     one = np.array([[2]], dtype=np.int32)
@@ -393,7 +410,7 @@ def test_lookahead_inputs_need_a_lookahead_model(llm: ReferenceLLM) -> None:
     assert warnings and "decoding_mode parameter is invalid or not specified" in warnings[0]
 
 
-def test_guided_decoding_without_a_guided_decoder_is_refused(llm: ReferenceLLM) -> None:
+def test_guided_decoding_without_a_guided_decoder_is_refused(llm: ServingEngine) -> None:
     """EX fetchNewRequests: a request with a valid guide type on an executor without a GuidedDecodingConfig
     (guided_decoding_backend unset) is refused; UC: unknown guide types mean no guided decoding."""
     guide = np.array([[b"json"]], dtype=object)
@@ -403,7 +420,7 @@ def test_guided_decoding_without_a_guided_decoder_is_refused(llm: ReferenceLLM) 
     assert ignored.error is None
 
 
-def test_ignored_inputs_are_noted_once_per_load(llm: ReferenceLLM) -> None:
+def test_ignored_inputs_are_noted_once_per_load(llm: ServingEngine) -> None:
     """Inputs NVIDIA's backend reads for features the reference lacks (LoRA here) are accepted and ignored with
     one note per model load and input name; UC's own shape checks still apply to them."""
     log = Log()
@@ -421,7 +438,7 @@ def test_ignored_inputs_are_noted_once_per_load(llm: ReferenceLLM) -> None:
 # -- executor admission (LlmRequest::validate) ------------------------------------------------------------------
 
 
-def test_a_prompt_above_max_input_len_is_refused_with_the_executors_text(llm: ReferenceLLM) -> None:
+def test_a_prompt_above_max_input_len_is_refused_with_the_executors_text(llm: ServingEngine) -> None:
     """LR validate + EX fetchNewRequests + MIS fillTritonResponse: the three texts wrapped in one another."""
     [response] = serve(backend(llm), request(prompt=list(range(5, 5 + MAX_INPUT + 1))))
     assert response.final and response.error == (
@@ -430,7 +447,7 @@ def test_a_prompt_above_max_input_len_is_refused_with_the_executors_text(llm: Re
         "and check TRTGptModel logs for how maximum input length is set")
 
 
-def test_too_many_output_tokens_are_shortened_with_the_warning(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_too_many_output_tokens_are_shortened_with_the_warning(llm: ServingEngine, greedy: list[int]) -> None:
     """LR validate: prompt + max_new_tokens + draft tokens per step (the engine's max_draft_len even without
     drafts) > max_seq_len shortens max_new_tokens, with TLLM_LOG_WARNING's text; no error."""
     log = Log()
@@ -443,7 +460,7 @@ def test_too_many_output_tokens_are_shortened_with_the_warning(llm: ReferenceLLM
         f"output tokens is changed to ({allowed})."]
 
 
-def test_draft_token_limits(llm: ReferenceLLM) -> None:
+def test_draft_token_limits(llm: ServingEngine) -> None:
     """LR validate: more drafts than max_draft_len is an error; prompt + drafts > max_input_len truncates the
     drafts with a warning."""
     [refused] = serve(backend(llm), request(draft_input_ids=np.array([[1] * (MAX_DRAFT + 1)], dtype=np.int32)))
@@ -458,14 +475,14 @@ def test_draft_token_limits(llm: ReferenceLLM) -> None:
                            f"exceeds maximum input length ({MAX_INPUT}).Number of draft tokens is changed to (1)")
 
 
-def test_end_id_must_be_in_range(llm: ReferenceLLM) -> None:
+def test_end_id_must_be_in_range(llm: ServingEngine) -> None:
     """LR validate: TLLM_CHECK_WITH_INFO "EndId (%d) is not within acceptable range [-1, %d)."."""
     [response] = serve(backend(llm), request(end_id=np.array([[VOCAB]], dtype=np.int32)))
     assert response.error.endswith(f"Assertion failed: EndId ({VOCAB}) is not within acceptable range "
                                    f"[-1, {VOCAB}).")
 
 
-def test_an_admission_error_in_one_row_leaves_the_others(llm: ReferenceLLM) -> None:
+def test_an_admission_error_in_one_row_leaves_the_others(llm: ServingEngine) -> None:
     """EX: each row is its own executor request, so one row's error is that row's (non-final) error response and
     the other rows still run; the FINAL flag stays on the last row."""
     responses = serve(backend(llm), request([list(range(5, 5 + MAX_INPUT + 1)), list(PROMPT)], max_tokens=2))
@@ -477,14 +494,19 @@ def test_an_admission_error_in_one_row_leaves_the_others(llm: ReferenceLLM) -> N
 
 
 class ScriptedEngine:
-    """Emits one token per step after waiting for `gate` (so a test can stop it midway)."""
+    """Emits one token per step after waiting for `gate` (so a test can stop it midway), on its own thread as the
+    serving engine runs; asks the request's `cancelled` between steps as the engine does."""
 
     def __init__(self, pause_s: float = 0.0) -> None:
         self.gate = threading.Event()
         self.steps = 0
         self.pause_s = pause_s
 
-    def run(self, req: LLMRequest, on_step: Callable[[StepEvent], None], should_stop: Callable[[], bool]) -> None:
+    def submit(self, req: EngineRequest) -> None:
+        threading.Thread(target=self._run, args=(req,), daemon=True).start()
+
+    def _run(self, req: EngineRequest) -> None:
+        assert req.on_update is not None and req.cancelled is not None
         tokens: list[int] = []
         while True:
             self.gate.wait(5)
@@ -492,11 +514,11 @@ class ScriptedEngine:
             self.steps += 1
             tokens.append(7)
             done = len(tokens) >= req.max_new_tokens
-            on_step(StepEvent([7], [], [], done, "length" if done else "", 0, 0, 0))
+            req.on_update(Update([7], finished=done, reason="length" if done else None))
             if done:
                 return
-            if should_stop():
-                on_step(StepEvent([], [], [], True, "cancelled", 0, 0, 0))
+            if req.cancelled():
+                req.on_update(Update([], finished=True, reason="cancelled"))
                 return
 
 
@@ -550,7 +572,7 @@ def test_client_cancellation_is_polled_at_the_check_period() -> None:
 # -- the engine's decoding semantics ---------------------------------------------------------------------------
 
 
-def test_log_probs_follow_normalize_log_probs(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_log_probs_follow_normalize_log_probs(llm: ServingEngine, greedy: list[int]) -> None:
     """samplingTopKKernels.cu topKStage2Sampling: output_log_probs = log P(token) renormalised over the top-k
     candidates when normalize_log_probs (default true) - 0 for greedy (top-k 1) - else the plain log softmax;
     cum_log_probs sums the unnormalised ones. Shapes [1, beams, tokens] and [1, beams] (MIS)."""
@@ -566,7 +588,7 @@ def test_log_probs_follow_normalize_log_probs(llm: ReferenceLLM, greedy: list[in
         assert np.allclose(response.outputs["cum_log_probs"], [[sum(expected)]], atol=1e-3)
 
 
-def test_stop_words_are_output_and_min_tokens_hold_back_the_end_id(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_stop_words_are_output_and_min_tokens_hold_back_the_end_id(llm: ServingEngine, greedy: list[int]) -> None:
     """stopCriteriaKernels.cu: the sequence ends with the stop word included; penaltyKernels.cu: the end id is
     masked while fewer than min_tokens tokens are generated."""
     words = np.array([[[greedy[3], greedy[4]], [2, -1]]], dtype=np.int32)
@@ -578,15 +600,14 @@ def test_stop_words_are_output_and_min_tokens_hold_back_the_end_id(llm: Referenc
     assert len(ids(held)) >= 3 and greedy[0] not in ids(held)[:3]
 
 
-def test_penalties_and_embedding_bias_as_the_penalty_kernel(llm: ReferenceLLM) -> None:
+def test_penalties_and_embedding_bias_as_the_penalty_kernel(llm: ServingEngine) -> None:
     """penaltyKernels.cu batchApplyPenalty: bias added, logits / (temperature + 1e-6), then for tokens in the
     sequence repetition (negative * p, positive / p), presence (- p) and frequency (- p * count); min length
     masks the end id with -FLT_MAX."""
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    req = LLMRequest([0, 1, 1], 4, end_id=3, min_tokens=1, embedding_bias=torch.tensor([0.5, 0.0, 0.0, 0.0]),
-                     decoding=Decoding(temperature=0.5, repetition_penalty=2.0, presence_penalty=0.1,
-                                       frequency_penalty=0.2))
-    out = llm._process(logits, req, [0, 1, 1], 0)[0]
+    decoding = TrtllmDecoding(temperature=0.5, repetition_penalty=2.0, presence_penalty=0.1, frequency_penalty=0.2,
+                              end_id=3, min_tokens=1, embedding_bias=torch.tensor([0.5, 0.0, 0.0, 0.0]))
+    out = decoding.process(logits, [0, 1, 1], 0)[0]
     inv = 1.0 / (0.5 + 1e-6)
     assert out[0] == pytest.approx((2.5 * inv) / 2.0 - 0.1 - 0.2 * 1)
     assert out[1] == pytest.approx((-2.0 * inv) * 2.0 - 0.1 - 0.2 * 2)
@@ -594,7 +615,7 @@ def test_penalties_and_embedding_bias_as_the_penalty_kernel(llm: ReferenceLLM) -
     assert out[3] == pytest.approx(float(torch.finfo(torch.float32).min))
 
 
-def test_external_drafts_verify_then_decode_to_max_new_tokens(llm: ReferenceLLM, greedy: list[int]) -> None:
+def test_external_drafts_verify_then_decode_to_max_new_tokens(llm: ServingEngine, greedy: list[int]) -> None:
     """LR/EX: draft_input_ids only add draft tokens to the first generation step; the request still runs to its
     request_output_len. Perf metrics: total_draft_tokens += drafts, accepted += new tokens - 1
     (llmRequest.h updateNumTokensPerIteration)."""
@@ -607,7 +628,7 @@ def test_external_drafts_verify_then_decode_to_max_new_tokens(llm: ReferenceLLM,
     assert response.outputs["acceptance_rate"][0, 0] == pytest.approx(2 / 3)
 
 
-def test_medusa_speculates_at_nvidias_default_temperature(medusa_llm: ReferenceLLM, llm: ReferenceLLM,
+def test_medusa_speculates_at_nvidias_default_temperature(medusa_llm: ServingEngine, llm: ServingEngine,
                                                            greedy: list[int]) -> None:
     """medusaDecodingLayer.cpp: Medusa draws the model's token at each node by top-K with the request's
     runtime_top_k (1 when unset) and applies no temperature (DecodingMode::Medusa has no penalties), so NVIDIA's

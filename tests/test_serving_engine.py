@@ -107,7 +107,7 @@ def test_mixed_batch_plain_verification_and_medusa_each_equal_alone(medusa: Caus
     requests = [
         EngineRequest(ps[0], 16),
         EngineRequest(ps[1], 9, speculate=False),
-        EngineRequest(ps[2], 4, draft_tokens=drafts),
+        EngineRequest(ps[2], 4, draft_tokens=drafts, one_round=True),
         EngineRequest(ps[3], 14, end_id=stop_free[0]),
         EngineRequest(ps[4], 16, stop_words=(word,)),
         EngineRequest(ps[5], 30, speculate=False),

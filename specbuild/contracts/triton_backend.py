@@ -297,6 +297,8 @@ TENSORRT_LLM = ModelContract(
         end_id | "" | the tokenizer's end id, for requests without end_id | 0
         pad_id | "" | the tokenizer's pad id, for requests without pad_id | 0
         torch_threads | 1 | torch threads of the model's process | 0
+        draft_len_schedule | "" | Medusa tree paths by active sequences, JSON (speculative.draft_len_schedule) | 0
+        max_concurrency | "" | no Medusa tree above this many active sequences | 0
     """, extra="reference"),
 )
 """`enable_trt_overlap` is left out: commented out in the template @2a9abd95 ("deprecated"), active in
@@ -509,6 +511,8 @@ BLS = ModelContract(
         max_draft_len | 0 | the target engine's max_draft_len | 0
         use_draft_logits | false | rejection sampling on draft logits by default | 0
         torch_threads | 1 | torch threads of the model's process | 0
+        draft_len_schedule | "" | K by requests in flight, JSON (speculative.draft_len_schedule) | 0
+        max_concurrency | "" | no speculation above this many requests in flight | 0
     """, extra="both"),
 )
 

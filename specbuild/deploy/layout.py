@@ -8,6 +8,7 @@ size, decoupled modes, names, end/pad ids) is decided once here, so the models c
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +131,8 @@ def plan_repository(spec: PipelineSpec, engines: dict[str, EngineInfo], end_id: 
         "preprocessing_model_name": PREPROCESSING, "postprocessing_model_name": POSTPROCESSING,
         "num_draft_tokens": spec.speculative.num_draft_tokens if mode == "draft_target" else 0,
         "max_draft_len": engines["target"].max_draft_len if mode == "draft_target" else 0,
-        "use_draft_logits": spec.speculative.use_draft_logits, "torch_threads": TORCH_THREADS},
+        "use_draft_logits": spec.speculative.use_draft_logits, "torch_threads": TORCH_THREADS,
+        **(_schedule(spec) if mode == "draft_target" else {})},
         reference=reference))
     models.append(ModelPlan(ENSEMBLE, ENSEMBLE, {
         "model_name": ENSEMBLE, "triton_max_batch_size": batch, "llm_model_name": TARGET}, python=False,
@@ -157,8 +159,16 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
         params["medusa_choices"] = format_choices(info.medusa_choices)
     if reference:
         params.update({"kv_cache_slots": max(8, 2 * (spec.deploy.triton_max_batch_size or 1)),
-                       "end_id": end_id, "pad_id": pad_id, "torch_threads": TORCH_THREADS})
+                       "end_id": end_id, "pad_id": pad_id, "torch_threads": TORCH_THREADS,
+                       **(_schedule(spec) if medusa else {})})
     elif spec.speculative.mode == "draft_target":
         params["kv_cache_free_gpu_mem_fraction"] = 0.45  # target and draft share the GPU's free memory
     return ModelPlan(name, TARGET, values, params, python=reference, engine=directory.resolve(),
                      reference=reference)
+
+
+def _schedule(spec: PipelineSpec) -> dict[str, object]:
+    """The load-aware speculation settings, for whichever model speculates (the BLS, or a Medusa engine)."""
+    schedule, limit = spec.speculative.draft_len_schedule, spec.speculative.max_concurrency
+    return {"draft_len_schedule": json.dumps(schedule, sort_keys=True) if schedule else "",
+            "max_concurrency": limit or ""}

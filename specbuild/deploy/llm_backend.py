@@ -723,19 +723,24 @@ def perf_metrics(*, arrival: int, first_scheduled: int, first_token: int, last_t
 
 
 class Job:
-    """A Triton request the backend accepted: its rows run one after another on the engine, and stop commands
-    and client cancellation end them."""
+    """A Triton request the backend accepted: its rows run on the engine side by side (each row is an executor
+    request of its own, MIS), stop commands and client cancellation end them, and the FINAL flag goes on the
+    last response of the last row to finish."""
 
     def __init__(self, request: TritonRequest, send: Callable[[Response], None],
                  client_cancelled: Callable[[], bool] | None, arrival_ns: int, check_period_ms: int,
                  clock: Callable[[], int]) -> None:
-        self.request, self.send = request, send
+        self.request, self._send = request, send
         self.arrival_ns = arrival_ns
         self._client_cancelled = client_cancelled
         self._period_ns = max(0, check_period_ms) * 1_000_000
         self._clock = clock
         self._last_poll = arrival_ns
         self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._outstanding = sum(row.num_sequences for row in request.rows)
+        self.done = threading.Event()
+        self.on_done: Callable[[], None] | None = None
 
     def stop(self) -> None:
         """A stop command for this request's id (the executor cancels every row)."""
@@ -756,9 +761,22 @@ class Job:
             return True
         return False
 
+    def send(self, response: Response, *, ends: int = 0) -> None:
+        """Send one response; `ends` sequences finish with it: the one that leaves none outstanding carries the
+        FINAL flag (MIS WaitForResponse)."""
+        with self._lock:
+            self._outstanding -= ends
+            last = ends > 0 and self._outstanding <= 0
+            self._send(Response(response.outputs, response.error, final=last))
+        if last:
+            self.done.set()
+            if self.on_done is not None:
+                self.on_done()
+
 
 class Backend:
-    """The backend of one model instance over a reference engine (`ReferenceLLM` or anything with its `run`)."""
+    """The backend of one model instance over a serving engine (`specbuild.runtime.serving.ServingEngine`, or
+    anything with its `submit`)."""
 
     def __init__(self, config: BackendConfig, engine: Any, *, log_info: Callable[[str], None] = print,
                  log_warn: Callable[[str], None] = print, clock: Callable[[], int] = time.monotonic_ns) -> None:
@@ -782,7 +800,7 @@ class Backend:
                 client_cancelled: Callable[[], bool] | None = None) -> Job | None:
         """MIS enqueue for one Triton request: a stop command is answered here (an empty final response, or the
         error for a request without an id), a request that cannot be built gets its one final error response;
-        anything else becomes a Job to `run`."""
+        anything else becomes a Job to `submit`."""
         arrival = self.clock()
         if first_bool(inputs.get("stop")):
             if not request_id:
@@ -805,91 +823,87 @@ class Backend:
                 self._by_triton_id[request_id] = job  # MIS: the latest request under an id replaces the former
         return job
 
-    def run(self, job: Job) -> None:
-        """Every row of the job, one after another; the FINAL flag goes on the last row's final response."""
-        try:
-            rows = job.request.rows
-            for position, row in enumerate(rows):
-                self._run_row(job, row, last_row=position == len(rows) - 1)
-        finally:
-            rid = job.request.request_id
-            if rid:
-                with self._lock:
-                    if self._by_triton_id.get(rid) is job:
-                        del self._by_triton_id[rid]
+    def submit(self, job: Job) -> None:
+        """Every row of the job to the engine, without waiting: the engine's thread sends the responses."""
+        job.on_done = lambda: self._forget(job)
+        for row in job.request.rows:
+            self._submit_row(job, row)
+
+    def run(self, job: Job, timeout: float | None = None) -> None:
+        """`submit`, then wait until the job's last response is out."""
+        self.submit(job)
+        if not job.done.wait(timeout):
+            raise TimeoutError("the request did not finish in time")
+
+    def _forget(self, job: Job) -> None:
+        rid = job.request.request_id
+        if rid:
+            with self._lock:
+                if self._by_triton_id.get(rid) is job:
+                    del self._by_triton_id[rid]
 
     def _executor_id(self) -> int:
         with self._lock:
             rid, self._next_id = self._next_id, self._next_id + 1
         return rid
 
-    def _run_row(self, job: Job, row: RowRequest, *, last_row: bool) -> None:
+    def _submit_row(self, job: Job, row: RowRequest) -> None:
         executor_id = self._executor_id()
         try:
             admitted, warnings = admit(row, self.config)
         except AdmissionError as err:
-            self._fail(job, executor_id, err.message, last_row)
+            self._fail(job, executor_id, err.message, ends=row.num_sequences)
             return
         for warning in warnings:
             self.log_warn(WARNING + warning)
         for index in range(admitted.num_sequences):
-            tracker = _Tracker(self, job, admitted, index, last_row=last_row,
-                               last=last_row and index == admitted.num_sequences - 1)
+            tracker = _Tracker(self, job, admitted, index)
             try:
-                self.engine.run(engine_request(admitted, index, self.config), tracker.on_step, job.should_stop)
-            except _Populated:
-                return  # that sequence's error response is out and ends the row (MIS: isFinal on error)
-            except Exception as err:  # the engine's refusal (RequestError) goes back as the row's error
-                if tracker.sent_final:
-                    raise
-                self._fail(job, executor_id, str(err.args[0]) if err.args else repr(err), last_row)
-                return
+                self.engine.submit(engine_request(admitted, index, self.config, tracker.on_update,
+                                                  lambda tracker=tracker: tracker.failed or job.should_stop()))
+            except ValueError as err:  # the engine's refusal goes back as that sequence's error
+                self._fail(job, executor_id, str(err), ends=1)
 
-    def _fail(self, job: Job, executor_id: int, message: str, final: bool) -> None:
+    def _fail(self, job: Job, executor_id: int, message: str, *, ends: int) -> None:
         """An executor error response for one row (EX fetchNewRequests wraps the text, MIS fillTritonResponse
         adds the request id)."""
         job.send(Response(error=f"Executor failed process requestId {executor_id} due to the following error: "
-                                f"Encountered an error when fetching new request: {message}", final=final))
+                                f"Encountered an error when fetching new request: {message}"), ends=ends)
 
 
-def engine_request(row: RowRequest, index: int, config: BackendConfig) -> Any:
-    """The reference engine's request for one returned sequence of a row: child sequences draw with
-    seed + index (LR createChildRequest; an unseeded parent counts as seed 0)."""
+def engine_request(row: RowRequest, index: int, config: BackendConfig, on_update: Callable[[Any], None],
+                   cancelled: Callable[[], bool]) -> Any:
+    """The serving engine's request for one returned sequence of a row, decoded as TensorRT-LLM's executor
+    decodes it; child sequences draw with seed + index (LR createChildRequest; an unseeded parent counts as seed
+    0)."""
     import torch
 
-    from specbuild.deploy.reference_llm import Decoding, LLMRequest
+    from specbuild.runtime.serving import EngineRequest
+    from specbuild.runtime.trtllm_decoding import TrtllmDecoding
 
     s = row.sampling
-    decoding = Decoding(top_k=s.top_k or 0, top_p=s.top_p or 0.0,
-                        temperature=1.0 if s.temperature is None else s.temperature, seed=(s.seed or 0) + index,
-                        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-                        frequency_penalty=s.frequency_penalty)
-    medusa = config.medusa
-    return LLMRequest(
-        input_ids=list(row.input_ids),
-        max_new_tokens=row.max_new_tokens,
-        end_id=None if row.end_id is None or row.end_id < 0 else row.end_id,  # -1: no end id
-        stop_words=row.stop_words or (),
-        bad_words=() if medusa else (row.bad_words or ()),  # DecodingMode::Medusa has no ban-words layer
-        draft_ids=row.draft_ids or None,
-        draft_logits=None if row.draft_logits is None else torch.from_numpy(np.ascontiguousarray(row.draft_logits)),
-        decoding=decoding,
-        min_tokens=s.min_tokens or 0,
+    end_id = None if row.end_id is None or row.end_id < 0 else row.end_id  # -1: no end id
+    decoding = TrtllmDecoding(
+        top_k=s.top_k or 0, top_p=s.top_p or 0.0, temperature=1.0 if s.temperature is None else s.temperature,
+        request_seed=(s.seed or 0) + index, repetition_penalty=s.repetition_penalty,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, min_tokens=s.min_tokens or 0,
+        end_id=end_id, bad_words=row.bad_words or (),
         embedding_bias=None if row.embedding_bias is None else torch.from_numpy(row.embedding_bias),
-        return_generation_logits=row.return_generation_logits,
-        return_context_logits=row.return_context_logits,
-        return_log_probs=row.return_log_probs,
-        normalize_log_probs=config.normalize_log_probs,
-    )
+        normalize_log_probs=config.normalize_log_probs, medusa=config.medusa)
+    return EngineRequest(
+        prompt=list(row.input_ids), max_new_tokens=row.max_new_tokens, end_id=end_id,
+        stop_words=row.stop_words or (), include_stop_words=True, decoding=decoding,
+        draft_tokens=row.draft_ids or None,
+        draft_logits=None if row.draft_logits is None else torch.from_numpy(np.ascontiguousarray(row.draft_logits)),
+        return_logits=row.return_generation_logits, return_log_probs=row.return_log_probs,
+        return_context_logits=row.return_context_logits, cancelled=cancelled, on_update=on_update)
 
 
 class _Tracker:
-    """Turns one sequence's engine steps into responses (LR createResult: what each response holds)."""
+    """Turns one sequence's engine updates into responses (LR createResult: what each response holds)."""
 
-    def __init__(self, backend: Backend, job: Job, row: RowRequest, index: int, *, last_row: bool,
-                 last: bool) -> None:
+    def __init__(self, backend: Backend, job: Job, row: RowRequest, index: int) -> None:
         self.backend, self.job, self.row, self.index = backend, job, row, index
-        self.last_row, self.last = last_row, last
         self.scheduled = backend.clock()
         self.first_token = self.last_token = 0
         self.tokens: list[int] = []
@@ -897,25 +911,33 @@ class _Tracker:
         self.cum = 0.0
         self.rows: list[np.ndarray] = []
         self.context: np.ndarray | None = None
-        self.sent_final = False
+        self.failed = False
         self.counts = (0, 0, 0)  # accepted, drafted, reused
 
-    def on_step(self, event: Any) -> None:
+    def on_update(self, update: Any) -> None:
+        """One engine step of this sequence (called on the engine's thread)."""
+        if self.failed:
+            return
+        if update.error is not None:
+            self.failed = True
+            self.job.send(Response(error=f"tensorrt_llm reference backend failure: {update.error}"), ends=1)
+            return
         now = self.backend.clock()
-        if event.tokens:
+        if update.tokens:
             self.first_token = self.first_token or now
             self.last_token = now
         start = len(self.tokens)
-        self.tokens += [int(t) for t in event.tokens]
-        self.log_probs += [float(v) for v in event.log_probs]
-        self.cum = float(event.cum_log_prob)
-        self.rows += [np.asarray(r, dtype=np.float32) for r in event.logits]
-        if event.context_logits is not None:
-            self.context = np.asarray(event.context_logits, dtype=np.float32)
-        self.counts = (event.accepted_draft_tokens, event.draft_tokens, event.reused_tokens)
+        self.tokens += [int(t) for t in update.tokens]
+        self.log_probs += [float(v) for v in update.log_probs]
+        self.cum = float(update.cum_log_prob)
+        if update.logits is not None:
+            self.rows += [np.asarray(r, dtype=np.float32) for r in update.logits]
+        if update.context_logits is not None:
+            self.context = np.asarray(update.context_logits, dtype=np.float32)
+        self.counts = (update.accepted_draft_tokens, update.draft_tokens, update.reused_tokens)
         if self.row.streaming:
-            self._send(start, final=event.done)
-        elif event.done:
+            self._send(start, final=update.finished)
+        elif update.finished:
             self._send(0, final=True)
 
     def _send(self, start: int, *, final: bool) -> None:
@@ -942,13 +964,11 @@ class _Tracker:
         view = SequenceView(tokens, self.log_probs, self.cum, logits, self.context, perf, preceding, final)
         try:
             outputs = response_outputs(view, row, request, config, sequence_index=self.index)
-        except PopulateError as err:
-            self.sent_final = True
-            self.job.send(Response(error=f"Error encountered while populating response: {err.message}",
-                                   final=self.last_row))
-            raise _Populated from None
-        self.sent_final = final
-        self.job.send(Response(outputs, final=final and self.last))
+        except PopulateError as err:  # the sequence ends with the error (MIS: isFinal on error)
+            self.failed = True
+            self.job.send(Response(error=f"Error encountered while populating response: {err.message}"), ends=1)
+            return
+        self.job.send(Response(outputs), ends=1 if final else 0)
 
     def _full_generation_logits(self) -> np.ndarray:
         """Non-streaming: LR allocates [beams, max_new_tokens, V] (with external drafts [1, drafts + 1, V]) and
@@ -963,6 +983,3 @@ class _Tracker:
 def _rows(rows: list[np.ndarray], vocab: int) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0, vocab), dtype=np.float32)
 
-
-class _Populated(Exception):
-    """A response failed to populate: the sequence's error response is out; the engine run stops."""

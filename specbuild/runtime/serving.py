@@ -16,7 +16,6 @@ the acceptance rules the runtime's (`accept_greedy`, `accept_rejection_sampling`
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 from collections import deque
@@ -30,20 +29,22 @@ import torch
 from specbuild.medusa.tree import MedusaTree, accept_typical
 from specbuild.medusa.tree import accept_greedy as accept_tree
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
+from specbuild.runtime.decoding import SamplingDecoding, TokenDecoding
 from specbuild.runtime.model import CausalLM, ForwardOutput
-from specbuild.runtime.sampling import SamplingParams, next_tokens, probabilities
+from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.schedule import DraftSchedule
 from specbuild.runtime.sequence import GenerationStats, SequenceState, StopCriteria
 
 FinishReason = Literal["length", "end_id", "stop_word", "cancelled", "error", "round"]
-"""Why a sequence ended: max_new_tokens, its end id, a stop word, cancelled, failed, or its one verification
-round done (a request with external draft tokens)."""
+"""Why a sequence ended: max_new_tokens, its end id, a stop word, cancelled, failed, or (a `one_round` request
+with external draft tokens) its verification round done."""
 
 
 @dataclass
 class EngineRequest:
-    """One sequence to serve. With `draft_tokens` it is one verification round (the target's side of
-    draft-target decoding): the longest accepted prefix of the drafts plus one token of the model's own."""
+    """One sequence to serve. With `draft_tokens` its first step verifies them (the target's side of draft-target
+    decoding: the longest accepted prefix of the drafts plus one token of the model's own), then it decodes on to
+    max_new_tokens as TensorRT-LLM's external draft tokens do, or stops after that round (`one_round`)."""
 
     prompt: list[int]
     max_new_tokens: int
@@ -53,13 +54,20 @@ class EngineRequest:
     include_stop_words: bool = False  # True: TensorRT-LLM's executor semantics (the stop word is output)
     bad_words: tuple[tuple[int, ...], ...] = ()
     min_tokens: int = 0
+    decoding: TokenDecoding | None = None  # default: SamplingDecoding(params, bad_words, min_tokens, end_id)
     draft_tokens: list[int] | None = None
     draft_logits: torch.Tensor | None = None  # [len(draft_tokens), V]: accept by rejection sampling
+    one_round: bool = False
     speculate: bool = True  # Medusa engines: use the tree when this request allows it
     typical: Typical | None = None  # Medusa: the paper's typical acceptance instead of matching the model's choice
-    return_logits: bool = False  # keep each emitted token's logits (generation_logits)
+    return_logits: bool = False  # each emitted token's raw logits (generation_logits)
     return_log_probs: bool = False
+    return_context_logits: bool = False  # the prompt's raw logits (computes the whole prompt: no prefix reuse)
+    cancelled: Callable[[], bool] | None = None  # asked between steps: True ends the sequence
     on_update: Callable[[Update], None] | None = None
+
+    def token_decoding(self) -> TokenDecoding:
+        return self.decoding or SamplingDecoding(self.params, self.bad_words, self.min_tokens, self.end_id)
 
 
 @dataclass(frozen=True)
@@ -75,13 +83,16 @@ class Typical:
 class Update:
     """What one engine step did for one sequence."""
 
-    tokens: list[int]  # tokens emitted this step (end id and stop words not included)
+    tokens: list[int]  # tokens emitted this step (end id and dropped stop words not included)
     finished: bool = False
     reason: FinishReason | None = None
-    logits: torch.Tensor | None = None  # [len(tokens) or more, V] when return_logits
+    logits: torch.Tensor | None = None  # [len(tokens), V] raw logits when return_logits
     log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0  # unnormalised log probabilities of every emitted token so far
+    context_logits: torch.Tensor | None = None  # [prompt, V] on the first update, when asked for
     accepted_draft_tokens: int = 0  # totals so far
     draft_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the cache
     error: str | None = None
 
 
@@ -95,6 +106,8 @@ class Result:
     draft_tokens: int = 0
     logits: torch.Tensor | None = None
     log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    context_logits: torch.Tensor | None = None
     error: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -115,6 +128,7 @@ class Handle:
         self.result: Result | None = None
         self.reused_tokens = 0  # prompt tokens whose KV came from the cache
         self.first_token_time: float | None = None
+        self._context: torch.Tensor | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -137,10 +151,13 @@ class Handle:
         if update.logits is not None:
             self._logits.append(update.logits)
         self._log_probs += update.log_probs
+        if update.context_logits is not None:
+            self._context = update.context_logits
         if update.finished:
             logits = torch.cat(self._logits) if self._logits else None
             self.result = Result(self._tokens, update.reason, update.accepted_draft_tokens, update.draft_tokens,
-                                 logits, self._log_probs, update.error, self.first_token_time, now)
+                                 logits, self._log_probs, update.cum_log_prob, self._context, update.error,
+                                 self.first_token_time, now)
         if self.request.on_update is not None:
             self.request.on_update(update)
         if update.finished:
@@ -165,18 +182,20 @@ class _Sequence:
     def __init__(self, handle: Handle, engine: ServingEngine) -> None:
         request = handle.request
         self.handle, self.request, self.engine = handle, request, engine
+        self.decoding = request.token_decoding()
         self.state = SequenceState(list(request.prompt))
         self.stop = StopCriteria(request.max_new_tokens, request.end_id, request.stop_words,
                                  request.include_stop_words)
         self.row = -1
         self.committed: list[int] = []  # exactly the tokens whose K/V the row holds
         self.pending: list[int] = []  # tokens to feed next (the cache holds everything before them)
-        self.gen: torch.Generator | None = None
-        if not request.params.greedy:
-            self.gen = torch.Generator().manual_seed(_seed(request))
+        self.gen = None if self.decoding.greedy else torch.Generator().manual_seed(_seed(request, self.decoding))
         self.accepted = self.drafted = 0
+        self.cum_log_prob = 0.0
         self.sent = 0  # output tokens already sent in updates
-        self.token_logits: list[torch.Tensor] = []  # the distribution each output token came from
+        self.token_logits: list[torch.Tensor] = []  # the raw logits each output token came from
+        self.token_log_probs: list[float] = []
+        self.context_logits: torch.Tensor | None = None
         self.topk: torch.Tensor | None = None  # Medusa: [heads, k] head guesses at the last accepted position
         self.medusa = engine.tree is not None and request.speculate and request.draft_tokens is None
         self.verify = request.draft_tokens is not None
@@ -198,6 +217,8 @@ class _Sequence:
         """Accept/sample from the row's logits; returns (tokens to commit as a linear prefix of the block, or
         the tree path to compact; the Update)."""
         logits = out.logits[row, : len(block.tokens)]
+        if self.request.return_context_logits and self.context_logits is None:
+            self.context_logits = logits[: len(self.request.prompt)].float().clone()
         if block.tree is not None:
             return self._after_tree(block, out, row, logits)
         if self.verify:
@@ -206,33 +227,36 @@ class _Sequence:
 
     def _after_linear(self, block: _Block, out: ForwardOutput, row: int,
                       logits: torch.Tensor) -> tuple[int, None, Update]:
-        last = self._constrain(logits[-1])
-        token = self._draw(last[None])[0]
+        raw = logits[-1:]
+        processed = self.decoding.process(raw, self.state.tokens, len(self.state.output))
+        token = self.decoding.choose(processed, self.gen)[0]
         if self.medusa:  # a Medusa sequence's prefill, or a step taken without the tree: refresh guesses
             self.topk = self.engine.head_topk(out.hidden[row, len(block.tokens) - 1])
-        update = self._emit([token], [last])
+        update = self._emit([token], list(raw), list(processed))
         self.committed += block.tokens
         return len(block.tokens), None, update
 
     def _after_verify(self, block: _Block, logits: torch.Tensor) -> tuple[int, None, Update]:
         drafts = list(self.request.draft_tokens or ())
         k, tail = len(drafts), len(block.tokens) - len(drafts)
-        target = logits[tail - 1 :]  # [k + 1, V]: after the last prompt token, then after each draft
-        if self.request.bad_words or self.request.min_tokens:
-            target = torch.stack([self._constrain(target[i], drafts[:i]) for i in range(k + 1)])
+        raw = logits[tail - 1 :]  # [k + 1, V]: after the last prompt token, then after each draft
+        processed = self.decoding.process(raw, self.state.tokens, len(self.state.output),
+                                          [drafts[:i] for i in range(k + 1)])
         draft_tensor = torch.tensor(drafts, dtype=torch.long)
-        params = self.request.params
-        if params.greedy:
-            accepted, nxt = accept_greedy(target, target, draft_tensor, None)  # type: ignore[arg-type]
+        if self.decoding.greedy:
+            accepted, nxt = accept_greedy(processed, processed, draft_tensor, None)  # type: ignore[arg-type]
         else:
-            q = (probabilities(self.request.draft_logits.float(), params) if self.request.draft_logits is not None
-                 else torch.nn.functional.one_hot(draft_tensor, target.shape[-1]).float())
+            q = (self.decoding.draft_probabilities(self.request.draft_logits) if self.request.draft_logits is not None
+                 else torch.nn.functional.one_hot(draft_tensor, processed.shape[-1]).float())
             assert self.gen is not None
-            accepted, nxt = self.engine.accept(probabilities(target, params), q, draft_tensor, self.gen)
+            accepted, nxt = self.engine.accept(self.decoding.probabilities(processed), q, draft_tensor, self.gen)
         self.accepted += accepted
         self.drafted += k
-        self.engine.stats.acceptance.record_acceptance(k, accepted)
-        update = self._emit([*drafts[:accepted], nxt], list(target[: accepted + 1]), one_round=True)
+        if k:
+            self.engine.stats.acceptance.record_acceptance(k, accepted)
+        self.verify = False  # the drafts were for this step only
+        update = self._emit([*drafts[:accepted], nxt], list(raw[: accepted + 1]), list(processed[: accepted + 1]),
+                            one_round=self.request.one_round)
         commit = tail + accepted
         self.committed += block.tokens[:commit]
         return commit, None, update
@@ -242,15 +266,18 @@ class _Sequence:
         tree = block.tree
         assert tree is not None
         tokens = torch.tensor(block.tokens)
+        decoding = self.decoding.for_tree()
+        ahead = [tokens[_ancestors(tree, node)].tolist() for node in range(len(block.tokens))]
+        processed = decoding.process(logits, self.state.tokens, len(self.state.output), ahead)
         typical = self.request.typical
         if typical is not None:
-            path, accepted = accept_typical(tree, tokens, logits, self.request.params.temperature,
+            path, accepted = accept_typical(tree, tokens, processed, self.request.params.temperature,
                                             typical.posterior_threshold, typical.posterior_alpha)
-            choice = self._draw(logits)
+            choice = decoding.choose(processed, self.gen)
         else:
-            # The model's own choice at every node (argmax, or a draw at the request's temperature); a path is
-            # accepted while each node's token is the choice at its parent.
-            choice = self._draw(logits)
+            # The model's own choice at every node (argmax, or a draw); a path is accepted while each node's
+            # token is the choice at its parent.
+            choice = decoding.choose(processed, self.gen)
             path, accepted = accept_tree(tree, tokens, torch.tensor(choice))
         last = int(path[-1])
         self.accepted += accepted
@@ -258,58 +285,55 @@ class _Sequence:
         self.engine.stats.acceptance.record_acceptance(tree.max_depth, accepted)
         self.topk = self.engine.head_topk(out.hidden[row, last])
         emitted = [*tokens[path[1:]].tolist(), choice[last]]
-        update = self._emit(emitted, list(logits[path]))
+        update = self._emit(emitted, list(logits[path]), list(processed[path]), decoding)
         self.committed += tokens[path].tolist()
         return 0, path, update
 
     # -- helpers -----------------------------------------------------------------------------------------------
-    def _draw(self, logits: torch.Tensor) -> list[int]:
-        if self.gen is None:
-            return logits.argmax(-1).tolist()
-        return next_tokens(logits, self.request.params, self.gen).tolist()
-
-    def _constrain(self, logits: torch.Tensor, ahead: Sequence[int] = ()) -> torch.Tensor:
-        """Bad words and min_tokens as logit masks (TensorRT-LLM's semantics): a bad word's last token is banned
-        where the tokens before it were just generated; the end id is banned before min_tokens."""
-        request = self.request
-        out = [*self.state.output, *ahead]
-        if not request.bad_words and len(out) >= request.min_tokens:
-            return logits
-        logits = logits.clone()
-        if len(out) < request.min_tokens and request.end_id is not None:
-            logits[request.end_id] = -math.inf
-        history = [*self.state.tokens[-16:], *ahead]
-        for word in request.bad_words:
-            if word and (len(word) == 1 or history[-(len(word) - 1):] == list(word[:-1])):
-                logits[word[-1]] = -math.inf
-        return logits
-
-    def _emit(self, tokens: list[int], logits: list[torch.Tensor], one_round: bool = False) -> Update:
-        """Apply the stop rules token by token; what may be sent is this step's update. `logits[i]` is the
-        distribution tokens[i] came from. Tokens that could still turn out to start a dropped stop word are held
-        back until that is decided, so no stream ever sends text it must take back."""
-        for token, logit in zip(tokens, logits, strict=True):
+    def _emit(self, tokens: list[int], raw: list[torch.Tensor], processed: list[torch.Tensor],
+              decoding: TokenDecoding | None = None, one_round: bool = False) -> Update:
+        """Apply the stop rules token by token; what may be sent is this step's update. `raw[i]`/`processed[i]`
+        are the logits tokens[i] came from. Tokens that could still turn out to start a dropped stop word are
+        held back until that is decided, so no stream ever sends text it must take back."""
+        decoding = decoding or self.decoding
+        for token, raw_row, processed_row in zip(tokens, raw, processed, strict=True):
             appended = self.state.emit(token, self.stop)
-            if self.state.output and len(self.token_logits) < len(self.state.output):
-                self.token_logits.append(logit)
-            del self.token_logits[len(self.state.output):]  # a dropped stop word
+            if len(self.token_logits) < len(self.state.output):  # the token was output
+                self.token_logits.append(raw_row)
+                if self.request.return_log_probs:
+                    reported, unnormalised = decoding.log_probs(processed_row, token)
+                    self.token_log_probs.append(reported)
+                    self.cum_log_prob += unnormalised
+            del self.token_logits[len(self.state.output):], self.token_log_probs[len(self.state.output):]
             if not appended:
                 break
         output = self.state.output
         reason = self.state.finish_reason or ("round" if one_round else None)
         ready = len(output) if reason is not None else len(output) - self.stop.held_back(output)
         new = output[self.sent : ready]
-        update = Update(list(new), finished=reason is not None, reason=reason,
-                        accepted_draft_tokens=self.accepted, draft_tokens=self.drafted)
+        update = Update(list(new), finished=reason is not None, reason=reason, cum_log_prob=self.cum_log_prob,
+                        accepted_draft_tokens=self.accepted, draft_tokens=self.drafted,
+                        reused_tokens=self.handle.reused_tokens)
         if self.request.return_logits and new:
             update.logits = torch.stack(self.token_logits[self.sent : ready]).float()
-        if self.request.return_log_probs and new:
-            update.log_probs = [float(torch.log_softmax(logit.float(), -1)[token])
-                                for logit, token in zip(self.token_logits[self.sent : ready], new, strict=True)]
+        if self.request.return_log_probs:
+            update.log_probs = self.token_log_probs[self.sent : ready]
+        if self.context_logits is not None and self.sent == 0:
+            update.context_logits = self.context_logits
         self.sent = max(self.sent, ready)
         if not update.finished:
             self.pending = [tokens[-1]]
         return update
+
+
+def _ancestors(tree: MedusaTree, node: int) -> list[int]:
+    """The non-root nodes on the path from the root to `node`, in order (what precedes position `node`'s
+    prediction within the step)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = int(tree.parent[node])
+    return path[::-1]
 
 
 # -- the engine -------------------------------------------------------------------------------------------------
@@ -558,7 +582,8 @@ class ServingEngine:
         """Give `seq` row len(active), reusing the longest cached prefix of its prompt."""
         self._clock += 1
         prompt = np.asarray(seq.request.prompt, dtype=np.int64)
-        limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        # The last prompt token is always computed (its logits are needed); context logits need them all.
+        limit = 0 if seq.request.return_context_logits else len(prompt) - 1
         best, match = -1, 0
         for index, row in enumerate(self.rows):
             n = min(_common_prefix(row.tokens, prompt), limit)
@@ -604,19 +629,24 @@ class ServingEngine:
         released.owner, released.last_used = None, self._clock
 
     def _drop_cancelled(self) -> None:
-        for seq in [s for s in self.active if s.handle.cancelled and not s.handle.done]:
-            self._finish(seq, Update([], True, "cancelled", accepted_draft_tokens=seq.accepted,
-                                     draft_tokens=seq.drafted))
+        for seq in [s for s in self.active if not s.handle.done and (
+                s.handle.cancelled or (s.request.cancelled is not None and s.request.cancelled()))]:
+            self._finish(seq, Update([], True, "cancelled", cum_log_prob=seq.cum_log_prob,
+                                     accepted_draft_tokens=seq.accepted, draft_tokens=seq.drafted,
+                                     reused_tokens=seq.handle.reused_tokens))
             self._release(seq)
 
 
-def _seed(request: EngineRequest) -> int:
-    """A seeded request draws differently at each sequence length (speculation rounds of one sequence do not
-    repeat their draws) and for verification than for generation (a draft's draws and the target's acceptance
-    test of them must be independent); an unseeded one draws from a random seed."""
-    seed = request.params.seed
+def _seed(request: EngineRequest, decoding: TokenDecoding) -> int:
+    """The runtime's decoding: a seeded request draws differently at each sequence length (speculation rounds of
+    one sequence do not repeat their draws) and for verification than for generation (a draft's draws and the
+    target's acceptance test of them must be independent); an unseeded one draws from a random seed. Other
+    decodings (TensorRT-LLM's) seed with their own seed as it is."""
+    seed = decoding.seed
     if seed is None:
         return int(torch.seed())
+    if not isinstance(decoding, SamplingDecoding):
+        return seed
     return (seed * 1_000_003 + 2 * len(request.prompt) + (request.draft_tokens is not None)) % (2**63)
 
 

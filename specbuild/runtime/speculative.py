@@ -109,7 +109,7 @@ class _DraftTargetRun:
             drafts = proposals[i].wait(0) if k else None
             verdicts[i] = self.target.submit(EngineRequest(
                 seq.tokens, k + 1, self.params.for_row(i), end_id=self.stop.end_id,
-                draft_tokens=drafts.tokens if drafts else [],
+                draft_tokens=drafts.tokens if drafts else [], one_round=True,
                 draft_logits=drafts.logits if drafts and sampling else None))
         self.target.run_until_idle()
         for i, seq, _ in rows:

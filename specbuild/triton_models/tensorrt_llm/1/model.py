@@ -1,24 +1,23 @@
 """tensorrt_llm / tensorrt_llm_draft for reference builds: NVIDIA's C++ `tensorrtllm` backend's contract served by
-specbuild's PyTorch runtime.
+specbuild's serving engine (in-flight batching over the PyTorch runtime).
 
 A thin adapter: Triton tensors become numpy dicts for `specbuild.deploy.llm_backend.Backend` (every request, output
-and error rule lives there), its responses go back through the requests' response senders. `execute` only
-enqueues, decoupled or not: a worker thread runs the requests one at a time on the engine (`ReferenceLLM`), so a
-stop request or a cancellation can arrive while another request runs, as with the C++ backend's executor.
+and error rule lives there), which submits each row to the engine (`specbuild.runtime.serving.ServingEngine`,
+running on its own thread) and sends the responses through the requests' response senders as the engine steps.
+`execute` only enqueues, decoupled or not, as the C++ backend's does: requests that arrive while others run join
+the running batch, and a stop request or a cancellation reaches a request that is running.
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import threading
 from typing import Any
 
 from specbuild.build.engine_info import read_engine_info, reference_checkpoint
 from specbuild.deploy import triton_io as io
-from specbuild.deploy.llm_backend import Backend, BackendConfig, Job, ModelLoadError, Response
+from specbuild.deploy.llm_backend import Backend, BackendConfig, ModelLoadError, Response
 from specbuild.deploy.pbtxt import parse_choices
-from specbuild.deploy.reference_llm import ReferenceLLM
 
 DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
 """What the C++ backend uses when medusa_choices is unset (MIS getExecutorConfigFromParams)."""
@@ -26,11 +25,16 @@ DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        from specbuild.runtime.checkpoint import DTYPES
+        from specbuild.runtime.model import CausalLM
+        from specbuild.runtime.schedule import DraftSchedule
+        from specbuild.runtime.serving import ServingEngine
+
         params = io.model_parameters(args)
         io.set_threads(params)
         model_config = json.loads(args["model_config"])
-        engine = io.resolve(args, params["gpt_model_path"])
-        info = read_engine_info(engine)
+        engine_dir = io.resolve(args, params["gpt_model_path"])
+        info = read_engine_info(engine_dir)
         try:
             config, warnings = BackendConfig.from_model(params, model_config, info)
         except ModelLoadError as err:
@@ -47,56 +51,52 @@ class TritonPythonModel:
                 io.log_warn("medusa_choices parameter is not specified. Will be using default mc_sim_7b_63 choices "
                             "instead.")
                 choices = load_choices(DEFAULT_MEDUSA_CHOICES)
-        llm = ReferenceLLM(reference_checkpoint(engine), dtype=info.dtype, max_seq_len=info.max_seq_len,
-                           cache_slots=int(params.get("kv_cache_slots") or 8), max_draft_len=info.max_draft_len,
-                           medusa_choices=choices)
-        self.backend = Backend(config, llm, log_info=io.log_info, log_warn=io.log_warn)
+        schedule = None
+        if params.get("draft_len_schedule") or params.get("max_concurrency"):
+            steps = {int(k): int(v) for k, v in json.loads(params.get("draft_len_schedule") or "{}").items()}
+            schedule = DraftSchedule(steps, len(choices) if choices else info.max_draft_len,
+                                     int(params["max_concurrency"]) if params.get("max_concurrency") else None)
+        model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=DTYPES.get(info.dtype,
+                                                                                          DTYPES["float32"]))
+        self.engine = ServingEngine(model, max_batch=info.max_batch_size, max_seq_len=info.max_seq_len,
+                                    max_draft_len=info.max_draft_len, medusa_choices=choices,
+                                    kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule)
+        self.engine.start()
+        self.backend = Backend(config, self.engine, log_info=io.log_info, log_warn=io.log_warn)
         self.decoupled = config.decoupled
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.worker = threading.Thread(target=self._work, name="tensorrt_llm-engine", daemon=True)
-        self.worker.start()
 
     def execute(self, requests: list[Any]) -> None:
-        """Enqueue only (the C++ backend's execute returns at once too, decoupled or not): the worker thread runs
-        the requests and sends their responses, so a stop request is seen while another request runs."""
+        """Enqueue only: the engine's thread sends every response, so execute returns at once."""
         for request in requests:
             sender = request.get_response_sender()
             job = self.backend.receive(io.inputs(request), io.wanted_outputs(request), _Sender(sender, self.decoupled),
                                        request_id=io.request_id(request),
                                        client_cancelled=io.cancelled_check(sender) or io.cancelled_check(request))
             if job is not None:
-                self.jobs.put(job)
+                self.backend.submit(job)
 
     def finalize(self) -> None:
-        self.jobs.put(None)
-        self.worker.join(timeout=10)
-
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            self._run(job)
-
-    def _run(self, job: Job) -> None:
-        try:
-            self.backend.run(job)
-        except Exception as err:  # a bug: say so in the log and end the client's stream with it
-            io.log_error(f"tensorrt_llm: request failed: {err!r}")
-            job.send(Response(error=f"tensorrt_llm reference backend failure: {err!r}", final=True))
+        self.engine.stop()
 
 
 class _Sender:
-    """Sends backend Responses on a request's response sender (a client that went away is only logged). A
-    non-decoupled model sends exactly one response, with the final flag: the request's final one."""
+    """Sends backend Responses on a request's response sender (a client that went away is only logged); rows
+    finish on the engine's thread, one at a time. A non-decoupled model sends exactly one response, with the
+    final flag: the request's final one."""
 
     def __init__(self, sender: Any, decoupled: bool) -> None:
         self.sender, self.decoupled = sender, decoupled
         self.closed = False
+        self._lock = threading.Lock()
 
     def __call__(self, response: Response) -> None:
-        if self.closed or not (self.decoupled or response.final):
-            return
-        try:
-            self.sender.send(io.to_response(response.outputs, response.error), flags=io.FINAL if response.final else 0)
-        except Exception as err:  # e.g. the client cancelled and the stream is gone
-            io.log_warn(f"tensorrt_llm: response not sent: {err}")
-        if response.final:
-            self.closed = True
+        with self._lock:
+            if self.closed or not (self.decoupled or response.final):
+                return
+            try:
+                self.sender.send(io.to_response(response.outputs, response.error),
+                                 flags=io.FINAL if response.final else 0)
+            except Exception as err:  # e.g. the client cancelled and the stream is gone
+                io.log_warn(f"tensorrt_llm: response not sent: {err}")
+            if response.final:
+                self.closed = True
