@@ -22,7 +22,7 @@ DEMO_MODELS_DIR = Path(os.environ.get("SPECBUILD_TEST_DEMO_MODELS") or
 """Where the session's demo models are built (cached). `make test-variant` points this at a second directory
 so that models built under other conditions do not replace the ones `make demo` uses."""
 
-SERVER_FIXTURES = frozenset({"dt_server", "medusa_server", "plain_server"})
+SERVER_FIXTURES = frozenset({"dt_server", "medusa_server", "plain_server", "unary_server"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

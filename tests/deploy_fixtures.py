@@ -65,7 +65,8 @@ def convert_and_build(spec: PipelineSpec) -> None:
 
 @dataclass
 class Deployed:
-    """The deployed pipelines of a session, by mode: draft_target, medusa, none."""
+    """The deployed pipelines of a session, by mode: draft_target, medusa, none, and `unary`: draft-target with
+    no model decoupled."""
 
     specs: dict[str, PipelineSpec]
 
@@ -91,11 +92,15 @@ def deployed_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict
 
     root = tmp_path_factory.mktemp("deployed")
     specs = {}
-    for name, mode in (("demo", "draft_target"), ("demo-medusa", "medusa"), ("demo-plain", "none")):
-        spec = write_spec(root / "specs", pipeline_data(name, demo_models, mode, root / name))
+    for name, mode in (("demo", "draft_target"), ("demo-medusa", "medusa"), ("demo-plain", "none"),
+                       ("demo-unary", "draft_target")):
+        data = pipeline_data(name, demo_models, mode, root / name)
+        if name == "demo-unary":  # TensorRT-LLM's recipes: nothing decoupled (NVIDIA's end_to_end_test needs it)
+            data["deploy"]["decoupled"] = False
+        spec = write_spec(root / "specs", data)
         convert_and_build(spec)
         deploy_repository(spec)
-        specs[mode] = spec
+        specs["unary" if name == "demo-unary" else mode] = spec
     return Deployed(specs)
 
 
@@ -174,3 +179,9 @@ def medusa_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathF
 def plain_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """tritonserver on the repository without speculation (entry point ensemble, decoupled tensorrt_llm)."""
     yield from _server(deployed.repository("none"), tmp_path_factory.mktemp("logs") / "plain.log")
+
+
+@pytest.fixture(scope="module", name="unary_server")
+def unary_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """tritonserver on the draft-target repository whose models are all non-decoupled (unary infer only)."""
+    yield from _server(deployed.repository("unary"), tmp_path_factory.mktemp("logs") / "unary.log")

@@ -143,17 +143,21 @@ def stop_word_prefix(generated: Sequence[int], words: tuple[tuple[int, ...], ...
     return longest
 
 
-def speculate(row: Row, k: int, propose: Propose, verify: Verify, *,
+def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Verify, *,
               on_chunk: Callable[[Chunk], None] | None = None,
               cancelled: Callable[[], bool] | None = None) -> bool:
     """Run rounds until the row is finished (True) or `cancelled()` says the client went away (False: nothing
-    final was handed on). k = 0: the target generates the row alone, in one call."""
+    final was handed on). `k` is the draft length, or a callable asked every round (load-aware speculation,
+    `specbuild.runtime.schedule`); k = 0: the target generates what is left alone, in one call."""
     if row.max_tokens <= 0:
         row.finish = "length"
         _hand_on(row, on_chunk, final=True)
         return True
+    draft_len = k if callable(k) else (lambda: k)
+    refused = False
     while True:
         remaining = row.max_tokens - len(row.generated)
+        k = 0 if refused else draft_len()
         n = min(k, remaining - 1)
         drafts: list[int] = []
         logits = None
@@ -162,6 +166,7 @@ def speculate(row: Row, k: int, propose: Propose, verify: Verify, *,
                 proposal = propose(row.sequence(), n)
             except DraftUnavailable as err:
                 row.draft_error = str(err) or "the draft refused"
+                refused = True
                 k = n = 0
             else:
                 drafts = [int(t) for t in proposal.tokens[:n]]

@@ -126,7 +126,7 @@ def plan_repository(spec: PipelineSpec, engines: dict[str, EngineInfo], end_id: 
         models.append(_llm(DRAFT, spec, engines["draft"], engine_dir(spec, "draft"), False, end_id, pad_id))
     models.append(ModelPlan(BLS, BLS, {
         "model_name": BLS, "triton_max_batch_size": batch, "decoupled_mode": deploy.decoupled,
-        "bls_instance_count": batch}, {
+        "bls_instance_count": 1}, {  # one instance serves every request on threads of its own
         "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT if mode == "draft_target" else "",
         "preprocessing_model_name": PREPROCESSING, "postprocessing_model_name": POSTPROCESSING,
         "num_draft_tokens": spec.speculative.num_draft_tokens if mode == "draft_target" else 0,

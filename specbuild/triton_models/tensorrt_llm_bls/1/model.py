@@ -16,6 +16,8 @@ This file only converts tensors and calls the other models; what it sends and re
 
 from __future__ import annotations
 
+import json
+import threading
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -156,20 +158,27 @@ class _Decoupled:
 
 
 class _Collected:
-    """The one response of a non-decoupled BLS: every row's part joined (text_output as one 1-D array)."""
+    """The one response of a non-decoupled BLS: every row's part joined (text_output as one 1-D array), sent
+    with the final flag when the request is done (a non-decoupled python model may answer through its response
+    sender, so requests are served on threads side by side)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sender: Any) -> None:
+        self.sender = sender
         self.parts: list[Arrays] = []
         self.message: str | None = None
+        self.sent = False
 
     def send(self, part: Arrays, final: bool = False) -> None:
         self.parts.append(part)
 
     def finish(self) -> None:
-        pass
+        if not self.sent:
+            self.sent = True
+            self.sender.send(self.response(), flags=io.FINAL)
 
     def error(self, message: str) -> None:
         self.message = message
+        self.finish()
 
     def response(self) -> Any:
         if self.message is not None or not self.parts:
@@ -210,6 +219,16 @@ class TritonPythonModel:
         self.default_k = int(_param(params, "num_draft_tokens", "0")) if self.draft else 0
         self.max_draft_len = int(_param(params, "max_draft_len", "0"))
         self.use_draft_logits = _param(params, "use_draft_logits", "").lower() in io.TRUE
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.schedule = None
+        if self.draft is not None and (params.get("draft_len_schedule") or params.get("max_concurrency")):
+            from specbuild.runtime.schedule import DraftSchedule
+
+            steps = {int(size): int(length) for size, length in
+                     json.loads(params.get("draft_len_schedule") or "{}").items()}
+            limit = params.get("max_concurrency")
+            self.schedule = DraftSchedule(steps, self.default_k, int(limit) if limit else None)
         self.tokenizer = None
         if self.draft is not None:  # the speculation loop detokenises here, as postprocessing would
             from specbuild.deploy.tokenizer_files import load_tokenizer
@@ -220,18 +239,30 @@ class TritonPythonModel:
                                             trust_remote_code=io.flag(post.parameters, "trust_remote_code"))
             self.skip_special_tokens = nvidia_flag(post.parameters.get("skip_special_tokens"))
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        if self.decoupled:
-            for request in requests:
-                reply = _Decoupled(request.get_response_sender(), hold=not self._streams(request))
-                self._serve(request, reply)
-            return None
-        responses = []
+    def execute(self, requests: list[Any]) -> None:
+        """Each request on a thread of its own, so that one instance serves many at once: their calls to the LLM
+        models arrive together and join the models' running batches, and the load-aware draft length sees every
+        request in flight."""
         for request in requests:
-            collected = _Collected()
-            self._serve(request, collected)
-            responses.append(collected.response())
-        return responses
+            sender = request.get_response_sender()
+            reply = _Decoupled(sender, hold=not self._streams(request)) if self.decoupled else _Collected(sender)
+            threading.Thread(target=self._serve_counted, args=(request, reply), name="tensorrt_llm_bls",
+                             daemon=True).start()
+
+    def _serve_counted(self, request: Any, reply: Any) -> None:
+        with self._lock:
+            self.in_flight += 1
+        try:
+            self._serve(request, reply)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def draft_len(self, k: int) -> int:
+        """This round's K: the request's, cut by the load-aware schedule for the requests now in flight."""
+        if self.schedule is None:
+            return k
+        return min(k, self.schedule.draft_len(self.in_flight))
 
     @staticmethod
     def _streams(request: Any) -> bool:
@@ -439,7 +470,8 @@ class TritonPythonModel:
                                            counted=len(chunk.tokens), include_prompt=False)
                     reply.send(part, chunk.final and b == last)
 
-            if not speculate(row, k, propose, verify, on_chunk=on_chunk, cancelled=triton_request.is_cancelled):
+            if not speculate(row, lambda k=k: self.draft_len(k), propose, verify, on_chunk=on_chunk,
+                             cancelled=triton_request.is_cancelled):
                 raise RequestError("the request was cancelled")
             if not stream:
                 tokens = [*row.prompt, *row.generated] if include_prompt else row.generated
