@@ -237,17 +237,22 @@ def tune(
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads while measuring.")] = 1,
+    schedule: Annotated[
+        bool, typer.Option("--schedule/--no-schedule", help="Also measure and write speculative.draft_len_schedule: "
+                           "which length pays at which number of active sequences.")
+    ] = True,
 ) -> None:
     """Measure speculation on calibration text with the reference runtime and write the best settings into the
     spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
     ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
-    (next to mc_sim_7b_63). Only the tuned value's text changes; comments and layout stay."""
+    (next to mc_sim_7b_63), and the load-aware schedule (plain vs speculative at each batch size up to
+    build.max_batch_size). Only the tuned values' text changes; comments and layout stay."""
     from specbuild.build.tune import TuneOptions, run_tune
 
     try:
         options = TuneOptions(calib=calib, output=output, prompts=prompts, prompt_tokens=prompt_tokens,
                               new_tokens=new_tokens, max_k=max_k, repeats=repeats, nodes=nodes, top_k=top_k,
-                              inline=inline, write=not dry_run, threads=threads)
+                              inline=inline, write=not dry_run, threads=threads, schedule=schedule)
         run_tune(spec_path, options, console=console, out=Console())
     except SpecbuildError as err:
         raise _fail(err) from None

@@ -260,7 +260,7 @@ def test_tune_draft_length_on_the_demo_pair(converted: dict[str, Path]) -> None:
     speed, see the module docstring); its tokens per step is predicted closely; the spec gets exactly that K."""
     spec_path = converted["draft"]
     before = spec_path.read_text()
-    options = TuneOptions(prompts=4, new_tokens=40, max_k=6, repeats=1)
+    options = TuneOptions(prompts=4, new_tokens=40, max_k=6, repeats=1, schedule=False)
     report = run_tune(spec_path, options, console=QUIET, out=QUIET)
     t = report.draft_length
     assert t is not None and t.ks == [1, 2, 3, 4, 5, 6]
@@ -275,6 +275,37 @@ def test_tune_draft_length_on_the_demo_pair(converted: dict[str, Path]) -> None:
     changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b]
     assert changed == [("  num_draft_tokens: 7  # K: tune rewrites this value only",
                         f"  num_draft_tokens: {t.chosen}  # K: tune rewrites this value only")]
+
+
+def test_schedule_thresholds_follow_the_fastest_length() -> None:
+    """The schedule keeps the full length at batch 1 (TensorRT-LLM's rule) and a threshold wherever the fastest
+    length changes; measured rates here are made up, so the rule is what is tested."""
+    from specbuild.build.tune_schedule import ScheduleTuning, batch_sizes, tune_schedule
+
+    tuning = ScheduleTuning(4, {1: {0: 100, 2: 120, 4: 130}, 2: {0: 180, 2: 200, 4: 210},
+                                4: {0: 300, 2: 330, 4: 310}, 8: {0: 500, 2: 450, 4: 400}})
+    assert tuning.schedule == {1: 4, 4: 2, 8: 0}
+    assert batch_sizes(4) == [1, 2, 4] and batch_sizes(6) == [1, 2, 4, 6]
+    calls: list[tuple[int, int]] = []
+    measured = tune_schedule(lambda batch, k: calls.append((len(batch), k)) or len(batch) * 10, [[1], [2]], [1, 3],
+                             [2], 4, repeats=2)
+    assert sorted(set(calls)) == [(1, 0), (1, 2), (1, 4), (3, 0), (3, 2), (3, 4)] and len(calls) == 12
+    assert set(measured.tokens_per_second) == {1, 3}
+
+
+def test_tune_writes_a_schedule_the_spec_accepts(converted: dict[str, Path], tmp_path: Path) -> None:
+    """Measured on the demo pair at batch 1, 2 and 4 (build.max_batch_size): which length wins depends on the
+    machine, so only the schedule's form and its round trip through the spec are checked."""
+    out = tmp_path / "scheduled.yaml"
+    options = TuneOptions(prompts=4, new_tokens=24, max_k=4, repeats=1, output=out)
+    report = run_tune(converted["draft"], options, console=QUIET, out=QUIET)
+    assert report.schedule is not None and report.draft_length is not None
+    k = report.draft_length.chosen
+    assert set(report.schedule.tokens_per_second) == {1, 2, 4}
+    assert all(set(rates) == {0, k, max(1, k // 2)} for rates in report.schedule.tokens_per_second.values())
+    schedule = report.schedule.schedule
+    assert schedule[1] == k and set(schedule) <= {1, 2, 4} and set(schedule.values()) <= {0, k, max(1, k // 2)}
+    assert load_spec(out).speculative.draft_len_schedule == schedule
 
 
 def test_tuned_tree_beats_the_mc_sim_prefix(converted: dict[str, Path]) -> None:
@@ -298,7 +329,8 @@ def test_tuned_tree_beats_the_mc_sim_prefix(converted: dict[str, Path]) -> None:
     model = CausalLM.from_checkpoint(spec.checkpoint_dir("medusa"))
     heads = model.config.num_medusa_heads
     for budget in (None, 24):
-        options = TuneOptions(calib=calib, prompts=6, new_tokens=40, nodes=budget, write=budget is None)
+        options = TuneOptions(calib=calib, prompts=6, new_tokens=40, nodes=budget, write=budget is None,
+                              schedule=False)
         report = run_tune(spec_path, options, console=QUIET, out=QUIET)
         assert report.tree is not None
         tuned, _spec_tree, reference = report.tree.rows

@@ -47,6 +47,7 @@ from specbuild.build.tune_measure import (
     medusa_acceptance,
     sweep_draft_lengths,
 )
+from specbuild.build.tune_schedule import ScheduleTuning, batch_sizes, tune_schedule
 from specbuild.build.tune_tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
@@ -71,6 +72,7 @@ class TuneOptions:
     inline: bool = False  # write the tuned tree into the spec instead of a JSON file next to it
     write: bool = True
     threads: int | None = 1
+    schedule: bool = True  # also measure which draft length pays at which batch size (draft_len_schedule)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_tokens", "new_tokens", "max_k", "repeats", "top_k"):
@@ -219,11 +221,13 @@ def _calibration_texts(options: TuneOptions) -> list[str]:
 
 @dataclass
 class SpecUpdate:
-    """The values tune writes: K, or a Medusa tree (and its provenance for the tree file)."""
+    """The values tune writes: K, or a Medusa tree (and its provenance for the tree file), and the load-aware
+    schedule."""
 
     num_draft_tokens: int | None = None
     choices: list[list[int]] | None = None
     tree_source: str = ""
+    draft_len_schedule: dict[int, int] | None = None
 
 
 def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inline: bool) -> list[Path]:
@@ -242,6 +246,9 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     if update.num_draft_tokens is not None:
         edits.append(tune_yaml.set_value(text, root, ("speculative", "num_draft_tokens"),
                                          tune_yaml.scalar(update.num_draft_tokens)))
+    if update.draft_len_schedule is not None:
+        flow = "{" + ", ".join(f"{size}: {length}" for size, length in sorted(update.draft_len_schedule.items())) + "}"
+        edits.append(tune_yaml.set_value(text, root, ("speculative", "draft_len_schedule"), flow))
     if update.choices is not None:
         if inline:
             value = tune_yaml.flow_list(update.choices)
@@ -292,6 +299,8 @@ def _check_written(path: Path, update: SpecUpdate) -> None:
     if update.choices is not None and (reloaded.medusa is None
                                        or reloaded.medusa.resolved_choices() != update.choices):
         raise SpecbuildError("internal error: the edited spec does not hold the tuned tree; nothing was replaced")
+    if update.draft_len_schedule is not None and reloaded.speculative.draft_len_schedule != update.draft_len_schedule:
+        raise SpecbuildError("internal error: the edited spec does not hold the tuned schedule; nothing was replaced")
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -303,6 +312,7 @@ class TuneReport:
     prompts: Prompts
     draft_length: DraftLengthTuning | None = None
     tree: TreeTuning | None = None
+    schedule: ScheduleTuning | None = None
     written: list[Path] = field(default_factory=list)
 
 
@@ -367,11 +377,16 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
             update.choices = report.tree.tree.choices
             update.tree_source = (f"specbuild tune: greedy sparse tree ({budget} nodes) from head top-{options.top_k} "
                                   f"accuracies on {calib} ({len(prompts)} prompts)")
+        if options.schedule:
+            report.schedule = _tune_schedule(spec, models, prompts, options, update, phase)
+            update.draft_len_schedule = report.schedule.schedule
     if report.draft_length is not None:
         out.print(draft_length_table(report.draft_length))
     if report.tree is not None:
         out.print(head_accuracy_table(report.tree.accuracy))
         out.print(tree_table(report.tree))
+    if report.schedule is not None:
+        out.print(schedule_table(report.schedule, "K" if mode == "draft_target" else "tree paths"))
     if options.write:
         report.written = write_spec(spec, update, options.output, options.inline)
         for path in report.written:
@@ -381,6 +396,39 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                           f"checkpoint's max_draft_len follows it, so run `specbuild convert {report.written[-1]}` "
                           "again", highlight=False, soft_wrap=True)
     return report
+
+
+def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], prompts: Prompts, options: TuneOptions,
+                   update: SpecUpdate, phase: Callable[[str, int], Tick]) -> ScheduleTuning:
+    """Plain against the tuned length and half of it at every batch size up to the engines' (see
+    tune_schedule)."""
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
+    from specbuild.runtime.sequence import StopCriteria
+    from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
+
+    stop = StopCriteria(options.new_tokens)
+    if update.num_draft_tokens is not None:
+        target, draft = models["target"], models["draft"]
+        full = update.num_draft_tokens
+
+        def run(batch: list[list[int]], k: int) -> int:
+            result = (generate_draft_target(target, draft, batch, stop=stop, config=DraftTargetConfig(k)) if k
+                      else generate(target, batch, stop=stop))
+            return result.stats.generated_tokens
+    else:
+        assert update.choices is not None
+        model, choices = models["medusa"], update.choices
+        full = len(choices)
+
+        def run(batch: list[list[int]], k: int) -> int:
+            result = (generate_medusa(model, batch, MedusaConfig(tuple(map(tuple, choices[:k]))), stop=stop) if k
+                      else generate(model, batch, stop=stop))
+            return result.stats.generated_tokens
+
+    sizes = batch_sizes(spec.build.max_batch_size)
+    return tune_schedule(run, prompts, sizes, [max(1, full // 2)], full, options.repeats,
+                         tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
 
 
 def _tree_name(spec: PipelineSpec) -> str:
@@ -423,6 +471,19 @@ def head_accuracy_table(accuracy: HeadAccuracy) -> Table:
     table.add_column("positions", justify="right")
     for h in range(len(accuracy.hits)):
         table.add_row(f"{h} (t+{h + 2})", *(f"{accuracy.top_k(h, k):.3f}" for k in ks), str(accuracy.positions[h]))
+    return table
+
+
+def schedule_table(t: ScheduleTuning, unit: str) -> Table:
+    lengths = sorted({k for rates in t.tokens_per_second.values() for k in rates})
+    table = Table(title=f"Load-aware speculation: tokens/s by active sequences and {unit} (0: plain); schedule "
+                        f"{t.schedule}", title_justify="left")
+    table.add_column("batch", justify="right")
+    for k in lengths:
+        table.add_column(f"{unit} {k}", justify="right")
+    table.add_column("best", justify="right")
+    for batch, rates in sorted(t.tokens_per_second.items()):
+        table.add_row(str(batch), *(f"{rates[k]:.0f}" for k in lengths), str(t.best(batch)))
     return table
 
 
