@@ -197,6 +197,7 @@ class _Sequence:
         self.token_log_probs: list[float] = []
         self.context_logits: torch.Tensor | None = None
         self.topk: torch.Tensor | None = None  # Medusa: [heads, k] head guesses at the last accepted position
+        self.heads_at: int | None = None  # block position whose hidden state the heads read after this step
         self.medusa = engine.tree is not None and request.speculate and request.draft_tokens is None
         self.verify = request.draft_tokens is not None
 
@@ -230,8 +231,10 @@ class _Sequence:
         raw = logits[-1:]
         processed = self.decoding.process(raw, self.state.tokens, len(self.state.output))
         token = self.decoding.choose(processed, self.gen)[0]
-        if self.medusa:  # a Medusa sequence's prefill, or a step taken without the tree: refresh guesses
-            self.topk = self.engine.head_topk(out.hidden[row, len(block.tokens) - 1])
+        # The heads' guesses for the next step, when the tree is on now (else they would go stale unread: the
+        # first step after the load drops again is a plain one that makes them).
+        self.topk = None
+        self.heads_at = len(block.tokens) - 1 if self.medusa and self.engine.step_tree is not None else None
         update = self._emit([token], list(raw), list(processed))
         self.committed += block.tokens
         return len(block.tokens), None, update
@@ -283,7 +286,7 @@ class _Sequence:
         self.accepted += accepted
         self.drafted += tree.max_depth
         self.engine.stats.acceptance.record_acceptance(tree.max_depth, accepted)
-        self.topk = self.engine.head_topk(out.hidden[row, last])
+        self.heads_at = last
         emitted = [*tokens[path[1:]].tolist(), choice[last]]
         update = self._emit(emitted, list(logits[path]), list(processed[path]), decoding)
         self.committed += tokens[path].tolist()
@@ -380,6 +383,7 @@ class ServingEngine:
         self.max_draft_len, self.tree = max_draft_len, tree
         self.schedule = schedule
         self._trees: dict[int, MedusaTree | None] = {0: None}
+        self.step_tree: MedusaTree | None = None  # the tree of the step being run
         if tree is not None:
             self._trees[tree.num_nodes] = _on_device(tree, model.device)
         self.accept = accept or accept_rejection_sampling  # draft-target under sampling (tests swap in wrong rules)
@@ -464,7 +468,7 @@ class ServingEngine:
         if not self.active:
             return False
         self.stats.steps += 1
-        tree = self.tree_for(len(self.active))
+        self.step_tree = tree = self.tree_for(len(self.active))
         blocks = [seq.block(tree) for seq in self.active]
         for start, stop in self._groups(blocks):
             self._forward(start, stop, blocks[start:stop])
@@ -535,6 +539,7 @@ class ServingEngine:
         view.advance(counts)
         for i, path in paths:
             view.compact(i, path)
+        self._head_guesses(sequences, out)
         for seq, update in zip(sequences, updates, strict=True):
             self.rows[seq.row].tokens = np.asarray(seq.committed, dtype=np.int64)
             if update.finished:
@@ -557,9 +562,15 @@ class ServingEngine:
                                  "that every path comes after its prefix") from None
         return self._trees[k]
 
-    def head_topk(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[heads, k] top guesses of every Medusa head at one position (hidden [H])."""
-        return torch.topk(self.model.medusa_logits(hidden[None, None])[:, 0, 0], self.topk_size, dim=-1).indices
+    def _head_guesses(self, sequences: list[_Sequence], out: ForwardOutput) -> None:
+        """Every Medusa head's top-k at each asking row's position, in one batched call of the heads."""
+        asking = [(i, seq) for i, seq in enumerate(sequences) if seq.heads_at is not None]
+        if not asking:
+            return
+        hidden = torch.stack([out.hidden[i, seq.heads_at] for i, seq in asking])[:, None]  # [n, 1, H]
+        topk = torch.topk(self.model.medusa_logits(hidden)[:, :, 0], self.topk_size, dim=-1).indices  # [heads, n, k]
+        for j, (_, seq) in enumerate(asking):
+            seq.topk, seq.heads_at = topk[:, j], None
 
     # -- rows ------------------------------------------------------------------------------------------------------
     def _admit(self) -> None:
