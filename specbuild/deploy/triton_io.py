@@ -102,20 +102,6 @@ def padded(rows: Sequence[Sequence[int]], fill: int) -> np.ndarray:
     return out
 
 
-def word_lists(array: np.ndarray | None, row: int) -> tuple[tuple[int, ...], ...]:
-    """The TensorRT-LLM [2, N] word-list format (flat ids; cumulative end offsets padded with -1) -> words."""
-    if array is None or array.size == 0:
-        return ()
-    data = array[row if array.shape[0] > row else 0] if array.ndim == 3 else array
-    ids, offsets = data[0].tolist(), [int(o) for o in data[1].tolist() if int(o) >= 0]
-    words, start = [], 0
-    for end in offsets:
-        if end > start:
-            words.append(tuple(int(t) for t in ids[start:end]))
-        start = end
-    return tuple(words)
-
-
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
