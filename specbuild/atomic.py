@@ -1,24 +1,261 @@
-"""Outputs that appear whole or not at all.
+"""Outputs that appear whole or not at all, written by one run at a time, never left half-written.
 
 A stage writes into a hidden temporary sibling of its output directory and swaps it into place only when
-everything is written, so an interrupted or failed run leaves the previous output exactly as it was.
+everything is written, so an interrupted or failed run leaves the previous output exactly as it was:
+
+- **One writer per output.** `output_lock` takes an exclusive `flock` on `.NAME.lock` next to the output for the
+  whole stage (the "up to date" decision and the write). A second run on the same output fails at once with a
+  message naming the run that holds it, instead of waiting: a convert of a large model takes many minutes, a wait
+  would look like a hang, and two runs writing one output (two terminals, two CI jobs, two specs with one
+  output_dir) are almost always a mistake whose outcome would be whichever finished last. The lock file is
+  removed when the run ends; a killed run's lock is released by the kernel.
+- **Leftovers of dead runs are removed.** Temporary (`.NAME.tmp-*`) and moved-aside (`.NAME.old-*`) siblings carry
+  the writer's pid and its process start time; the next run on the output removes those whose process is gone
+  (or whose pid now belongs to another process), never a live run's.
+- **A full filesystem is one message.** ENOSPC/EDQUOT while writing (from any library) becomes a `SpecbuildError`
+  naming the directory, the space free and, when the caller knows it, the space needed; with a known size the
+  check runs before anything is written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import os
+import re
+import shlex
 import shutil
+import socket
+import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from specbuild.errors import SpecbuildError
 
 MANIFEST = "manifest.json"
+NO_SPACE_HINT = "free space on that filesystem, or choose another output_dir (--output), then run again"
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded", "storagefull", "os error 28", "os error 122")
+_SPACE_MARGIN = 1 << 20  # metadata and the manifest, on top of what the caller says it writes
 
 
+class OutputLocked(SpecbuildError):
+    """Another run holds the output's lock."""
+
+
+class NoSpaceError(SpecbuildError):
+    """The output's filesystem is full (or the user's quota is used up)."""
+
+
+# -- who wrote a temporary directory --------------------------------------------------------------------------------
+def _start_stamp(pid: int) -> int | None:
+    """The process's start time in centiseconds since the epoch (boot time + start ticks: a pid reused by a
+    later process gets another stamp); None when there is no such process."""
+    try:
+        return round(psutil.Process(pid).create_time() * 100)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:  # someone else's process: alive, and not ours to judge
+        return -1
+
+
+def owner_tag() -> str:
+    """`<pid>-<start stamp>` of this process, written into every temporary name."""
+    return f"{os.getpid()}-{_start_stamp(os.getpid())}"
+
+
+def _alive(pid: int, stamp: int) -> bool:
+    found = _start_stamp(pid)
+    return found is not None and found in (stamp, -1)
+
+
+def _stale_siblings(final: Path, *, untagged: bool = True) -> list[Path]:
+    """`.NAME.tmp-*` and `.NAME.old-*` siblings of `final` left by runs that are no longer alive.
+
+    Names without an owner tag (`untagged`) were written by a specbuild older than this file; a caller that holds
+    the output's lock, which every current run takes before writing, knows they cannot belong to a live run of
+    this version."""
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:tmp|old)-(?:(\d+)-(\d+)-)?[0-9a-z_]+")
+    stale = []
+    try:
+        entries = list(final.parent.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None:
+            continue
+        pid, stamp = match.group(1), match.group(2)
+        if (pid is None and untagged) or (pid is not None and not _alive(int(pid), int(stamp))):
+            stale.append(entry)
+    return stale
+
+
+def remove_stale_temporaries(final: Path) -> list[Path]:
+    """Remove what dead runs left next to `final`; returns what was removed. Call with the output's lock held."""
+    removed = []
+    for path in _stale_siblings(final):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
+# -- one writer per output ------------------------------------------------------------------------------------------
+_held: dict[Path, list[int]] = {}  # lock path -> [fd, depth]: re-entrant within this process (flock is per open file)
+_held_guard = threading.Lock()
+
+
+def lock_path(final: Path) -> Path:
+    return final.parent / f".{final.name}.lock"
+
+
+def _holder_text(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        holder = json.loads(os.read(fd, 65536).decode("utf-8"))
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder["started"])))
+        command = shlex.join(str(part) for part in holder.get("argv") or [])
+        where = f" on {holder['host']}" if holder.get("host") not in (None, socket.gethostname()) else ""
+        return f"pid {holder['pid']}{where}, running since {started}: `{command}`"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its holder has not said who it is yet"
+
+
+def _acquire(path: Path, final: Path) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if is_no_space(err):
+                raise no_space_error(path.parent) from err
+            raise SpecbuildError(f"{path}: cannot create the output's lock file ({err.strerror})") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_text(fd)
+            os.close(fd)
+            raise OutputLocked(
+                f"{final}: another specbuild run is writing this output now ({holder}); lock {path}",
+                hint="wait for that run to finish, or stop it, then run again (two runs writing one output would "
+                "replace each other's work)",
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:  # not a lock file its last holder removed after we opened it
+            return fd
+        os.close(fd)
+
+
+@contextmanager
+def output_lock(final: Path) -> Iterator[None]:
+    """Hold `final`'s lock for the block, first removing what dead runs left next to `final`; a nested call in the
+    same process (a stage that locks its outputs before atomic_directory locks each again) is a no-op."""
+    path = Path(os.path.abspath(lock_path(final)))
+    with _held_guard:
+        if path in _held:
+            _held[path][1] += 1
+            nested = True
+        else:
+            nested = False
+    if nested:
+        try:
+            yield
+        finally:
+            with _held_guard:
+                _held[path][1] -= 1
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if is_no_space(err):
+            raise no_space_error(path.parent) from err
+        raise SpecbuildError(f"{path.parent}: cannot create the output directory ({err.strerror})") from err
+    fd = _acquire(path, final)
+    try:  # who holds it, for the message a second run prints; best effort (a full disk must not stop the run)
+        info = {"pid": os.getpid(), "started": psutil.Process().create_time(), "argv": sys.argv,
+                "host": socket.gethostname()}
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(info).encode("utf-8"))
+    except OSError:
+        pass
+    with _held_guard:
+        _held[path] = [fd, 1]
+    try:
+        remove_stale_temporaries(final)  # ours to judge now: what a killed run left is gone even if nothing is written
+        yield
+    finally:
+        with _held_guard:
+            del _held[path]
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still holding it: a later opener then sees a removed file and retries
+        os.close(fd)
+
+
+# -- a full filesystem ----------------------------------------------------------------------------------------------
+def is_no_space(err: BaseException | None) -> bool:
+    """Whether `err` (or what caused it) is a full filesystem or an exceeded quota, whichever library raised it
+    (safetensors and torch wrap the OS error in their own exception types)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in _NO_SPACE_ERRNOS:
+            return True
+        if any(text in str(err).lower() for text in _NO_SPACE_TEXT):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _free_bytes(directory: Path) -> int | None:
+    for candidate in (directory, *directory.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
+def no_space_error(directory: Path, needed: int | None = None) -> NoSpaceError:
+    """The one message for a full filesystem: which directory, what is free, what was needed (if known)."""
+    free = _free_bytes(directory)
+    parts = [f"{_size(free)} free" if free is not None else None,
+             f"about {_size(needed)} needed" if needed else None]
+    detail = ", ".join(part for part in parts if part)
+    return NoSpaceError(f"{directory}: no space left on the device{f' ({detail})' if detail else ''}",
+                        hint=NO_SPACE_HINT + "; the previous output is unchanged")
+
+
+def check_free_space(directory: Path, needed: int | None) -> None:
+    """Refuse before writing when `needed` bytes (plus a little) are not free where `directory` lives."""
+    if not needed:
+        return
+    free = _free_bytes(directory)
+    if free is not None and free < needed + _SPACE_MARGIN:
+        raise no_space_error(directory, needed + _SPACE_MARGIN)
+
+
+# -- writing --------------------------------------------------------------------------------------------------------
 def check_replaceable(final: Path) -> None:
     """Refuse to replace anything specbuild did not write: a file, or a non-empty foreign directory."""
     if not final.exists():
@@ -33,40 +270,74 @@ def check_replaceable(final: Path) -> None:
         )
 
 
+def _sibling(final: Path, kind: str) -> Path:
+    return final.parent / f".{final.name}.{kind}-{owner_tag()}-{uuid.uuid4().hex[:8]}"
+
+
 @contextmanager
-def atomic_directory(final: Path) -> Iterator[Path]:
-    """Yield a temporary directory that replaces `final` when the block finishes without error."""
-    check_replaceable(final)
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    except OSError as err:
-        raise SpecbuildError(f"{final.parent}: cannot create the output directory ({err.strerror})") from err
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    tmp.chmod(_directory_mode())  # mkdtemp makes 0700; the output should be readable like any other directory
-    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+def atomic_directory(final: Path, *, needed_bytes: int | None = None) -> Iterator[Path]:
+    """Yield a temporary directory that replaces `final` when the block finishes without error.
+
+    Holds `final`'s lock throughout, first removes what dead runs left next to it, and refuses before writing
+    when `needed_bytes` (what the caller will write, if it knows) are not free. A full filesystem while writing
+    ends in one `NoSpaceError`; either way the previous output is untouched and the temporary directory gone."""
+    with output_lock(final):
+        check_replaceable(final)
+        check_free_space(final.parent, needed_bytes)
+        tmp = _sibling(final, "tmp")
+        try:
+            tmp.mkdir(mode=0o700)
+        except OSError as err:
+            if is_no_space(err):
+                raise no_space_error(final.parent, needed_bytes) from err
+            raise SpecbuildError(f"{final.parent}: cannot create the output directory ({err.strerror})") from err
+        old: Path | None = None
+        try:
+            yield tmp
+            tmp.chmod(_directory_mode())  # the output should be readable like any other directory
+            if final.exists():
+                old = _sibling(final, "old")
+                final.rename(old)
+            try:
+                tmp.rename(final)
+            except BaseException:
+                if old is not None:
+                    old.rename(final)  # put the previous output back
+                    old = None
+                raise
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if is_no_space(err):
+                raise no_space_error(final.parent, needed_bytes) from err
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def stage_text(path: Path, text: str) -> Path:
     """Write `text` to a temporary sibling of `path`, with the mode `path` has (or a new file would get), and
     return it; the caller renames it over `path` (`os.replace`) once it is happy with it, so readers see the old
-    file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.",
-                                     suffix=".tmp", delete=False) as handle:
+    file or the new one, never half of one. Temporaries of dead runs for the same path are removed first."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if is_no_space(err):
+            raise no_space_error(path.parent) from err
+        raise
+    for stale in _stale_siblings(path, untagged=False):  # no lock here: only tagged names can be judged
+        if stale.is_file():
+            stale.unlink(missing_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.tmp-{owner_tag()}-",
+                                     suffix="", delete=False) as handle:
         temporary = Path(handle.name)
         try:
             handle.write(text)
-        except BaseException:
+            handle.flush()
+        except BaseException as err:
+            handle.close()
             temporary.unlink(missing_ok=True)
+            if is_no_space(err):
+                raise no_space_error(path.parent, len(text.encode("utf-8"))) from err
             raise
     # NamedTemporaryFile creates 0600; the result should be readable like any file the user writes.
     temporary.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())

@@ -1,8 +1,11 @@
 """Stage manifests: what went in (content hashes), with which settings and tools, and what came out.
 
-A stage re-run with the same settings on inputs whose recorded size and modification time are unchanged
-is a no-op (the content hash of such a file is reused from the manifest, as `make` and git trust file
-stats); a file whose stat changed is hashed again, so touching a file without changing it is also a no-op.
+One freshness policy for every stage (`is_fresh`): a stage's output is up to date when the previous manifest
+records the same settings (everything the output depends on that is not a file), the same tool versions
+(`tool_versions`: specbuild, torch, safetensors, transformers, ModelOpt, and TensorRT-LLM for engines), inputs with
+the same content hashes, and outputs still there with their recorded sizes. Hashes of inputs whose recorded size
+and modification time are unchanged are reused from the manifest (as `make` and git trust file stats); a file
+whose stat changed is hashed again, so touching a file without changing it is also a no-op.
 """
 
 from __future__ import annotations
@@ -87,6 +90,34 @@ def write_manifest(directory: Path, data: dict[str, Any]) -> None:
 def same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Equal file sets with equal content hashes (stat fields may differ)."""
     return a.keys() == b.keys() and all(a[k].get(HASH) == b[k].get(HASH) for k in a)
+
+
+def stale_reasons(previous: dict[str, Any] | None, *, settings: dict[str, Any], tools: dict[str, Any],
+                  inputs: dict[str, Any], directory: Path) -> list[str]:
+    """Why the output in `directory` (written with `previous`) is not what these settings, tools and inputs
+    make; empty when it is up to date."""
+    if not previous:
+        return ["no manifest"]
+    reasons = []
+    if previous.get("settings") != settings:
+        old = previous.get("settings") or {}
+        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        reasons.append(f"settings changed ({', '.join(changed)})")
+    if previous.get("tools") != tools:
+        old = previous.get("tools") or {}
+        changed = sorted(k for k in set(old) | set(tools) if old.get(k) != tools.get(k))
+        reasons.append(f"tool versions changed ({', '.join(changed)})")
+    if not same_inputs(inputs, previous.get("inputs") or {}):
+        reasons.append("inputs changed")
+    if not outputs_intact(directory, previous.get("outputs") or {}):
+        reasons.append("outputs missing or changed")
+    return reasons
+
+
+def is_fresh(previous: dict[str, Any] | None, *, settings: dict[str, Any], tools: dict[str, Any],
+             inputs: dict[str, Any], directory: Path) -> bool:
+    """The one "up to date" rule every stage uses (see the module docstring)."""
+    return not stale_reasons(previous, settings=settings, tools=tools, inputs=inputs, directory=directory)
 
 
 def outputs_intact(directory: Path, outputs: dict[str, int]) -> bool:

@@ -36,6 +36,8 @@ class CheckpointFacts:
     max_position_embeddings: int = 0
     """0 when the config does not say."""
     position_embedding_type: str = "learned_absolute"
+    sliding_window: int | None = None
+    """The attention window every layer uses (Mistral's `sliding_window`, kept by `convert`); None: full."""
     weight_bytes: int = 0
     """Sum of the rank files' sizes: what the engine's weights occupy, spread over world_size GPUs."""
 
@@ -67,6 +69,44 @@ def _int(config: dict[str, Any], name: str, default: int | None = None) -> int:
     return value
 
 
+def _window(config: dict[str, Any]) -> int | None:
+    value = config.get("sliding_window")
+    if value is None:
+        return None
+    window = _int(config, "sliding_window")
+    if window < 1:
+        raise ValueError(f"field 'sliding_window' must be a positive number of tokens (got {window})")
+    return window
+
+
+def facts_from_config(role: str, directory: Path, config: dict[str, Any], weight_bytes: int = 0) -> CheckpointFacts:
+    """The facts of a checkpoint config that is not written yet (`specbuild validate` checks the configs `convert`
+    would write); raises ValueError/KeyError like `read_checkpoint_facts` reports."""
+    mapping = config.get("mapping") or {}
+    quant = config.get("quantization") or {}
+    hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
+    return CheckpointFacts(
+        role=role,
+        directory=directory,
+        architecture=str(config["architecture"]),
+        dtype=str(config["dtype"]),
+        vocab_size=_int(config, "vocab_size"),
+        tp_size=_int(mapping, "tp_size", 1),
+        pp_size=_int(mapping, "pp_size", 1),
+        num_layers=_int(config, "num_hidden_layers"),
+        num_kv_heads=_int(config, "num_key_value_heads", heads),
+        head_size=_int(config, "head_size", hidden // heads),
+        max_position_embeddings=_int(config, "max_position_embeddings", 0),
+        position_embedding_type=str(config.get("position_embedding_type") or "learned_absolute"),
+        quant_algo=quant.get("quant_algo"),
+        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        num_medusa_heads=_int(config, "num_medusa_heads", 0),
+        max_draft_len=_int(config, "max_draft_len", 0),
+        sliding_window=_window(config),
+        weight_bytes=weight_bytes,
+    )
+
+
 def read_checkpoint_facts(role: str, directory: Path) -> tuple[CheckpointFacts | None, list[str]]:
     """The checkpoint's facts, or None and the reasons it cannot be built from (all of them)."""
     config_path = directory / "config.json"
@@ -77,27 +117,7 @@ def read_checkpoint_facts(role: str, directory: Path) -> tuple[CheckpointFacts |
         config = json.loads(config_path.read_text(encoding="utf-8"))
         if not isinstance(config, dict):
             raise ValueError("expected a JSON object")
-        mapping = config.get("mapping") or {}
-        quant = config.get("quantization") or {}
-        hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
-        facts = CheckpointFacts(
-            role=role,
-            directory=directory,
-            architecture=str(config["architecture"]),
-            dtype=str(config["dtype"]),
-            vocab_size=_int(config, "vocab_size"),
-            tp_size=_int(mapping, "tp_size", 1),
-            pp_size=_int(mapping, "pp_size", 1),
-            num_layers=_int(config, "num_hidden_layers"),
-            num_kv_heads=_int(config, "num_key_value_heads", heads),
-            head_size=_int(config, "head_size", hidden // heads),
-            max_position_embeddings=_int(config, "max_position_embeddings", 0),
-            position_embedding_type=str(config.get("position_embedding_type") or "learned_absolute"),
-            quant_algo=quant.get("quant_algo"),
-            kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
-            num_medusa_heads=_int(config, "num_medusa_heads", 0),
-            max_draft_len=_int(config, "max_draft_len", 0),
-        )
+        facts = facts_from_config(role, directory, config)
     except (OSError, UnicodeDecodeError, ValueError, KeyError) as err:
         what = f"required field {err} is missing" if isinstance(err, KeyError) else str(err)
         return None, [f"{role} checkpoint {config_path}: unreadable ({what}); {hint} again"]

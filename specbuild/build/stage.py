@@ -11,6 +11,7 @@ import queue
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,12 +20,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from specbuild.atomic import atomic_directory, check_replaceable
+from specbuild.atomic import atomic_directory, check_replaceable, output_lock
 from specbuild.build.backend import TensorrtStatus, resolve_backend
 from specbuild.build.checkpoints import CheckpointFacts, read_checkpoint_facts
 from specbuild.build.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.build.gpu import Gpu, parse_gpu
-from specbuild.build.plan import BuildPlan, plan_pipeline
+from specbuild.build.plan import BuildPlan, attention_window, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
 from specbuild.build.script import script_path, write_build_script
 from specbuild.build.tensorrt import build_engine, gpu_slices
@@ -32,10 +33,9 @@ from specbuild.build.trtllm_flags import TRTLLM_VERSION
 from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
 from specbuild.manifest import (
     fingerprint_files,
+    is_fresh,
     output_sizes,
-    outputs_intact,
     read_manifest,
-    same_inputs,
     tool_versions,
     write_manifest,
 )
@@ -60,7 +60,7 @@ class EngineResult:
     def summary(self) -> str:
         what = f"{self.role}: {self.backend} engine {self.directory}"
         if self.status == "up to date":
-            return f"{what} is up to date (checkpoint, plan and tools unchanged; --force rebuilds it)"
+            return f"{what} is up to date (checkpoint, plan and tool versions unchanged; --force rebuilds it)"
         if self.status == "planned":
             return f"{self.role}: dry run, nothing built; {self.script} builds it in the TensorRT-LLM container"
         return f"{what} built in {self.seconds:.1f} s"
@@ -113,22 +113,25 @@ def _print_plans(plans: list[BuildPlan], backend: str, console: Console) -> None
         console.print(f"[cyan]{plan.role}[/]: {escape(shlex.join(plan.command()))}", highlight=False, soft_wrap=True)
 
 
-def _up_to_date(job: _Job) -> tuple[bool, dict[str, Any]]:
-    """(skip?, input fingerprints) from the previous manifest: same settings, same hashes, outputs intact.
-    Hashes of files whose size and mtime are unchanged are reused from it."""
+def _up_to_date(job: _Job, tools: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """(skip?, input fingerprints) from the previous manifest (manifest.is_fresh: same settings, same tool versions,
+    same hashes, outputs intact). Hashes of files whose size and mtime are unchanged are reused from it."""
     previous = read_manifest(job.plan.output_dir) or {}
     inputs = fingerprint_files(job.facts.files, previous.get("inputs"))
-    fresh = (
-        previous.get("settings") == job.settings
-        and same_inputs(inputs, previous.get("inputs", {}))
-        and outputs_intact(job.plan.output_dir, previous.get("outputs", {}))
-    )
+    fresh = is_fresh(previous, settings=job.settings, tools=tools, inputs=inputs, directory=job.plan.output_dir)
     return fresh, inputs
 
 
 def _build_one(job: _Job, backend: str, gpus: list[int] | None, force: bool, tools: dict[str, Any]) -> EngineResult:
     plan = job.plan
-    fresh, inputs = _up_to_date(job)
+    with output_lock(plan.output_dir):  # the decision and the write, by one run at a time
+        return _build_locked(job, backend, gpus, force, tools)
+
+
+def _build_locked(job: _Job, backend: str, gpus: list[int] | None, force: bool, tools: dict[str, Any]
+                  ) -> EngineResult:
+    plan = job.plan
+    fresh, inputs = _up_to_date(job, tools)
     if fresh and not force:
         return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "up to date")
     start = time.perf_counter()
@@ -179,6 +182,8 @@ def _checked_plans(spec: PipelineSpec, backend: str, status: TensorrtStatus | No
     plans = plan_pipeline(spec, {role: facts.get(role) for role in engine_roles(spec)})
     memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
     problems += build_problems(spec, plans, facts, gpu, memory)
+    if backend == "tensorrt":
+        problems += window_warnings(plans, facts)
     if backend == "tensorrt" and status is not None and 0 < len(status.gpus) < spec.build.world_size:
         problems.append(BuildProblem("warning", f"the engines need tp_size x pp_size = {spec.build.world_size} "
                                      f"GPUs to serve; this machine shows {len(status.gpus)}"))
@@ -190,6 +195,25 @@ def _checked_plans(spec: PipelineSpec, backend: str, status: TensorrtStatus | No
     for plan in plans:
         check_replaceable(plan.output_dir)
     return facts, plans
+
+
+def window_warnings(plans: list[BuildPlan], facts: dict[str, CheckpointFacts]) -> list[BuildProblem]:
+    """A sliding window shorter than a speculating engine's sequences: TensorRT-LLM keeps the last `window` tokens
+    in a rolling KV buffer, and whether draft or tree verification (whose rejected tokens are written into that
+    buffer too) keeps every key of the window is not something specbuild could check in TensorRT-LLM 1.2's sources;
+    the reference runtime masks by position (tested against transformers)."""
+    found = []
+    for plan in plans:
+        fact = facts.get(plan.role)
+        window = attention_window(plan, fact) if fact is not None else None
+        if window is not None and plan.max_draft_len:
+            found.append(BuildProblem("warning", (
+                f"{plan.role} engine: attention window {window} (sliding_window) is shorter than its sequences "
+                f"({plan.engine_max_seq_len} tokens) and it verifies {plan.max_draft_len} draft tokens per step; "
+                "TensorRT-LLM serves the window as a rolling KV cache (deploy sets max_attention_window_size), with "
+                "speculative verification unverified by specbuild: compare its output on prompts longer than the "
+                "window with the reference backend's before serving"), ("build", "max_input_len")))
+    return found
 
 
 def build_pipeline(
@@ -227,7 +251,10 @@ def build_pipeline(
         if chosen == "tensorrt":
             settings["tensorrt_llm"] = tools["tensorrt_llm"]  # an engine only loads in the TRT-LLM that built it
         work.append(_Job(plan, facts[plan.role], info, settings))
-    if chosen == "tensorrt":
-        assert status is not None
-        return _run_tensorrt(work, status, jobs, force, tools, console)
-    return [_build_one(job, "reference", None, force, tools) for job in work]
+    with ExitStack() as locks:  # every engine's lock before the first is written: a concurrent run stops this one
+        for job in work:
+            locks.enter_context(output_lock(job.plan.output_dir))
+        if chosen == "tensorrt":
+            assert status is not None
+            return _run_tensorrt(work, status, jobs, force, tools, console)
+        return [_build_one(job, "reference", None, force, tools) for job in work]

@@ -2,7 +2,9 @@
 
 Written into a temporary directory and swapped into place whole (`atomic_directory`); every config.pbtxt is
 parsed as Triton's ModelConfig and the whole repository is checked (`check_repository`) before the swap, so a
-repository that exists is one tritonserver can load. Unchanged inputs and settings make a re-run a no-op.
+repository that exists is one tritonserver can load. Unchanged inputs, settings and tool versions make a re-run a
+no-op; engines that are not what the spec says now (a setting changed, or the checkpoint re-converted, without a
+rebuild) are refused, naming each setting.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.atomic import atomic_directory
-from specbuild.build.engine_info import ENGINE_INFO, engine_dir
+from specbuild.atomic import atomic_directory, output_lock
+from specbuild.build.checkpoints import read_checkpoint_facts
+from specbuild.build.engine_info import ENGINE_INFO, EngineInfo, engine_dir
+from specbuild.build.plan import stale_engine_problems
 from specbuild.build.reference import link_or_copy
 from specbuild.deploy.check import check_repository
 from specbuild.deploy.layout import (
@@ -29,13 +33,14 @@ from specbuild.deploy.layout import (
 )
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
 from specbuild.deploy.tokenizer_files import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer, load_tokenizer, special_ids
+from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
+    HASH,
     bytes_hash,
     fingerprint_files,
+    is_fresh,
     output_sizes,
-    outputs_intact,
     read_manifest,
-    same_inputs,
     tool_versions,
     write_manifest,
 )
@@ -93,6 +98,7 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
     repository = spec.deploy.model_repository
     assert repository is not None
     engines = read_engines(spec)
+    check_engines_current(spec, engines)
     tokenizer = load_tokenizer(spec.target.model, trust_remote_code=spec.target.trust_remote_code)
     end_id, pad_id = special_ids(tokenizer)
     plan = plan_repository(spec, engines, end_id, pad_id)
@@ -100,13 +106,20 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
     if dry_run:
         console.print(plan_table(plan, repository))
         return DeployResult(repository, "planned", plan)
+    with output_lock(repository):
+        return _write_repository(spec, plan, configs, repository, force)
+
+
+def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[str, str], repository: Path,
+                      force: bool) -> DeployResult:
     known = read_manifest(repository)
     inputs, settings = _inputs(spec, plan, (known or {}).get("inputs")), _settings(plan, configs)
-    if (not force and known is not None and known.get("settings") == settings
-            and same_inputs(known.get("inputs", {}), inputs) and known.get("tools") == tool_versions()
-            and outputs_intact(repository, known.get("outputs", {}))):
+    tools = tool_versions()
+    if not force and is_fresh(known, settings=settings, tools=tools, inputs=inputs, directory=repository):
         return DeployResult(repository, "up to date", plan)
-    with atomic_directory(repository) as tmp:
+    tokenizer_bytes = sum((spec.target.model / name).stat().st_size for name in TOKENIZER_FILES
+                          if (spec.target.model / name).is_file())
+    with atomic_directory(repository, needed_bytes=tokenizer_bytes) as tmp:  # the second copy is a hard link
         for model in plan.models:
             directory = tmp / model.name
             (directory / MODEL_VERSION).mkdir(parents=True)
@@ -119,10 +132,47 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
         outputs = output_sizes(tmp)
         write_manifest(tmp, {
             "stage": "deploy", "spec": str(spec.path), "inputs": inputs, "settings": settings,
-            "tools": tool_versions(), "outputs": outputs,
+            "tools": tools, "outputs": outputs,
             "engines": {role: str(engine_dir(spec, role).resolve()) for role in plan.engines},
         })
     return DeployResult(repository, "written", plan)
+
+
+def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) -> None:
+    """Refuse engines that are not what the spec asks for now (a setting changed without a rebuild), or that were
+    built from another checkpoint than the one convert left there (a convert without a rebuild): serving them
+    would silently serve the old model. Every stale engine and setting is named together."""
+    problems = []
+    for role, info in engines.items():
+        directory = engine_dir(spec, role)
+        facts, _ = read_checkpoint_facts(role, spec.checkpoint_dir(role))  # None where convert ran elsewhere
+        problems += [f"{directory / ENGINE_INFO}: {problem}"
+                     for problem in stale_engine_problems(spec, role, info, facts)]
+        changed = _changed_inputs(directory)
+        if changed:
+            problems.append(f"{directory}: built from a checkpoint that has changed since ({', '.join(changed)})")
+    if problems:
+        try:
+            where = str(spec.path)
+        except RuntimeError:  # a spec made in memory
+            where = spec.name
+        raise SpecbuildError(
+            f"{where}: the built engines are not what the spec and its checkpoints say now ({len(problems)} "
+            "problem(s)); deploying would serve them anyway:\n" + "\n".join(f"  - {problem}" for problem in problems),
+            hint="run `specbuild build SPEC` (it rebuilds what changed), then deploy again",
+        )
+
+
+def _changed_inputs(directory: Path) -> list[str]:
+    """The engine's inputs (from its manifest) that are here and now differ; [] when unknown (engines built on
+    another machine, whose checkpoint paths do not exist here)."""
+    recorded = (read_manifest(directory) or {}).get("inputs") or {}
+    paths = [Path(name) for name in recorded]
+    if not paths or not all(path.is_file() for path in paths):
+        return []
+    current = fingerprint_files(paths, recorded)
+    return [Path(name).name for name in recorded
+            if current[name].get(HASH) != recorded[name].get(HASH)]
 
 
 def _place_tokenizer(spec: PipelineSpec, repository: Path) -> None:
