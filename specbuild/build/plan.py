@@ -106,7 +106,71 @@ class BuildPlan:
             gather_context_logits=self.gather_context_logits,
             quant_algo=facts.quant_algo,
             kv_cache_quant_algo=facts.kv_cache_quant_algo,
+            max_attention_window_size=attention_window(self, facts),
         )
+
+
+def attention_window(plan: BuildPlan, facts: CheckpointFacts) -> int | None:
+    """The window the runtime must apply: the checkpoint's sliding window where it is shorter than the engine's
+    sequences. trtllm-build has no window flag; TensorRT-LLM applies it at run time as max_attention_window_size,
+    which "regulates both sliding window attention in the context phase and rolling buffer cache in the generation
+    phase" (NVIDIA/TensorRT-LLM examples/models/core/llama/README.md, Mistral v0.1, @076efc2b)."""
+    window = facts.sliding_window
+    return window if window is not None and window < plan.engine_max_seq_len else None
+
+
+SPEC_FORMAT_ALGOS = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_awq": "W4A16_AWQ",
+                     "w4a8_awq": "W4A8_AWQ"}
+"""draft.quantization.format -> the quant_algo its checkpoint carries (specbuild/convert/quantize.py FORMATS)."""
+
+
+def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
+                          facts: CheckpointFacts | None = None) -> list[str]:
+    """Where a built engine (its engine.json) is not what the spec asks for now: every setting the engine's build
+    depends on that the spec decides, and, given the converted checkpoint's `facts`, the attention window it
+    carries. Empty when the engine is current."""
+    plan = plan_engine(spec, role, facts)
+    build = spec.build
+    want: list[tuple[str, object, object]] = [
+        ("build.tp_size", info.tp_size, build.tp_size),
+        ("build.pp_size", info.pp_size, build.pp_size),
+        ("build.max_batch_size", info.max_batch_size, plan.max_batch_size),
+        ("max_input_len (build.max_input_len)", info.max_input_len, plan.max_input_len),
+        ("max_seq_len (build.max_input_len + max_output_len + draft length)", info.max_seq_len,
+         plan.engine_max_seq_len),
+        ("build.max_num_tokens", info.max_num_tokens, plan.max_num_tokens),
+        ("speculative decoding mode (speculative.mode)", info.speculative_decoding_mode,
+         plan.speculative_decoding_mode),
+        ("max_draft_len (speculative.max_draft_len / num_draft_tokens / the Medusa tree)", info.max_draft_len,
+         plan.max_draft_len),
+        ("medusa.choices", info.medusa_choices, plan.medusa_choices),
+        ("gather_generation_logits (speculative.use_draft_logits)", info.gather_generation_logits,
+         plan.gather_generation_logits),
+        ("build.gather_context_logits", info.gather_context_logits, plan.gather_context_logits),
+    ]
+    # Not the backend: `specbuild build --backend` overrides build.backend, and engines built elsewhere are fine.
+    if build.dtype != "auto" and info.dtype != build.dtype:
+        quantized_half = (info.quant_algo or info.kv_cache_quant_algo) and build.dtype == "float32" and (
+            info.dtype in ("float16", "bfloat16"))  # ModelOpt exports half precision only
+        if not quantized_half:
+            want.append(("build.dtype", info.dtype, build.dtype))
+    if role == "draft" and spec.draft is not None:
+        quant = spec.draft.quantization
+        want.append(("draft.quantization.format", info.quant_algo, SPEC_FORMAT_ALGOS.get(quant.format)))
+        want.append(("draft.quantization.kv_cache", info.kv_cache_quant_algo,
+                     "FP8" if quant.kv_cache == "fp8" else None))
+    problems = [f"{name}: the engine was built with {_show(old)}, the spec now says {_show(new)}"
+                for name, old, new in want if old != new]
+    if facts is not None and info.max_attention_window_size != attention_window(plan, facts):
+        problems.append(f"max_attention_window_size: the engine says {_show(info.max_attention_window_size)}, the "
+                        f"checkpoint's sliding_window makes it {_show(attention_window(plan, facts))}")
+    return problems
+
+
+def _show(value: object) -> str:
+    if isinstance(value, list) and len(value) > 6:
+        return f"a {len(value)}-node tree"
+    return "none" if value is None else str(value)
 
 
 def engine_max_draft_len(spec: PipelineSpec) -> int:

@@ -152,6 +152,10 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
         "exclude_input_in_output": spec.deploy.exclude_input_in_output,
         "decoding_mode": "medusa" if medusa else "top_k_top_p",
     }
+    if info.max_attention_window_size is not None:
+        # Mistral's sliding window: TensorRT-LLM applies it only when the runtime is told (trtllm-build has no such
+        # flag; NVIDIA/TensorRT-LLM examples/models/core/llama/README.md @076efc2b), one value for every layer.
+        params["max_attention_window_size"] = str(info.max_attention_window_size)
     if medusa:
         if not info.medusa_choices:
             raise SpecbuildError(f"{directory}: a Medusa engine without medusa_choices in engine.json",

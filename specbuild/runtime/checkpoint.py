@@ -89,6 +89,9 @@ class ModelConfig:
     embedding_sharding_dim: int = 0
     quant_algo: str | None = None  # weights dequantized at load; activations emulated (runtime.dequantize)
     kv_cache_quant_algo: str | None = None
+    sliding_window: int | None = None
+    """Every layer's attention window: a query at position p sees keys at positions p - W + 1 .. p (HF Mistral's
+    `sliding_window`, TensorRT-LLM's max_attention_window_size); None: every earlier position."""
 
     @property
     def attention_scale(self) -> float:
@@ -194,7 +197,27 @@ def _parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
         embedding_sharding_dim=int(config.get("embedding_sharding_dim", 0)),
         quant_algo=(config.get("quantization") or {}).get("quant_algo"),
         kv_cache_quant_algo=(config.get("quantization") or {}).get("kv_cache_quant_algo"),
+        sliding_window=_attention_window(config, path),
     )
+
+
+def _attention_window(config: dict[str, Any], path: Path) -> int | None:
+    """The checkpoint's attention window: specbuild's `sliding_window` field (the HF value, kept by the converter),
+    else TensorRT-LLM's own `runtime_defaults.max_attention_window` when it names one window for every layer."""
+    window = _field(config, path, "sliding_window", int, None)
+    if window is None:
+        windows = (config.get("runtime_defaults") or {}).get("max_attention_window")
+        if isinstance(windows, list) and windows:
+            if len(set(windows)) != 1:
+                raise RuntimeCheckpointError(
+                    f"{path}: runtime_defaults.max_attention_window {windows} gives layers different attention "
+                    "windows, which the reference runtime does not implement"
+                )
+            window = _field({"max_attention_window": windows[0]}, path, "max_attention_window", int)
+    if window is not None and window < 1:
+        raise RuntimeCheckpointError(f"{path}: field 'sliding_window' must be a positive number of tokens, "
+                                     f"not {window}")
+    return window
 
 
 # -- expected tensors ----------------------------------------------------------------------------------------------

@@ -214,9 +214,14 @@ class _Step:
 
 
 def attention_mask(lengths: torch.Tensor, num_tokens: int, num_slots: int,
-                   tree_mask: torch.Tensor | None) -> torch.Tensor:
+                   tree_mask: torch.Tensor | None, *, positions: torch.Tensor | None = None,
+                   window: int | None = None) -> torch.Tensor:
     """[B, 1, T, num_slots]: query t of row b sees slots [0, lengths[b]) and the new token in slot
-    lengths[b] + s when tree_mask[b, t, s] (default causal: s <= t)."""
+    lengths[b] + s when tree_mask[b, t, s] (default causal: s <= t).
+
+    With an attention `window` W (a sliding window), a query sees only keys whose position is within W - 1 of its
+    own: HF's `kv_idx > q_idx - sliding_window`. Positions are the committed slots' indices (slot i holds position
+    i) and, for the new tokens, `positions` [B, T] (a tree's nodes share positions by depth; default: the slot's)."""
     device = lengths.device
     rel = torch.arange(num_slots, device=device)[None, :] - lengths[:, None]  # slot's offset in the block, [B, S]
     rel = rel[:, None, :]  # [B, 1, S]
@@ -227,7 +232,17 @@ def attention_mask(lengths: torch.Tensor, num_tokens: int, num_slots: int,
         index = rel.clamp(0, num_tokens - 1).expand(batch, num_tokens, num_slots)
         tree = tree_mask.to(device=device, dtype=torch.bool).expand(batch, num_tokens, num_tokens)
         new = (rel >= 0) & (rel < num_tokens) & torch.gather(tree, 2, index)
-    return ((rel < 0) | new)[:, None]
+    allowed = (rel < 0) | new
+    if window is not None:
+        batch = lengths.shape[0]
+        if positions is None:
+            positions = lengths[:, None] + torch.arange(num_tokens, device=device)
+        positions = positions.to(device).expand(batch, num_tokens)
+        slots = torch.arange(num_slots, device=device)[None, :].expand(batch, num_slots)
+        block = positions.gather(1, (slots - lengths[:, None]).clamp(0, num_tokens - 1))  # new tokens' positions
+        key_positions = torch.where(slots < lengths[:, None], slots, block)  # [B, S]
+        allowed = allowed & (key_positions[:, None, :] > positions[:, :, None] - window)
+    return allowed[:, None]
 
 
 class CausalLM(nn.Module):
@@ -320,9 +335,13 @@ class CausalLM(nn.Module):
         position_ids = self._check_inputs(input_ids, cache, position_ids, tree_mask)
         t = input_ids.shape[1]
         num_slots = cache.begin_block(t)
-        # One new token after equally long prefixes sees every slot in use: no mask needed (the common decode step).
-        uniform_step = t == 1 and tree_mask is None and cache.uniform
-        mask = None if uniform_step else attention_mask(cache.lengths, t, num_slots, tree_mask)
+        # One new token after equally long prefixes sees every slot in use: no mask needed (the common decode step),
+        # unless an attention window hides the oldest of them.
+        window = self.config.sliding_window
+        windowed = window is not None and num_slots > window
+        uniform_step = t == 1 and tree_mask is None and cache.uniform and not windowed
+        mask = None if uniform_step else attention_mask(cache.lengths, t, num_slots, tree_mask, positions=position_ids,
+                                                        window=window if windowed else None)
         x = F.embedding(input_ids, self.vocab_embedding)
         cos = sin = None
         if self.rope is not None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from specbuild import __version__
 from specbuild.convert.mapping import Rule, Shape
 from specbuild.convert.sharding import Rank
 from specbuild.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from specbuild.convert.hf_checkpoint import HFCheckpoint
 
 REGISTRY: dict[str, type[Architecture]] = {}
 
@@ -81,6 +84,26 @@ class Architecture:
     def bind_sources(self, names: set[str]) -> None:
         """Adapt to naming variants seen in the checkpoint's tensor names (default: none)."""
 
+    def check_source_values(self, checkpoint: HFCheckpoint) -> None:
+        """Checks that need tensor data (default: none): run by `plan_conversion` before anything is written."""
+
+    def check_tied_head(self, checkpoint: HFCheckpoint, embedding: str, head: str, why: str, hint: str) -> None:
+        """Refuse a checkpoint whose `head` tensor (a trained LM head) would be dropped for `embedding`: both are
+        read (memory-mapped, block by block, stopping at the first difference); identical tensors are fine."""
+        if head not in checkpoint.infos or embedding not in checkpoint.infos:
+            return
+        first = _first_difference(checkpoint.tensor(embedding), checkpoint.tensor(head))
+        checkpoint.release(embedding)
+        checkpoint.release(head)
+        if first is None:
+            return
+        raise CheckpointError(
+            f"{self.config_path}: {why}, but {checkpoint.infos[head].path.name} holds its own {head}, which differs "
+            f"from {embedding} ({first}); converting would serve the embedding as the LM head and drop the trained "
+            "one",
+            hint=hint,
+        )
+
     # -- hooks -----------------------------------------------------------------------------------------------
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
         """Reasons the tp x pp grid cannot hold this model (empty when it can)."""
@@ -131,3 +154,17 @@ class Architecture:
             "embedding_sharding_dim": 0,
             "qk_layernorm": False,
         }
+
+
+def _first_difference(a: Any, b: Any, rows: int = 4096) -> str | None:
+    """Where two tensors first differ (a short phrase), or None when they are equal."""
+    if tuple(a.shape) != tuple(b.shape):
+        return f"shape {list(b.shape)} against {list(a.shape)}"
+    for start in range(0, a.shape[0], rows):
+        x, y = a[start:start + rows], b[start:start + rows]
+        if x.dtype != y.dtype:
+            y = y.to(x.dtype)
+        if not bool((x == y).all()):
+            row = start + int((x != y).reshape(x.shape[0], -1).any(dim=1).nonzero()[0])
+            return f"first at row {row}"
+    return None

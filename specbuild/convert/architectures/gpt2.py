@@ -50,6 +50,15 @@ class GPT2(Architecture):
         self.positions = self.field("n_positions", "max_position_embeddings")
         self.prefix = "transformer."
 
+    def check_source_values(self, checkpoint: Any) -> None:
+        # TensorRT-LLM's GPT converter always takes the LM head from wte (§1.6); a different lm_head is refused.
+        self.check_tied_head(
+            checkpoint, f"{self.prefix}wte.weight", "lm_head.weight",
+            "GPT-2's LM head is its token embedding (TensorRT-LLM's GPT converter takes lm_head from wte)",
+            hint="GPT2LMHeadModel ties lm_head to transformer.wte; a checkpoint with another lm_head is not a GPT-2 "
+            "specbuild can convert: remove lm_head.weight if it is stale, or convert the model's real architecture",
+        )
+
     def bind_sources(self, names: set[str]) -> None:
         # The original OpenAI checkpoints on the Hub store names without the `transformer.` prefix.
         if "transformer.wte.weight" not in names and "wte.weight" in names:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from specbuild.convert.architectures.base import Architecture, register
 from specbuild.convert.mapping import Rule, Shape, identity
 from specbuild.convert.sharding import Rank, fuse_qkv, padded_vocab, split, split_padded
+from specbuild.errors import CheckpointError
 
 
 @register
@@ -33,6 +34,12 @@ class Llama(Architecture):
         self.intermediate = self.field("intermediate_size")
         self.vocab = self.field("vocab_size")
         self.tied = bool(config.get("tie_word_embeddings", False))
+        self.sliding_window = self.window()
+
+    def window(self) -> int | None:
+        """The attention window every layer uses (tokens a query sees, itself included), or None for full
+        attention. LLaMA has none (HF's LlamaAttention ignores any `sliding_window` field)."""
+        return None
 
     # -- hooks subclasses override ---------------------------------------------------------------------------
     @property
@@ -106,8 +113,18 @@ class Llama(Architecture):
         return shapes
 
     def is_ignored(self, name: str) -> bool:
-        # A tied checkpoint may still carry a copy of the embedding as lm_head; the embedding is used.
+        # A tied checkpoint may still carry a copy of the embedding as lm_head; the embedding is used (after
+        # check_source_values has made sure it is a copy).
         return super().is_ignored(name) or (self.tied and name == "lm_head.weight")
+
+    def check_source_values(self, checkpoint: Any) -> None:
+        if self.tied:
+            self.check_tied_head(
+                checkpoint, "model.embed_tokens.weight", "lm_head.weight", "config.json says tie_word_embeddings: true",
+                hint="if lm_head.weight is the model's trained output layer, set \"tie_word_embeddings\": false in "
+                "config.json; if the head is meant to be the embedding, remove lm_head.weight from the weight files "
+                "(save the model with tied weights)",
+            )
 
     def target_shapes(self, rank: Rank) -> dict[str, Shape]:
         tp, h = rank.tp_size, self.hidden
@@ -200,12 +217,27 @@ class Llama(Architecture):
             "rotary_scaling": rotary_scaling,
             "tie_word_embeddings": self.tied,
         }
+        if self.sliding_window is not None:
+            # TensorRT-LLM 1.2's LLaMAConfig has no window field (its from_hugging_face reads none; the window is
+            # the runtime's max_attention_window_size, examples/models/core/llama/README.md "Mistral v0.1").
+            # PretrainedConfig keeps unknown fields ("Implicitly setting ..."), so the window travels with the
+            # checkpoint and engine to `build` (plan, engine.json), `deploy` (max_attention_window_size) and the
+            # reference runtime, which applies it.
+            config["sliding_window"] = self.sliding_window
         config.update(self.family_config())
         return config
 
 
 @register
 class Mistral(Llama):
-    """Mistral shares the LLaMA model class and tensor names in TensorRT-LLM (§1.3)."""
+    """Mistral shares the LLaMA model class and tensor names in TensorRT-LLM (§1.3); every layer attends to the
+    last `sliding_window` tokens (HF MistralAttention; `sliding_window: null` is full attention, as Mistral v0.2+)."""
 
     hf_architectures: ClassVar[tuple[str, ...]] = ("MistralForCausalLM",)
+
+    def window(self) -> int | None:
+        window = self.field("sliding_window", default=None)
+        if window is not None and window < 1:
+            raise CheckpointError(f"{self.config_path}: field 'sliding_window' must be a positive number of tokens "
+                                  f"or null, not {window}")
+        return window

@@ -11,12 +11,35 @@ from typing import Any, ClassVar
 
 from specbuild.convert.architectures.base import register
 from specbuild.convert.architectures.llama import Llama
+from specbuild.errors import CheckpointError
 
 
 @register
 class Qwen2(Llama):
     hf_architectures: ClassVar[tuple[str, ...]] = ("Qwen2ForCausalLM",)
     default_rope_theta: ClassVar[float] = 1000000.0
+
+    def window(self) -> int | None:
+        """HF Qwen2 slides its window only with `use_sliding_window: true`, and then only in the layers from
+        `max_window_layers` on (or where `layer_types` says `sliding_attention`): per-layer windows, which specbuild
+        does not carry; refused rather than converted to full attention."""
+        window = self.config.get("sliding_window")
+        if not self.config.get("use_sliding_window") or window is None:
+            return None
+        types = self.config.get("layer_types")
+        if isinstance(types, list) and types:
+            sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+        else:
+            first = self.field("max_window_layers", default=self.layers)
+            sliding = list(range(first, self.layers))
+        if not sliding:
+            return None
+        raise CheckpointError(
+            f"{self.config_path}: use_sliding_window is true (layers {sliding[0]}-{sliding[-1]} attend to the last "
+            f"{window} tokens only), which specbuild does not convert: the converted model would attend to every "
+            "token and give other outputs",
+            hint="use a checkpoint with use_sliding_window: false (as Qwen2/2.5 ship), or serve it elsewhere",
+        )
 
     @property
     def qkv_bias(self) -> bool:
