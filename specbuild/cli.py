@@ -7,6 +7,8 @@ answer at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -40,6 +42,25 @@ def _fail(err: SpecbuildError) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+@contextmanager
+def _errors() -> Iterator[None]:
+    """The one error formatter of the writing commands: a SpecbuildError is one message and exit code 1; so is a
+    full filesystem wherever it surfaces (the stages' own writes already turn it into a SpecbuildError naming the
+    output directory; this catches the rest, e.g. a build script or a spec rewritten in place)."""
+    from specbuild.atomic import is_no_space, no_space_error
+
+    try:
+        yield
+    except SpecbuildError as err:
+        raise _fail(err) from None
+    except Exception as err:
+        if not is_no_space(err):
+            raise
+        filename = getattr(err, "filename", None)
+        directory = Path(filename).parent if filename else Path.cwd()
+        raise _fail(no_space_error(directory)) from None
+
+
 @app.command()
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the starter spec, e.g. pipeline.yaml.")] = Path(
@@ -61,13 +82,31 @@ def init(
 def validate(
     spec_path: Annotated[Path, typer.Argument(help="The pipeline spec (YAML) to check.", metavar="SPEC")],
 ) -> None:
-    """Check a pipeline spec and print what it resolves to, without touching any model."""
+    """Check a pipeline spec and everything it names, without loading weights or writing anything: the schema;
+    every model's directory, config.json, weight headers and shapes, tp/pp, the draft/target pair, the target's
+    tokenizer files, the Medusa heads and tree, the draft's quantization (format vs build.gpu, int4 alignment,
+    calibration text); then every build check on the checkpoints convert would write. All problems are reported
+    together, each at its spec file:line; then what the spec resolves to is printed."""
+    from specbuild.build.validate import planned_problems
+    from specbuild.convert.preflight import check_models
     from specbuild.spec import load_spec, summarize_spec
 
-    try:
+    with _errors():
         spec = load_spec(spec_path)
-    except SpecbuildError as err:
-        raise _fail(err) from None
+        findings, configs = check_models(spec)
+        for problem in planned_problems(spec, configs):
+            findings.append((problem.severity, problem.field or ("build",), problem.message))
+        unique = list(dict.fromkeys(findings))  # a Medusa checkpoint's base is the target: said once
+        warnings = [(loc, message) for severity, loc, message in unique if severity == "warning"]
+        errors = [(loc, message) for severity, loc, message in unique if severity == "error"]
+        if warnings:
+            located = spec.problems_error(warnings)
+            for problem in located.problems:
+                console.print(f"[yellow]warning:[/] {escape(problem.render(located.file))}", highlight=False,
+                              soft_wrap=True)
+        if errors:
+            raise spec.problems_error(errors, hint="fix these, then validate again; `convert` and `build` would "
+                                      "stop on each of them")
     Console().print(summarize_spec(spec))
 
 
@@ -135,9 +174,12 @@ def convert(
     Either `specbuild convert SPEC` (target and draft of a pipeline spec) or
     `specbuild convert --model HF_DIR --output OUT_DIR [--dtype ...] [--tp-size N] [--pp-size N]`.
     """
-    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, requests_from_spec
+    from specbuild.convert.pipeline import ConvertRequest, ConvertResult, convert_requests, spec_requests
 
-    try:
+    def report(result: ConvertResult) -> None:
+        console.print(result.summary(), highlight=False, soft_wrap=True)
+
+    with _errors():
         if (spec_path is None) == (model is None):
             raise SpecbuildError(
                 "give either a pipeline spec or --model (not both, not neither)",
@@ -146,28 +188,19 @@ def convert(
         if model is not None:
             if output is None:
                 raise SpecbuildError("--model needs --output: the directory to write the checkpoint to")
-            requests = [
-                ConvertRequest(
-                    name=model.name, source=model, output=output, dtype=dtype, tp_size=tp_size,
-                    pp_size=pp_size, allow_pickle=allow_pickle, medusa_heads=medusa_heads,
-                    max_draft_len=max_draft_len,
-                )
-            ]
-        else:
-            from specbuild.spec import load_spec
+            request = ConvertRequest(
+                name=model.name, source=model, output=output, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
+                allow_pickle=allow_pickle, medusa_heads=medusa_heads, max_draft_len=max_draft_len,
+            )
+            convert_requests([request], force=force, dry_run=dry_run, console=console, on_result=report)
+            return
+        from specbuild.spec import load_spec
 
-            assert spec_path is not None
-            requests = requests_from_spec(load_spec(spec_path), allow_pickle=allow_pickle)
-        for request in requests:
-            try:
-                result = convert_checkpoint(request, force=force, dry_run=dry_run, console=console)
-            except SpecbuildError as err:
-                if spec_path is not None:  # say which of the spec's models failed
-                    err.message = f"{spec_path}: converting the {request.name} model: {err.message}"
-                raise
-            console.print(result.summary(), highlight=False, soft_wrap=True)
-    except SpecbuildError as err:
-        raise _fail(err) from None
+        assert spec_path is not None
+        # Every model of the spec (and the draft/target pair) is checked before any is written.
+        requests, pair = spec_requests(load_spec(spec_path), allow_pickle=allow_pickle)
+        convert_requests(requests, where=str(spec_path), pair_problems=pair, force=force, dry_run=dry_run,
+                         console=console, on_result=report)
 
 
 @app.command()
@@ -200,12 +233,10 @@ def build(
 
     if backend is not None and backend not in ("auto", "tensorrt", "reference"):
         raise _fail(SpecbuildError(f"--backend {backend}: expected auto, tensorrt or reference"))
-    try:
+    with _errors():
         results = build_pipeline(
             load_spec(spec_path), backend=backend, dry_run=dry_run, jobs=jobs, force=force, console=console
         )
-    except SpecbuildError as err:
-        raise _fail(err) from None
     for result in results:
         console.print(result.summary(), highlight=False, soft_wrap=True)
 
@@ -274,7 +305,7 @@ def deploy(
     from specbuild.deploy.check import check_repository
 
     out = Console(width=max(Console().width, 132))  # the wiring table is unreadable folded into 80 columns
-    try:
+    with _errors():
         if (spec_path is None) == (check is None):
             raise SpecbuildError("give either a pipeline spec or --check REPO (not both, not neither)",
                                  hint="`specbuild deploy pipeline.yaml` or `specbuild deploy --check REPO`")
@@ -293,8 +324,6 @@ def deploy(
         if not dry_run:
             out.print(check_repository(result.repository).table())
         console.print(result.summary(), highlight=False, soft_wrap=True)
-    except SpecbuildError as err:
-        raise _fail(err) from None
 
 
 @app.command()
@@ -474,10 +503,8 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], device=device,
         threads=threads,
     )
-    try:
+    with _errors():
         report = run_generate(options)
-    except SpecbuildError as err:
-        raise _fail(err) from None
     if json_output:
         print(json.dumps(report if len(prompt) > 1 else {**report, **report["results"][0]}, indent=None))
         return

@@ -5,7 +5,9 @@ a second, where the same mistake caught by trtllm-build or tritonserver costs GP
 So unknown keys are errors, relative paths are resolved once against the spec file's directory, and every
 problem is reported at once, each with its dotted field path and the file and line it comes from.
 
-Model paths are *not* checked for existence here: `convert` does that with checkpoint-specific messages.
+Model paths are *not* checked for existence here: `specbuild validate` (specbuild.convert.preflight) checks the
+models, tokenizer, calibration text, Medusa heads and GPU against the spec without loading weights, and reports
+those problems located in this file too (`PipelineSpec.problems_error`).
 """
 
 from __future__ import annotations
@@ -511,6 +513,7 @@ class PipelineSpec(_Section):
     deploy: DeploySpec = Field(default_factory=DeploySpec)
 
     _path: Path | None = PrivateAttr(default=None)
+    _lines: Any = PrivateAttr(default=None)  # the YAML's field -> line map (`line_of`)
 
     @model_validator(mode="before")
     @classmethod
@@ -549,6 +552,19 @@ class PipelineSpec(_Section):
             # Not AttributeError: pydantic's __getattr__ would replace this message with a generic one.
             raise RuntimeError("this PipelineSpec was not loaded from a file; use load_spec or parse_spec")
         return self._path
+
+    def line_of(self, loc: Loc) -> int | None:
+        """The spec file's line for a field path (its nearest written parent when the key is not written)."""
+        return self._lines.line_of(loc) if self._lines is not None else None
+
+    def problems_error(self, problems: Sequence[tuple[Loc, str]], *, hint: str | None = None) -> SpecValidationError:
+        """Problems found beyond the schema (by `specbuild validate`), located and rendered as the schema's are."""
+        try:
+            file = str(self.path)
+        except RuntimeError:
+            file = self.name
+        located = [SpecProblem(loc, message, self.line_of(loc)) for loc, message in problems]
+        return SpecValidationError(_sorted(located), file, hint=hint)
 
     def checkpoint_dir(self, role: str) -> Path:
         """Where `convert` writes the TensorRT-LLM checkpoint for `role` (target, draft or medusa)."""
@@ -792,6 +808,7 @@ def parse_spec(
         unknown = any(p.message.startswith("unknown key") for p in problems)
         hint = "`specbuild init starter.yaml` writes a spec that explains every key" if unknown else None
         raise SpecValidationError(_sorted(problems), shown, hint=hint)
+    spec._lines = lines
     return spec
 
 

@@ -83,7 +83,7 @@ def test_demo_config_resolves_against_configs_dir() -> None:
     assert spec.draft is not None and spec.draft.model == REPO / "demo" / "models" / "draft"
     assert spec.output_dir == REPO / "demo" / "build"
     assert spec.checkpoint_dir("draft") == REPO / "demo" / "build" / "checkpoints" / "draft"
-    assert (spec.build.max_batch_size, spec.build.max_input_len, spec.build.max_output_len) == (4, 256, 64)
+    assert (spec.build.max_batch_size, spec.build.max_input_len, spec.build.max_output_len) == (16, 256, 64)
 
 
 def test_real_pair_quantizes_draft_to_fp8() -> None:

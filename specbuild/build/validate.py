@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from specbuild.build.checkpoints import CheckpointFacts
-from specbuild.build.gpu import Gpu
-from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, TOKENS_PER_BLOCK, BuildPlan
+from specbuild.build.checkpoints import CheckpointFacts, facts_from_config
+from specbuild.build.gpu import Gpu, parse_gpu
+from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, SPEC_FORMAT_ALGOS, TOKENS_PER_BLOCK, BuildPlan
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec import PipelineSpec
@@ -75,6 +75,8 @@ Severity = Literal["error", "warning"]
 class BuildProblem:
     severity: Severity
     message: str
+    field: tuple[str, ...] | None = None
+    """The spec field the problem is about (`specbuild validate` gives its file:line), where one is to blame."""
 
 
 class BuildValidationError(SpecbuildError):
@@ -88,12 +90,19 @@ class BuildValidationError(SpecbuildError):
                          hint="fix these in the spec (or re-run `specbuild convert SPEC`), then build again")
 
 
-def _error(message: str) -> BuildProblem:
-    return BuildProblem("error", message)
+def _error(message: str, field: tuple[str, ...] | None = None) -> BuildProblem:
+    return BuildProblem("error", message, field)
 
 
-def _warning(message: str) -> BuildProblem:
-    return BuildProblem("warning", message)
+def _warning(message: str, field: tuple[str, ...] | None = None) -> BuildProblem:
+    return BuildProblem("warning", message, field)
+
+
+def _quant_field(fact: CheckpointFacts, field: str) -> tuple[str, ...]:
+    """The spec field a checkpoint's quantization comes from: the draft's, else the GPU it cannot run on."""
+    if fact.role == "draft":
+        return ("draft", "quantization", "format" if field == "quant_algo" else "kv_cache")
+    return ("build", "gpu")
 
 
 def _quantization(fact: CheckpointFacts, field: str) -> str:
@@ -115,12 +124,29 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
         if (fact.tp_size, fact.pp_size) != (build.tp_size, build.pp_size):
             yield _error(
                 f"{role} checkpoint is sharded tp={fact.tp_size} pp={fact.pp_size}, but build.tp_size/pp_size say "
-                f"tp={build.tp_size} pp={build.pp_size}; re-run `specbuild convert SPEC`"
+                f"tp={build.tp_size} pp={build.pp_size}; re-run `specbuild convert SPEC`", ("build", "tp_size")
             )
         if build.dtype != "auto" and fact.dtype != build.dtype and not _quantized_half(fact, build.dtype):
             yield _error(
-                f"{role} checkpoint is {fact.dtype}, but build.dtype is {build.dtype}; re-run `specbuild convert SPEC`"
+                f"{role} checkpoint is {fact.dtype}, but build.dtype is {build.dtype}; re-run `specbuild convert SPEC`",
+                ("build", "dtype"),
             )
+    if spec.draft is not None and "draft" in facts:
+        fact, quant = facts["draft"], spec.draft.quantization
+        want = {"quant_algo": SPEC_FORMAT_ALGOS.get(quant.format),
+                "kv_cache_quant_algo": "FP8" if quant.kv_cache == "fp8" else None}
+        for field, value in want.items():
+            if getattr(fact, field) == value:
+                continue
+            key = "format" if field == "quant_algo" else "kv_cache"
+            what = (f"draft checkpoint has {field}={getattr(fact, field)}, but draft.quantization.{key} is "
+                    f"{getattr(quant, key)} ({field}={value})")
+            where = ("draft", "quantization", key)
+            if value is not None:  # the spec asks for a quantization the checkpoint does not have
+                yield _error(f"{what}; re-run `specbuild convert SPEC`", where)
+            else:  # quantized although the spec says none: stale, or placed there by hand
+                yield _warning(f"{what}; re-run `specbuild convert SPEC` unless the checkpoint was placed there "
+                               "on purpose", where)
     for role, fact in facts.items():
         if role == "medusa" and fact.architecture != "MedusaForCausalLM":
             yield _error(
@@ -132,7 +158,7 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
         yield _error(
             f"draft vocab_size {draft.vocab_size} differs from the target's {target.vocab_size}: the target "
             "cannot verify the draft's tokens (TensorRT-LLM#2789 'Incompatible buffer sizes'); use a draft with "
-            "the target's tokenizer and vocabulary"
+            "the target's tokenizer and vocabulary", ("draft", "model")
         )
 
 
@@ -147,21 +173,22 @@ def tree_problems(plan: BuildPlan, fact: CheckpointFacts | None) -> Iterator[Bui
     """The Medusa tree against TensorRT-LLM's C++ rules (speculativeChoicesUtils.cpp) and the engine."""
     tree = plan.medusa_choices or []
     for index, message in medusa_tree_problems(tree):
-        yield _error(f"medusa.choices{'' if index is None else f'[{index}]'}: {message}")
+        yield _error(f"medusa.choices{'' if index is None else f'[{index}]'}: {message}", ("medusa", "choices"))
     big = sorted({i for path in tree for i in path if i > MAX_MEDUSA_INDEX})
     if big:
         yield _error(f"medusa.choices: top-k index {big[-1]} is more than {MAX_MEDUSA_INDEX}, the most "
-                     "TensorRT-LLM's tree packing holds")
+                     "TensorRT-LLM's tree packing holds", ("medusa", "choices"))
     depth = max((len(path) for path in tree), default=0)  # medusa_tree_problems refused paths past 16 levels
     if fact is not None and fact.num_medusa_heads and depth > fact.num_medusa_heads:
         yield _error(
             f"medusa.choices: the tree is {depth} deep, but the checkpoint has {fact.num_medusa_heads} Medusa heads "
-            "('Choices require larger maxPathLen than the engine was built with'); use a shallower tree"
+            "('Choices require larger maxPathLen than the engine was built with'); use a shallower tree",
+            ("medusa", "choices"),
         )
     if len(tree) > plan.max_draft_len:
         yield _error(
             f"medusa.choices: {len(tree)} nodes, more than the engine's max_draft_len {plan.max_draft_len} "
-            "(speculative.max_draft_len); raise it to at least the node count"
+            "(speculative.max_draft_len); raise it to at least the node count", ("speculative", "max_draft_len")
         )
 
 
@@ -171,7 +198,8 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
     if spec.speculative.mode == "draft_target" and plan.role == "target":
         k = spec.speculative.num_draft_tokens
         if k > plan.max_draft_len:
-            yield _error(f"{name}: speculative.num_draft_tokens {k} is more than max_draft_len {plan.max_draft_len}")
+            yield _error(f"{name}: speculative.num_draft_tokens {k} is more than max_draft_len {plan.max_draft_len}",
+                         ("speculative", "num_draft_tokens"))
     if plan.role == "medusa":
         yield from tree_problems(plan, fact)
     if plan.max_draft_len:
@@ -182,14 +210,14 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
             yield _error(
                 f"{name}: build.max_num_tokens {plan.max_num_tokens} is less than max_batch_size x (max_draft_len + 1)"
                 f" = {plan.max_batch_size} x {plan.max_draft_len + 1} = {need}, the tokens one verification step "
-                "needs; raise it or lower build.max_batch_size"
+                "needs; raise it or lower build.max_batch_size", ("build", "max_num_tokens")
             )
         # trtllm-build main(): "Gather context logits is not support with draft len > 0." (RuntimeError),
         # NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py @65f1d153.
         if plan.gather_context_logits:
             yield _error(
                 f"{name}: build.gather_context_logits cannot be used on an engine with a draft length "
-                f"({plan.max_draft_len}); TensorRT-LLM refuses the combination"
+                f"({plan.max_draft_len}); TensorRT-LLM refuses the combination", ("build", "gather_context_logits")
             )
     yield from max_num_tokens_problems(spec, plan)
     if fact is not None:
@@ -204,9 +232,9 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
                   f"{fact.max_position_embeddings} positions (max_position_embeddings)")
         if fact.position_embedding_type == "learned_absolute":
             yield _error(f"{longer}; a learned position table has no entries past it: lower build.max_input_len "
-                         "or max_output_len")
+                         "or max_output_len", ("build", "max_input_len"))
         else:
-            yield _warning(f"{longer}; quality drops past the trained length")
+            yield _warning(f"{longer}; quality drops past the trained length", ("build", "max_input_len"))
     if plan.role == "medusa" and fact is not None and fact.quant_algo not in (None, "FP8"):
         yield _warning(
             f"{name}: Medusa engines are supported in FP16/BF16 and with an FP8 base; {fact.quant_algo} is untested "
@@ -238,13 +266,14 @@ def max_num_tokens_problems(spec: PipelineSpec, plan: BuildPlan) -> Iterator[Bui
             f"{name}: build.max_num_tokens {given} is more than max_batch_size x (max_input_len + max_output_len)"
             f" = {plan.max_batch_size} x {plan.max_seq_len} = {ceiling}; trtllm-build lowers it to {built} "
             "(\"max_num_tokens shouldn't be greater than max_seq_len * max_batch_size\") and the engine would not "
-            f"match its plan: set build.max_num_tokens to at most {built}, or leave it unset"
+            f"match its plan: set build.max_num_tokens to at most {built}, or leave it unset",
+            ("build", "max_num_tokens"),
         )
     elif given < TOKENS_PER_BLOCK and spec.build.max_num_tokens is not None and built == TOKENS_PER_BLOCK:
         yield _warning(
             f"{name}: build.max_num_tokens {given} is less than tokens_per_block ({TOKENS_PER_BLOCK}); "
             f"trtllm-build raises it to {built}, and prompts longer than that are served only with chunked "
-            f"context: set build.max_num_tokens to at least {TOKENS_PER_BLOCK}"
+            f"context: set build.max_num_tokens to at least {TOKENS_PER_BLOCK}", ("build", "max_num_tokens")
         )
 
 
@@ -280,10 +309,11 @@ def paged_context_fmha_problems(spec: PipelineSpec, plan: BuildPlan, fact: Check
         fix = f"re-export the {fact.role} checkpoint without the FP8 KV cache, or with fp8 weights (quant_algo FP8)"
     else:
         fix = f"re-export the {fact.role} checkpoint with an FP8 KV cache or none"
+    field = ("draft", "quantization", "kv_cache") if fact.role == "draft" else None
     if spec.speculative.mode == "draft_target":
-        yield _error(f"{what}, which draft-target serving needs on both engines for KV-cache reuse; {fix}")
+        yield _error(f"{what}, which draft-target serving needs on both engines for KV-cache reuse; {fix}", field)
     else:
-        yield _warning(f"{what}: KV-cache reuse (deploy enables it) and chunked context are lost; {fix}")
+        yield _warning(f"{what}: KV-cache reuse (deploy enables it) and chunked context are lost; {fix}", field)
 
 
 def gpu_problems(plans: list[BuildPlan], facts: dict[str, CheckpointFacts], gpu: Gpu) -> Iterator[BuildProblem]:
@@ -298,7 +328,8 @@ def gpu_problems(plans: list[BuildPlan], facts: dict[str, CheckpointFacts], gpu:
                 floor, generation = QUANT_MIN_CC[algo]
                 yield _error(
                     f"{plan.role} checkpoint is quantized {field}={algo}, which needs {generation} "
-                    f"(compute capability >= {floor:g}); {where} cannot run it: choose another format for this GPU"
+                    f"(compute capability >= {floor:g}); {where} cannot run it: choose another format for this GPU",
+                    _quant_field(fact, field),
                 )
         if SM100_REFUSED_RANGE[0] <= gpu.sm < SM100_REFUSED_RANGE[1]:
             for field in ("quant_algo", "kv_cache_quant_algo"):
@@ -313,14 +344,14 @@ def gpu_problems(plans: list[BuildPlan], facts: dict[str, CheckpointFacts], gpu:
                     fix = f"convert the {fact.role} checkpoint to fp8 or unquantized, or build for an Ada/Hopper GPU"
                 yield _error(
                     f"{plan.role} engine: checkpoint {_quantization(fact, field)} cannot be built for {where}: "
-                    f"TensorRT-LLM 1.2 refuses it on SM 100-119 (\"{refusal}\"); {fix}"
+                    f"TensorRT-LLM 1.2 refuses it on SM 100-119 (\"{refusal}\"); {fix}", _quant_field(fact, field)
                 )
         if fact.dtype == "bfloat16" and gpu.compute_capability < 8.0:
-            yield _error(f"{plan.role} checkpoint is bfloat16, which {where} lacks; use float16")
+            yield _error(f"{plan.role} checkpoint is bfloat16, which {where} lacks; use float16", ("build", "dtype"))
         if plan.max_draft_len and gpu.compute_capability < SPECULATIVE_MIN_CC:
             yield _error(
                 f"{plan.role} engine: speculative decoding needs compute capability >= {SPECULATIVE_MIN_CC:g}; "
-                f"{where} has none"
+                f"{where} has none", ("build", "gpu")
             )
 
 
@@ -328,7 +359,9 @@ def memory_estimate_gib(plan: BuildPlan, fact: CheckpointFacts) -> tuple[float, 
     """(weights, KV cache) in GiB on each GPU of one engine: weights spread over tp x pp, KV cache for every
     sequence of the batch at the engine's full length."""
     weights = fact.weight_bytes / fact.world_size
-    kv = plan.max_batch_size * plan.engine_max_seq_len * fact.kv_bytes_per_token() / fact.world_size
+    # With an attention window the KV cache holds the last `window` tokens of a sequence (a rolling buffer).
+    tokens = min(plan.engine_max_seq_len, fact.sliding_window or plan.engine_max_seq_len)
+    kv = plan.max_batch_size * tokens * fact.kv_bytes_per_token() / fact.world_size
     return weights / 2**30, kv / 2**30
 
 
@@ -343,12 +376,14 @@ def memory_problems(
             continue
         weights, kv = memory_estimate_gib(plan, fact)
         total += weights + kv
+        tokens = min(plan.engine_max_seq_len, fact.sliding_window or plan.engine_max_seq_len)
         parts.append(f"{plan.role}: weights {weights:.2f} + KV cache {kv:.2f} for {plan.max_batch_size} x "
-                     f"{plan.engine_max_seq_len} tokens")
+                     f"{tokens} tokens")
     if parts and total > MEMORY_HEADROOM * memory_gib:
         yield _warning(
             f"estimated {total:.2f} GiB per GPU ({'; '.join(parts)}) is more than {MEMORY_HEADROOM:.0%} of the GPU's "
-            f"{memory_gib:g} GiB: lower build.max_batch_size or the lengths, quantize, or add GPUs (tp_size)"
+            f"{memory_gib:g} GiB: lower build.max_batch_size or the lengths, quantize, or add GPUs (tp_size)",
+            ("build", "max_batch_size"),
         )
 
 
@@ -368,3 +403,29 @@ def build_problems(
     if memory_gib is not None:
         problems += memory_problems(plans, facts, memory_gib)
     return problems
+
+
+def planned_problems(spec: PipelineSpec, configs: dict[str, tuple[dict[str, Any], int]]) -> list[BuildProblem]:
+    """Every build check on the checkpoints `convert` would write ({role: (config, rank files' bytes)}, from
+    specbuild.convert.preflight), for `specbuild validate`: nothing needs to be converted yet."""
+    from specbuild.build.engine_info import engine_roles
+    from specbuild.build.plan import plan_pipeline
+
+    problems: list[BuildProblem] = []
+    facts: dict[str, CheckpointFacts] = {}
+    for role, (config, weight_bytes) in configs.items():
+        try:
+            facts[role] = facts_from_config(role, spec.checkpoint_dir(role), config, weight_bytes)
+        except (KeyError, ValueError) as err:  # a converter bug, but say so rather than crash
+            problems.append(_error(f"{role}: the planned checkpoint config is unusable ({err})"))
+    gpu = None
+    if spec.build.gpu is not None:
+        gpu = parse_gpu(spec.build.gpu, spec.build.gpu_memory_gb)
+        if gpu is None:
+            problems.append(_error(f"unknown GPU {spec.build.gpu!r}; give its compute capability instead, e.g. '8.9'",
+                                   ("build", "gpu")))
+    roles = engine_roles(spec)
+    built = {role: fact for role, fact in facts.items() if role in roles}
+    plans = plan_pipeline(spec, {role: built.get(role) for role in roles})
+    memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
+    return problems + build_problems(spec, plans, built, gpu, memory)

@@ -11,11 +11,35 @@ from pathlib import Path
 
 from specbuild.convert.architectures import REGISTRY
 from specbuild.convert.hf_checkpoint import HFCheckpoint
+from specbuild.deploy.tokenizer_files import TOKENIZER_FILES as REPOSITORY_TOKENIZER_FILES
 from specbuild.errors import CheckpointError
 
 # Words, digits, punctuation, accents and CJK: tokenizers that differ anywhere common tend to differ here.
 PROBE_TEXT = "Speculative decoding, 2024: naïve café — 東京 tokens {x: [1, 2.5]} // end."
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                    "vocab.txt")
+"""A tokenizer needs one of these (the vocabulary); tokenizer_config.json alone makes AutoTokenizer fall back to a
+slow sentencepiece tokenizer that then fails on the missing model file."""
+
+
+def tokenizer_problem(directory: Path, role: str = "target") -> tuple[str, str] | None:
+    """(message, hint) when `directory` has no tokenizer `deploy` could copy into the repository, else None.
+    Looks for files only (no transformers import): the deploy stage's TOKENIZER_FILES."""
+    if any((directory / name).is_file() for name in VOCABULARY_FILES):
+        return None
+    looked = [name for name in REPOSITORY_TOKENIZER_FILES if name not in ("config.json", "generation_config.json")]
+    present = [name for name in looked if (directory / name).is_file()]
+    found = f" (only {', '.join(present)})" if present else ""
+    return (
+        f"{directory}: {role}.model has no tokenizer files{found}; looked for {', '.join(looked)}. `deploy` copies "
+        "the target's tokenizer into the model repository, whose preprocessing and postprocessing models cannot "
+        "run without one",
+        "copy the tokenizer files that came with the model (e.g. tokenizer.json and tokenizer_config.json) into "
+        f"{directory}, then run again",
+    )
 
 
 def _parameters(checkpoint: HFCheckpoint) -> int:

@@ -64,6 +64,9 @@ class MedusaArchitecture(Architecture):
     def bind_sources(self, names: set[str]) -> None:
         self.base.bind_sources(names)
 
+    def check_source_values(self, checkpoint: HFCheckpoint) -> None:
+        self.base.check_source_values(checkpoint)
+
     def _heads(self) -> list[tuple[str, str, Shape]]:
         """(source name, TensorRT-LLM name, full shape) per head tensor."""
         h, layers = self.hidden, self.head_layers

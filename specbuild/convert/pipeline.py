@@ -1,15 +1,19 @@
 """The convert driver: plan and check everything, then stream tensors rank file by rank file.
 
 Order matters for the user: every check that can fail (directory, config, headers, shapes, parallelism,
-mapping coverage) runs before the output directory is touched; the output is written to a temporary
-directory and swapped in whole, with `manifest.json` last.
+mapping coverage, a tied LM head against its embedding, the target's tokenizer files, the quantization plan and
+its calibration text) runs before the output directory is touched, and for a spec (`convert_requests`) for every
+model before any is written; the output is written to a temporary directory and swapped in whole, with
+`manifest.json` last, under the output's lock (specbuild.atomic).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,24 +23,23 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbuild.atomic import atomic_directory, check_replaceable
+from specbuild.atomic import atomic_directory, check_replaceable, output_lock
 from specbuild.convert import quantize
 from specbuild.convert.architectures import Architecture, architecture_for
 from specbuild.convert.architectures.llama import Llama
-from specbuild.convert.compatibility import check_draft_target
+from specbuild.convert.compatibility import check_draft_target, tokenizer_problem
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
 from specbuild.convert.medusa import MedusaArchitecture, attach_heads
-from specbuild.convert.quantize import QuantizeSettings
+from specbuild.convert.quantize import QuantizeSettings, QuantPlan
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
 from specbuild.convert.sharding import RowBlocks, ranks
-from specbuild.errors import SpecbuildError
+from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import (
     fingerprint_files,
+    is_fresh,
     output_sizes,
-    outputs_intact,
     read_manifest,
-    same_inputs,
     tool_versions,
     write_manifest,
 )
@@ -61,6 +64,7 @@ class ConvertRequest:
     medusa_heads: Path | None = None  # FasterDecoding head directory: write a MedusaForCausalLM checkpoint
     max_draft_len: int = 63  # Medusa: the tree's node count (TensorRT-LLM's default tree has 63)
     quantization: QuantizeSettings | None = None  # ModelOpt quantization (the draft); None or "none": unquantized
+    needs_tokenizer: bool = False  # a spec's target: deploy copies its tokenizer into the repository
 
 
 @dataclass
@@ -79,7 +83,8 @@ class ConvertResult:
         if r.quantization is not None and r.quantization.enabled:
             what += f" quantized {r.quantization.format}, kv cache {r.quantization.kv_cache}"
         if self.skipped:
-            return f"{what} -> {r.output} is up to date (inputs and settings unchanged; --force redoes it)"
+            return (f"{what} -> {r.output} is up to date (inputs, settings and tool versions unchanged; --force "
+                    "redoes it)")
         if self.dry_run:
             return f"{what} -> {r.output} (dry run: nothing written)"
         size = sum(self.files.values()) / 1e6
@@ -107,8 +112,10 @@ class ConversionPlan:
     rank_plans: list[RankPlan]
 
 
-def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint) -> ConversionPlan:
-    """All checks that need no tensor data; raises SpecbuildError naming what is wrong."""
+def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint, *, read_values: bool = True) -> ConversionPlan:
+    """All checks before anything is written; raises SpecbuildError naming what is wrong. Only headers and the
+    config are read, except for the checks that need tensor data (a tied LM head against its embedding), which
+    `read_values=False` skips (`specbuild validate` reads no weights)."""
     arch = architecture_for(checkpoint.config, checkpoint.directory / "config.json")
     if request.medusa_heads is not None:
         arch = with_medusa_heads(arch, checkpoint, request)
@@ -126,6 +133,8 @@ def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint) -> Conver
     for rank in ranks(request.tp_size, request.pp_size, arch.num_layers):
         plans.append(plan_rank(rank, arch.rules(rank), arch.target_shapes(rank), checkpoint.infos))
     check_all_used(plans, expected_sources)
+    if read_values:
+        arch.check_source_values(checkpoint)
     dtype = resolve_dtype(request.dtype, arch, checkpoint)
     return ConversionPlan(arch, dtype, arch.trtllm_config(dtype, request.tp_size, request.pp_size), plans)
 
@@ -186,49 +195,83 @@ def _plan_table(request: ConvertRequest, plan: ConversionPlan) -> Table:
     return table
 
 
-def convert_checkpoint(
-    request: ConvertRequest,
-    *,
-    force: bool = False,
-    dry_run: bool = False,
-    console: Console | None = None,
-) -> ConvertResult:
-    """Convert one HF checkpoint directory into a TensorRT-LLM checkpoint directory."""
-    console = console or Console(stderr=True)
+@dataclass
+class PreparedConversion:
+    """One conversion with every check done and nothing written yet (the checkpoint stays open)."""
+
+    request: ConvertRequest
+    checkpoint: HFCheckpoint
+    plan: ConversionPlan
+    qplan: QuantPlan | None
+    settings: dict[str, Any]
+    input_files: list[Path]
+    result: ConvertResult
+
+    @property
+    def output_bytes(self) -> int | None:
+        """What the unquantized rank files take (None for a quantized draft, whose size ModelOpt decides)."""
+        if self.qplan is not None:
+            return None
+        itemsize = DTYPES[self.plan.dtype].itemsize
+        return sum(torch.Size(s).numel() * itemsize for rp in self.plan.rank_plans for s in rp.shapes.values())
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
+
+def prepare_conversion(request: ConvertRequest) -> PreparedConversion:
+    """Open the checkpoint and run every check a conversion makes (headers, shapes, mapping coverage, tied head,
+    tokenizer where the request needs one, the quantization plan and its calibration text, the output)."""
     checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
     try:
         plan = plan_conversion(request, checkpoint)
+        if request.needs_tokenizer:
+            problem = tokenizer_problem(request.source)
+            if problem is not None:
+                raise CheckpointError(problem[0], hint=problem[1])
         quantized = request.quantization is not None and request.quantization.enabled
         # Everything a quantized conversion needs is checked here; ModelOpt is imported only when it runs.
         qplan = quantize.plan_quantization(request, plan) if quantized else None
         result = ConvertResult(request, plan.config["architecture"], qplan.dtype if qplan else plan.dtype)
         check_replaceable(request.output)
-        previous = read_manifest(request.output)
         settings = _settings(request, plan)
         input_files = list(checkpoint.input_files)
         if qplan is not None:
             settings.update(dtype=qplan.dtype, quantization=qplan.manifest_settings())
             input_files += qplan.calibration.files
-        if dry_run:
-            console.print(_plan_table(request, plan))
-            if qplan is not None:
-                console.print(f"{request.name}: quantize with ModelOpt: {qplan.describe()}")
-            result.dry_run = True
-            return result
+    except BaseException:
+        checkpoint.close()
+        raise
+    return PreparedConversion(request, checkpoint, plan, qplan, settings, input_files, result)
+
+
+def write_conversion(prepared: PreparedConversion, *, force: bool = False, dry_run: bool = False,
+                     console: Console | None = None) -> ConvertResult:
+    """Write one prepared conversion (or print its plan), under its output's lock; skipped when the manifest
+    says the output is what these inputs, settings and tools make."""
+    console = console or Console(stderr=True)
+    request, plan, qplan, result = prepared.request, prepared.plan, prepared.qplan, prepared.result
+    if dry_run:
+        console.print(_plan_table(request, plan))
+        if qplan is not None:
+            console.print(f"{request.name}: quantize with ModelOpt: {qplan.describe()}")
+        result.dry_run = True
+        return result
+    tools = tool_versions()
+    with output_lock(request.output):
+        previous = read_manifest(request.output)
         known = (previous or {}).get("inputs")  # hashes to reuse for files whose stat is unchanged
-        if previous and not force and previous.get("settings") == settings:
-            inputs = fingerprint_files(input_files, known)
-            if same_inputs(inputs, previous.get("inputs", {})) and outputs_intact(
-                request.output, previous.get("outputs", {})
-            ):
+        if previous and not force and previous.get("settings") == prepared.settings and previous.get("tools") == tools:
+            inputs = fingerprint_files(prepared.input_files, known)
+            if is_fresh(previous, settings=prepared.settings, tools=tools, inputs=inputs, directory=request.output):
                 result.skipped = True
                 return result
             known = inputs  # already hashed: the write below must not hash them again
         start = time.perf_counter()
         # Hash the inputs on a second thread while the main thread converts (hashlib releases the GIL).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            hashing = pool.submit(fingerprint_files, input_files, known)
-            with atomic_directory(request.output) as tmp:
+            hashing = pool.submit(fingerprint_files, prepared.input_files, known)
+            with atomic_directory(request.output, needed_bytes=prepared.output_bytes) as tmp:
                 if qplan is not None:
                     quantize.write_quantized(request, plan, qplan, tmp, console)
                 else:
@@ -238,23 +281,104 @@ def convert_checkpoint(
                         TimeRemainingColumn(), console=console, transient=True,
                     ) as progress:
                         for rank_plan in plan.rank_plans:
-                            _write_rank(checkpoint, rank_plan, DTYPES[plan.dtype], tmp / rank_plan.filename,
-                                        progress)
+                            _write_rank(prepared.checkpoint, rank_plan, DTYPES[plan.dtype],
+                                        tmp / rank_plan.filename, progress)
                 result.files = output_sizes(tmp)
                 write_manifest(
                     tmp,
                     {
                         "stage": "convert",
-                        "settings": settings,
-                        "tools": tool_versions(),
+                        "settings": prepared.settings,
+                        "tools": tools,
                         "inputs": hashing.result(),
                         "outputs": result.files,
                     },
                 )
-        result.seconds = time.perf_counter() - start
-        return result
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def convert_checkpoint(
+    request: ConvertRequest,
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    console: Console | None = None,
+) -> ConvertResult:
+    """Convert one HF checkpoint directory into a TensorRT-LLM checkpoint directory."""
+    prepared = prepare_conversion(request)
+    try:
+        return write_conversion(prepared, force=force, dry_run=dry_run, console=console)
     finally:
-        checkpoint.close()
+        prepared.close()
+
+
+def convert_requests(
+    requests: list[ConvertRequest],
+    *,
+    where: str | None = None,
+    pair_problems: list[tuple[str, str | None]] | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    console: Console | None = None,
+    on_result: Callable[[ConvertResult], None] | None = None,
+) -> list[ConvertResult]:
+    """Convert several checkpoints (a spec's target, draft and Medusa checkpoint): every one is checked before
+    any is written, and every problem of every model (and `pair_problems`, the draft/target pair's) is reported
+    together, headed by `where` (the spec file); the outputs are locked together before the first write, so a
+    concurrent run on any of them stops this one before it has written anything."""
+    prepared: list[PreparedConversion] = []
+    problems: list[tuple[str, str | None]] = list(pair_problems or [])
+    try:
+        for request in requests:
+            try:
+                prepared.append(prepare_conversion(request))
+            except SpecbuildError as err:
+                problems.append((f"the {request.name} model: {err.message}", err.hint))
+        if problems:
+            hints = list(dict.fromkeys(hint for _, hint in problems if hint))
+            head = f"{where}: " if where else ""
+            if len(problems) == 1:
+                text = problems[0][0]
+                raise SpecbuildError(f"{head}converting {text}" if where else text.split(": ", 1)[1],
+                                     hint=hints[0] if hints else None)
+            raise SpecbuildError(
+                f"{head}{len(problems)} problems found before converting anything:\n"
+                + "\n".join(f"  - {text}" for text, _ in problems),
+                hint="; ".join(hints) if hints else None,
+            )
+        results = []
+        with ExitStack() as locks:
+            if not dry_run:
+                for item in prepared:
+                    locks.enter_context(output_lock(item.request.output))
+            for item in prepared:
+                try:
+                    result = write_conversion(item, force=force, dry_run=dry_run, console=console)
+                except SpecbuildError as err:
+                    if where is not None:
+                        err.message = f"{where}: converting the {item.request.name} model: {err.message}"
+                    raise
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        return results
+    finally:
+        for item in prepared:
+            item.close()
+
+
+def spec_requests(spec: PipelineSpec, *, allow_pickle: bool = False
+                  ) -> tuple[list[ConvertRequest], list[tuple[str, str | None]]]:
+    """The spec's requests and the problems of the draft/target pair as (message, hint), to be reported with every
+    model's problems."""
+    pair: list[tuple[str, str | None]] = []
+    if spec.draft is not None:
+        try:
+            check_draft_target(spec.target.model, spec.draft.model, allow_pickle=allow_pickle)
+        except SpecbuildError as err:
+            pair.append((err.message, err.hint))
+    return _requests(spec, allow_pickle=allow_pickle), pair
 
 
 def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
@@ -262,9 +386,15 @@ def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> lis
     parallelism. A draft is first checked against the target: a bad pair would only fail at serving time."""
     if spec.draft is not None:
         check_draft_target(spec.target.model, spec.draft.model, allow_pickle=allow_pickle)
+    return _requests(spec, allow_pickle=allow_pickle)
+
+
+def _requests(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
     build = spec.build
     common = {"dtype": build.dtype, "tp_size": build.tp_size, "pp_size": build.pp_size, "allow_pickle": allow_pickle}
-    requests = [ConvertRequest("target", spec.target.model, spec.checkpoint_dir("target"), **common)]
+    # The target's tokenizer is what deploy puts into the repository: a target without one is refused here.
+    requests = [ConvertRequest("target", spec.target.model, spec.checkpoint_dir("target"), needs_tokenizer=True,
+                               **common)]
     if spec.draft is not None:
         quantization = QuantizeSettings.from_spec(spec.draft.quantization)
         requests.append(
@@ -277,7 +407,7 @@ def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> lis
         requests.append(
             ConvertRequest(
                 "medusa", spec.target.model, spec.checkpoint_dir("medusa"), medusa_heads=spec.medusa.heads,
-                max_draft_len=len(spec.medusa.resolved_choices()), **common,
+                max_draft_len=len(spec.medusa.resolved_choices()), needs_tokenizer=True, **common,
             )
         )
     return requests

@@ -183,20 +183,42 @@ def awq_group_size(source: Path, rank_shapes: list[dict[str, tuple[int, ...]]]) 
     )
 
 
+def tokenizer_files_problem(source: Path) -> CheckpointError | None:
+    """The error when the draft has no tokenizer files for calibration (files only, no transformers import)."""
+    if any((source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    return CheckpointError(
+        f"{source}: no tokenizer files (tokenizer.json / tokenizer_config.json); calibration tokenizes text "
+        "with the draft's own tokenizer",
+        hint="copy the tokenizer files (the target's: they must be the same) into the draft directory",
+    )
+
+
 def _tokenizer(source: Path) -> Any:
     from transformers import AutoTokenizer
 
-    if not any((source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise CheckpointError(
-            f"{source}: no tokenizer files (tokenizer.json / tokenizer_config.json); calibration tokenizes text "
-            "with the draft's own tokenizer",
-            hint="copy the tokenizer files (the target's: they must be the same) into the draft directory",
-        )
+    problem = tokenizer_files_problem(source)
+    if problem is not None:
+        raise problem
     return AutoTokenizer.from_pretrained(source)
 
 
-def plan_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantPlan:
-    """Check everything a quantized conversion needs before anything is loaded or written."""
+@dataclass(frozen=True)
+class QuantChecks:
+    """What `check_quantization` decided: everything but the tokenized calibration batches."""
+
+    format: Format | None
+    kv_algo: str | None
+    dtype: str
+    group_size: int | None
+    decoder_type: str
+    calibration: CalibrationText
+
+
+def check_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantChecks:
+    """Every check of a quantized conversion that needs neither ModelOpt nor the tokenizer: formats, the
+    architecture, int4 group alignment from the planned shapes, the calibration source's text, the draft's
+    tokenizer files. Raises SpecbuildError naming the field or file."""
     settings = request.quantization
     assert settings is not None and settings.enabled
     fmt, kv = check_format(settings)
@@ -211,8 +233,33 @@ def plan_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantPla
     dtype = plan.dtype if plan.dtype in EXPORT_DTYPES else "float16"
     group = awq_group_size(request.source, [rp.shapes for rp in plan.rank_plans]) if fmt and fmt.awq else None
     calibration = read_calibration(settings.calib_source)
-    batches = calibration_batches(calibration, _tokenizer(request.source), settings.calib_size, settings.calib_seq_len)
-    return QuantPlan(settings, fmt, kv, dtype, group, decoder_type, calibration, batches)
+    problem = tokenizer_files_problem(request.source)
+    if problem is not None:
+        raise problem
+    return QuantChecks(fmt, kv, dtype, group, decoder_type, calibration)
+
+
+def plan_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantPlan:
+    """Check everything a quantized conversion needs before anything is loaded or written."""
+    checks = check_quantization(request, plan)
+    settings = request.quantization
+    assert settings is not None
+    batches = calibration_batches(checks.calibration, _tokenizer(request.source), settings.calib_size,
+                                  settings.calib_seq_len)
+    return QuantPlan(settings, checks.format, checks.kv_algo, checks.dtype, checks.group_size, checks.decoder_type,
+                     checks.calibration, batches)
+
+
+def quantized_bytes(shapes: dict[str, tuple[int, ...]], fmt: Format | None, itemsize: int) -> int:
+    """About what a quantized rank takes: linear weights at the format's width, the rest in the export dtype."""
+    bits = 4 if fmt is not None and fmt.awq else 8 if fmt is not None else itemsize * 8
+    total = 0
+    for name, shape in shapes.items():
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        total += numel * bits // 8 if LINEAR.fullmatch(name) else numel * itemsize
+    return total
 
 
 # -- ModelOpt config ------------------------------------------------------------------------------------------------

@@ -49,6 +49,31 @@ def load_tokenizer(directory: Path) -> Any:
     return AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
 
 
+def check_device(name: str) -> torch.device:
+    """The torch device `--device` names, or one clear error: an unknown name, CUDA asked of a torch built without
+    it or of a machine without a visible GPU, a GPU index past the last one."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise SpecbuildError(f"--device {name}: not a device name", hint="use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise SpecbuildError(f"--device {name}: the reference runtime runs on cpu or cuda, not {device.type}",
+                             hint="use cpu, cuda or cuda:N")
+    if torch.version.cuda is None:
+        raise SpecbuildError(f"--device {name}: this torch ({torch.__version__}) was built without CUDA",
+                             hint="use --device cpu, or install a CUDA build of torch")
+    if not torch.cuda.is_available():
+        raise SpecbuildError(f"--device {name}: torch {torch.__version__} sees no CUDA GPU on this machine "
+                             "(driver missing, or CUDA_VISIBLE_DEVICES hides them)", hint="use --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise SpecbuildError(f"--device {name}: this machine has {count} CUDA GPU(s), numbered 0-{count - 1}",
+                             hint="use --device cuda or a smaller index")
+    return device
+
+
 def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params: SamplingParams,
          stop: StopCriteria) -> GenerationResult:
     if options.draft is not None and options.medusa:
@@ -70,6 +95,7 @@ def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params
 
 def run_generate(options: GenerateOptions) -> dict[str, Any]:
     """Generate for every prompt; the report has `results` [{text, output_ids}] and the statistics."""
+    check_device(options.device)  # before loading anything: one message, not an assertion from deep in torch
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     tokenizer = load_tokenizer(options.tokenizer)

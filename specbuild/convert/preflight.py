@@ -1,0 +1,115 @@
+"""What `convert SPEC` would find, found without loading a weight or writing a byte (`specbuild validate`).
+
+For every model of the spec: the directory, `config.json`, the weight files' headers and every tensor's shape
+against the config, the mapping's coverage, the tp/pp grid; the draft/target pair (vocabulary, tokenizer); the
+target's tokenizer files (deploy copies them); the Medusa heads; the draft's quantization format, int4 group
+alignment from the planned shapes, and its calibration text. Each finding names the spec field it is about, so
+`validate` reports it at that field's file:line. The TensorRT-LLM configs `convert` would write are returned too,
+for the build checks (`specbuild.build.validate.planned_problems`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specbuild.convert.calibration import CalibrationError, read_calibration
+from specbuild.convert.compatibility import tokenizer_problem
+from specbuild.convert.hf_checkpoint import HFCheckpoint
+from specbuild.convert.pipeline import DTYPES, ConversionPlan, ConvertRequest, plan_conversion, spec_requests
+from specbuild.convert.quantize import awq_group_size, check_format, quantized_bytes, tokenizer_files_problem
+from specbuild.errors import SpecbuildError
+
+if TYPE_CHECKING:
+    from specbuild.spec import PipelineSpec
+
+Loc = tuple[str | int, ...]
+Finding = tuple[str, Loc, str]
+"""(severity "error" or "warning", spec field, message)."""
+
+
+def _model_field(role: str) -> Loc:
+    return ("target", "model") if role in ("target", "medusa") else ("draft", "model")
+
+
+def _planned_bytes(plan: ConversionPlan, quant_format: Any) -> int:
+    itemsize = DTYPES[plan.dtype].itemsize
+    if quant_format is not None:
+        return sum(quantized_bytes(rp.shapes, quant_format, 2) for rp in plan.rank_plans)
+    return sum(torch.Size(s).numel() * itemsize for rp in plan.rank_plans for s in rp.shapes.values())
+
+
+def _check_quantization(request: ConvertRequest, plan: ConversionPlan, findings: list[Finding]
+                        ) -> dict[str, Any] | None:
+    """The draft's quantization checks, each located at its field; the config's `quantization` block, or None
+    when the format itself is unusable."""
+    settings = request.quantization
+    assert settings is not None
+    try:
+        fmt, kv = check_format(settings)
+    except SpecbuildError as err:
+        findings.append(("error", ("draft", "quantization", "format"), err.message))
+        return None
+    group = None
+    if fmt is not None and fmt.awq:
+        try:
+            group = awq_group_size(request.source, [rp.shapes for rp in plan.rank_plans])
+        except SpecbuildError as err:  # reported; the other checks (calibration, GPU) still run
+            findings.append(("error", ("draft", "quantization", "format"), err.message))
+    try:
+        read_calibration(settings.calib_source)
+    except CalibrationError as err:
+        findings.append(("error", ("draft", "quantization", "calib", "source"), err.message))
+    problem = tokenizer_files_problem(request.source)
+    if problem is not None:
+        findings.append(("error", ("draft", "model"), problem.message))
+    return {"quant_algo": fmt.quant_algo if fmt else None, "kv_cache_quant_algo": kv, "group_size": group or 128,
+            "_format": fmt}
+
+
+def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dict[str, Any], int]]]:
+    """Every model problem of the spec, and {role: (the config convert would write, its rank files' bytes)}."""
+    findings: list[Finding] = []
+    configs: dict[str, tuple[dict[str, Any], int]] = {}
+    requests, pair = spec_requests(spec)
+    findings += [("error", ("draft", "model"), message) for message, _ in pair]
+    failed_sources: set[Path] = set()
+    for request in requests:
+        field = _model_field(request.name)
+        if request.source in failed_sources:
+            continue  # the Medusa checkpoint's base is the target, already reported
+        try:
+            checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
+        except SpecbuildError as err:
+            findings.append(("error", field, err.message))
+            failed_sources.add(request.source)
+            continue
+        try:
+            plan = plan_conversion(request, checkpoint, read_values=False)  # headers and config only
+        except SpecbuildError as err:
+            heads = spec.medusa.heads if spec.medusa is not None else None
+            if request.medusa_heads is not None and heads is not None and str(heads) in err.message:
+                findings.append(("error", ("medusa", "heads"), err.message))
+            elif request.medusa_heads is None:
+                findings.append(("error", field, err.message))
+                failed_sources.add(request.source)
+            continue
+        finally:
+            checkpoint.close()
+        if request.needs_tokenizer and request.name == "target":
+            problem = tokenizer_problem(request.source)
+            if problem is not None:
+                findings.append(("error", field, f"{problem[0]} ({problem[1]})"))
+        config = dict(plan.config)
+        quant_format = None
+        if request.quantization is not None and request.quantization.enabled:
+            quant = _check_quantization(request, plan, findings)
+            if quant is None:
+                continue
+            quant_format = quant.pop("_format")
+            config["quantization"] = {**config["quantization"], **quant}
+            config["dtype"] = plan.dtype if plan.dtype in ("float16", "bfloat16") else "float16"
+        configs[request.name] = (config, _planned_bytes(plan, quant_format))
+    return findings, configs
