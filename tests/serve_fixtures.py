@@ -1,14 +1,17 @@
-"""Small hand-written Triton repositories for the server-lifecycle and bench-client tests.
+"""Small hand-written Triton repositories for the server-lifecycle, fault-injection and bench-client tests.
 
 `tinyllm` speaks the deployed LLM protocol (text_input, max_tokens, stream, num_draft_tokens → text_output
 and the acceptance outputs) without a real model: it streams `max_tokens` words, several per response like a
-speculative decoder that accepts `accept` of each `num_draft_tokens` guesses, with a fixed delay per step.
+speculative decoder that accepts `accept` of each `num_draft_tokens` guesses, with a fixed delay per step (a
+larger `step_delay_s` makes a slow stream, to kill things under).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -145,6 +148,17 @@ class TritonPythonModel:
 
 BAD_CONFIG = 'name: "badcfg"\nbackend: "python"\nmax_batch_size: eight\n'
 
+CRASHING_STUB = """#!/bin/sh
+# A python stub that dies before it talks to the server, as the real one does when the launcher's unquoted
+# command line was split at a space: `std::stol` of a path fragment. The python backend runs a
+# `triton_python_backend_stub` found in the model's directory instead of its own (StubLauncher::Launch).
+[ "$#" -eq 0 ] && exit 1  # the launcher's `system(stub)` probe: 1 is what the real stub answers
+echo "terminate called after throwing an instance of 'std::invalid_argument'" >&2
+echo "  what():  stol" >&2
+ulimit -c 0
+kill -ABRT $$
+"""
+
 
 def _model(repo: Path, name: str, config: str, code: str | None) -> None:
     (repo / name / "1").mkdir(parents=True)
@@ -180,6 +194,45 @@ def slow_repository(repo: Path) -> Path:
     """A model that takes two minutes to initialize: for interrupting a server while it loads."""
     _model(repo, "slow", TINYLLM_CONFIG.replace('"tinyllm"', '"slow"').replace("STEP_DELAY", "0"), SLOW_MODEL)
     return repo
+
+
+def crashing_stub_repository(repo: Path) -> Path:
+    """tinyllm, and `crashy`, whose python stub aborts before its first message (tritonserver then waits forever)."""
+    tinyllm_repository(repo, ensemble=False)
+    _model(repo, "crashy", TINYLLM_CONFIG.replace('"tinyllm"', '"crashy"').replace("STEP_DELAY", "0"), TINYLLM_MODEL)
+    stub = repo / "crashy" / "triton_python_backend_stub"
+    stub.write_text(CRASHING_STUB)
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return repo
+
+
+def shm_regions(prefix: str) -> list[str]:
+    """/dev/shm entries whose name starts with `prefix` (a server's python-backend regions)."""
+    shm = Path("/dev/shm")
+    return sorted(p.name for p in shm.iterdir() if p.name.startswith(prefix)) if shm.is_dir() else []
+
+
+def serve_regions(serve_pid: int) -> list[str]:
+    """The regions of every server a `specbuild serve` process (or this test process) started."""
+    return shm_regions(f"specbuild_{serve_pid}_")
+
+
+def still_running(procs: list[psutil.Process], timeout: float = 0.0) -> list[psutil.Process]:
+    """Those of `procs` that are still alive (zombies count as gone) after waiting up to `timeout` seconds."""
+    alive = list(procs)
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in alive if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def processes_using(path: Path) -> list[psutil.Process]:

@@ -1,7 +1,8 @@
 """Server lifecycle: a real tritonserver (the nvidia-pytriton bundle, or the one on PATH) on small repositories.
 
 What users rely on: `start()` returns only when every model answers; a broken model is named with Triton's
-reason and nothing is left running; ports are honoured or picked; `stop()` leaves no server or python stub.
+reason and nothing is left running; ports are honoured or picked; `stop()` leaves no server, python stub or shared
+memory. What happens when things die under the server is in test_faults_serve.py.
 """
 
 from __future__ import annotations
@@ -13,22 +14,31 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import tritonclient.http as httpclient
 
+from specbuild.deploy import server_watch
 from specbuild.deploy.server import TritonServer
-from specbuild.deploy.server_launch import Ports, mpi_command, tensorrt_models
+from specbuild.deploy.server_launch import (
+    Ports,
+    check_serving_paths,
+    is_plain,
+    mpi_command,
+    tensorrt_models,
+)
 from specbuild.deploy.triton_env import bundled_tritonserver
 from specbuild.errors import SpecbuildError
 from tests.serve_fixtures import (
     bad_config_repository,
     broken_repository,
     processes_using,
-    slow_repository,
+    serve_regions,
+    shm_regions,
+    still_running,
     tinyllm_repository,
 )
 
@@ -57,8 +67,12 @@ def test_server_serves_every_model_and_stops_without_leftovers(tmp_path: Path) -
             assert b"nv_inference_request_success" in response.read()
         family = processes_using(repo)
         assert len(family) >= 3, "the server and one python stub per tinyllm instance"
+        assert len(shm_regions(server.shm_prefix)) == 2, "one shared-memory region per python stub"
+        assert sorted(server.stub_pids.values()) == ["tinyllm_0_0", "tinyllm_0_1"]
+        server.check()  # healthy: no error
     assert server.pid is None
     assert processes_using(repo) == []
+    assert shm_regions(server.shm_prefix) == []
     assert "successfully loaded 'tinyllm'" in log.read_text()
     server.stop()  # idempotent
 
@@ -197,14 +211,17 @@ def test_serve_cli_serves_until_interrupted_then_leaves_nothing(tmp_path: Path, 
         http = next(line.split()[-1] for line in lines if line.strip().startswith("HTTP"))
         with urllib.request.urlopen(f"{http}/v2/health/ready", timeout=10) as response:
             assert response.status == 200
-        assert processes_using(repo) != []
+        family = processes_using(repo)
+        assert family != [] and serve_regions(proc.pid) != []
         proc.send_signal(stop_signal)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert still_running(family, timeout=30) == []
     assert processes_using(repo) == []
+    assert serve_regions(proc.pid) == []
 
 
 @pytest.mark.tritonserver
@@ -239,24 +256,105 @@ def test_bundled_server_is_set_up_once_with_the_stub_for_this_python(tmp_path: P
     assert again.env["OMP_NUM_THREADS"] == "1", "one thread per python model process, not one per core"
 
 
-@pytest.mark.tritonserver
-def test_ctrl_c_while_models_load_stops_the_server_and_its_stubs(tmp_path: Path) -> None:
-    repo = slow_repository(tmp_path / "repo")
-    proc = subprocess.Popen(_specbuild("serve", str(repo), "--log-file", str(tmp_path / "s.log")),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_as_a_background_job)
+# -- paths, parent death, leftovers (no server needed) ---------------------------------------------------------
+
+
+def test_paths_the_stub_launcher_cannot_take_are_linked_or_refused(tmp_path: Path) -> None:
+    assert is_plain("/tmp/pytest-of-root/repo_1.x/model-2") and not is_plain("/tmp/a b") and not is_plain("/tmp/$x")
+    assert check_serving_paths(tinyllm_repository(tmp_path / "plain")) is False
+    assert check_serving_paths(tinyllm_repository(tmp_path / "with space" / "repo")) is True, "served via a link"
+    with pytest.raises(SpecbuildError, match=r"non-ASCII characters \('ö'\).*decodes file names as ASCII"):
+        check_serving_paths(tinyllm_repository(tmp_path / "mödels"))
+    spaced = tinyllm_repository(tmp_path / "spaced")
+    (spaced / "tinyllm").rename(spaced / "tiny llm")
+    with pytest.raises(SpecbuildError, match="model directory name 'tiny llm'"):
+        check_serving_paths(spaced)
+
+
+def test_a_child_started_with_die_with_this_thread_dies_with_its_parent(tmp_path: Path) -> None:
+    """The parent is SIGKILLed (no atexit, no finally): the child still goes, as tritonserver does with `serve`."""
+    script = (
+        "import subprocess, sys, time\n"
+        "from specbuild.deploy.server_launch import die_with_this_thread\n"
+        "child = subprocess.Popen(['sleep', '300'], start_new_session=True, preexec_fn=die_with_this_thread())\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in processes_using(repo)):
-            assert time.monotonic() < deadline and proc.poll() is None, "the model never started loading"
-            time.sleep(0.2)
-        started = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-        # The model takes 120 s to load; 90 s leaves a loaded machine room and still fails a stop that waits.
-        assert time.monotonic() - started < 90, "stopping must not wait for the load to finish"
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert still_running([child]) == [child]
+        parent.kill()
+        parent.wait()
+        assert still_running([child], timeout=30) == [], "the child outlived its SIGKILLed parent"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert processes_using(repo) == []
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    pid = proc.pid
+    assert not psutil.pid_exists(pid)
+    return pid
+
+
+def test_stale_shared_memory_goes_only_when_its_owner_is_gone_and_nothing_maps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_watch, "SHM_DIR", tmp_path)
+    dead = _dead_pid()
+    names = {
+        "stale": f"specbuild_{dead}_0123abcd_stale",
+        "mapped": f"specbuild_{dead}_0123abcd_mapped",
+        "open": f"specbuild_{dead}_0123abcd_open",
+        "live": f"specbuild_{os.getpid()}_0123abcd_live",
+        "other": "specbuild_notours",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, sys, time\n"
+        f"g = open({str(tmp_path / names['mapped'])!r}, 'r+b')\n"
+        "m = mmap.mmap(g.fileno(), 4096)\n"
+        f"f = open({str(tmp_path / names['open'])!r}, 'rb')\n"
+        "print('holding', flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        assert server_watch.remove_stale_shared_memory() == [names["stale"]]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "stale")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert server_watch.remove_stale_shared_memory() == sorted([names["mapped"], names["open"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["live"], names["other"]])
+
+
+def test_wait_statuses_are_named() -> None:
+    assert server_watch.describe(9) == "was killed by SIGKILL"
+    assert server_watch.describe(6 | 0x80) == "was killed by SIGABRT"
+    assert server_watch.describe(1 << 8) == "exited with code 1"
+    assert server_watch.describe(None) == "died"
+    assert server_watch.describe_returncode(-9) == "was killed by SIGKILL"
+    assert server_watch.describe_returncode(3) == "exited with code 3"
+
+
+def test_the_ready_timeout_quotes_the_log_and_blames_size_only_when_the_log_is_silent(tmp_path: Path) -> None:
+    server = TritonServer(tinyllm_repository(tmp_path / "repo"), ready_timeout_s=30, log_file=tmp_path / "s.log")
+    noise = (
+        'E1201 11:49:38.896144 6502 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+        'I1201 11:49:38.897045 6502 model_lifecycle.cc:472] "loading: tinyllm:1"\n'
+        'I1201 11:49:38.897046 6502 model_lifecycle.cc:472] "loading: ensemble:1"\n'
+        "Error: Failed to initialize NVML\n"
+    )
+    silent = server._not_ready(noise)
+    assert str(silent).startswith("the repository was not ready after 30s (still loading: ensemble, tinyllm)\n")
+    assert "--ready-timeout" in (silent.hint or "")
+    crashed = server._not_ready(noise + "terminate called after throwing an instance of 'std::invalid_argument'\n"
+                                        "  what():  stol\n")
+    assert crashed.message.endswith("the server log says:\nterminate called after throwing an instance of "
+                                    "'std::invalid_argument'\nwhat():  stol")
+    assert "ready-timeout" not in (crashed.hint or "") and "large models" not in str(crashed)

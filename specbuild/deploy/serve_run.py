@@ -1,9 +1,14 @@
 """What `specbuild serve` does once the arguments are parsed: start, report, serve or ask, stop.
 
 SIGTERM and SIGINT are both turned into KeyboardInterrupt, so `kill`, a CI timeout or a terminal Ctrl-C all stop
-tritonserver and its python stubs through `TritonServer.stop()`. SIGINT is installed explicitly because Python
-leaves it ignored when it started ignored (a process launched in the background by a non-interactive shell, as
-CI runners and `nohup` do), and `kill -INT` must still stop the server then.
+tritonserver and its python stubs through `TritonServer.stop()`, while loading or serving; a requested stop exits
+0. SIGINT is installed explicitly because Python leaves it ignored when it started ignored (a process launched in
+the background by a non-interactive shell, as CI runners and `nohup` do), and `kill -INT` must still stop the
+server then. Once stopping, a second signal SIGKILLs the server's family at once instead of interrupting the stop.
+
+While serving, `TritonServer.check()` runs twice a second: a dead server, a dead python stub or a model that is no
+longer READY stops everything and raises SpecbuildError (the CLI prints it and exits 1), so nothing keeps answering
+"ready" while its requests fail.
 """
 
 from __future__ import annotations
@@ -37,8 +42,22 @@ class ServeOptions:
     model: str | None = None
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+WATCH_INTERVAL_S = 0.5
+
+
+class _Signals:
+    """The first SIGTERM/SIGINT raises KeyboardInterrupt; any later one (we are stopping by then) SIGKILLs the
+    server's family instead, so that a stop is never interrupted half-way, leaving stubs orphaned."""
+
+    def __init__(self, server: TritonServer) -> None:
+        self.server, self.stopping = server, False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            self.server.kill()
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
 
 
 def serve(options: ServeOptions, console: Console, out: Console) -> None:
@@ -51,7 +70,8 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
     console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
                   highlight=False)
     # Restored below whatever happens from here on.
-    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
+    handler = _Signals(server)
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         with console.status("waiting until every model is ready…"):
             server.start()
@@ -63,15 +83,22 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
             ask(server, options, names, out)
             return
         console.print("serving until Ctrl-C", highlight=False)
-        while server.running:
-            time.sleep(0.5)
-        raise SpecbuildError(f"tritonserver exited unexpectedly; last lines of its log:\n{server.log_tail()}")
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            try:
+                server.check()
+            except SpecbuildError:
+                console.print("[bold red]tritonserver is not healthy:[/] stopping it", highlight=False)
+                raise
     except KeyboardInterrupt:
         console.print("stopping tritonserver…", highlight=False)
     finally:
-        server.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        handler.stopping = True
+        try:
+            server.stop()
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, old)
 
 
 def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Console) -> None:

@@ -1,10 +1,17 @@
 """A real tritonserver on a model repository, for as long as a `with` block (or until `stop()`).
 
-`start()` returns only when every model in the repository is READY; if one fails to load, or the process
-dies, or the wait times out, everything is stopped and a `SpecbuildError` names the failing model and quotes
-Triton's reason. The server runs in its own process group (so a Ctrl-C in the terminal reaches us, not it) and
+`start()` returns only when every model in the repository is READY; if one fails to load, a python stub dies
+while loading, the process dies, or the wait times out, everything is stopped and a `SpecbuildError` names the
+failing model and quotes what the server log says. While it serves, `check()` raises the same way when the server
+died, a python stub died (Triton 2.51 would keep answering ready and fail that model's requests, see
+server_watch.py) or a model is no longer READY.
+
+The server runs in its own process group (so a Ctrl-C in the terminal reaches us, not it) and gets SIGKILL when
+the thread that started it dies (PR_SET_PDEATHSIG, set when that is the main thread), so a `kill -9` of this
+process takes the server along, and its stubs follow (each stub exits when its parent is gone, pb_stub.cc).
 `stop()` takes down the server and its `triton_python_backend_stub` children: SIGTERM, a grace period, then
-SIGKILL for whatever is left, and the python backend's shared-memory regions in /dev/shm.
+SIGKILL for whatever is left (at once on a second Ctrl-C), and the python backend's shared-memory regions in
+/dev/shm. `start()` first removes regions and plain-path links that dead servers left behind (never a live one's).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,13 +36,38 @@ from typing import IO, Any
 
 import psutil
 
-from specbuild.deploy.server_launch import Ports, free_ports, mpi_command, server_args, tensorrt_models
+from specbuild.deploy.server_launch import (
+    Ports,
+    check_serving_paths,
+    die_with_this_thread,
+    free_ports,
+    is_plain,
+    mpi_command,
+    server_args,
+    tensorrt_models,
+)
+from specbuild.deploy.server_watch import (
+    LOADING_ZOMBIE_GRACE_S,
+    StubDeath,
+    StubWatch,
+    describe_returncode,
+    remove_link_dir,
+    remove_stale_link_dirs,
+    remove_stale_shared_memory,
+)
 from specbuild.deploy.triton_env import TritonInstallation, find_tritonserver
 from specbuild.errors import SpecbuildError
 
 DEFAULT_READY_TIMEOUT_S = 600.0
 """Loading a speculative repository imports torch/transformers in five stub processes; on two busy cores
 that can take minutes, and a broken model is reported as soon as Triton gives up on it, not at the timeout."""
+
+PROBE_INTERVAL_S = 5.0
+"""How often `check()` asks the server for its models' states (process and stub checks are on every call)."""
+UNANSWERED_LIMIT_S = 60.0
+"""A live server that has not answered its repository index for this long is reported as hung."""
+KILL_WAIT_S = 30.0
+"""How long to wait for a SIGKILLed process to be gone (only a process stuck in the kernel takes longer)."""
 
 _BIND_FAILURE = re.compile(r"address already in use|failed to start .*(service|endpoint)", re.IGNORECASE)
 _running: set[TritonServer] = set()  # strong refs: a dropped, still-running server is stopped at exit
@@ -66,7 +100,13 @@ class TritonServer:
         self._installation = installation
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._log_start = 0
         self._shm_prefix = f"specbuild_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self._link_dir: Path | None = None
+        self._watch: StubWatch | None = None
+        self._next_probe = 0.0
+        self._unanswered_since: float | None = None
+        self._leftovers: list[str] = []
         self.ports: Ports | None = None
         self.command: list[str] = []
 
@@ -88,6 +128,16 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"{self.host}:{self._ports().metrics}"
 
+    @property
+    def shm_prefix(self) -> str:
+        """The python backend's shared-memory region prefix: this server's regions are /dev/shm/<prefix>*."""
+        return self._shm_prefix
+
+    @property
+    def stub_pids(self) -> dict[int, str]:
+        """pid → instance name of the python stubs seen so far (complete once `start()` returned)."""
+        return {pid: stub.instance for pid, stub in (self._watch.stubs if self._watch else {}).items()}
+
     def __enter__(self) -> TritonServer:
         self.start()
         return self
@@ -103,42 +153,124 @@ class TritonServer:
             raise RuntimeError("server already started")
         if not self.repository.is_dir():
             raise SpecbuildError(f"{self.repository}: no such model repository")
+        link_repository = check_serving_paths(self.repository)
         installation = self._installation or find_tritonserver()
+        self._leftovers = remove_stale_shared_memory()
+        for parent in _link_parents():
+            remove_stale_link_dirs(parent)
         auto_ports = all(port is None for port in self._requested)
-        for attempt in range(3):
-            self._launch(installation)
-            try:
-                self._wait_until_ready()
-                return self
-            except _BindFailure as err:
-                self._stop(grace_s=0.0)  # it serves nothing and would wait out its exit timeout
-                if not auto_ports or attempt == 2:
-                    raise SpecbuildError(
-                        f"tritonserver could not open its ports ({err})",
-                        hint="choose other --http-port/--grpc-port/--metrics-port, or leave them out",
-                    ) from None
-            except BaseException:
-                self.stop()
-                raise
+        try:
+            repository, backends = self._plain_paths(link_repository, installation)
+            for attempt in range(3):
+                self._launch(installation, repository, backends)
+                try:
+                    self._wait_until_ready()
+                    return self
+                except _BindFailure as err:
+                    self._stop_process(grace_s=0.0)  # it serves nothing and would wait out its exit timeout
+                    if not auto_ports or attempt == 2:
+                        raise SpecbuildError(
+                            f"tritonserver could not open its ports ({err})",
+                            hint="choose other --http-port/--grpc-port/--metrics-port, or leave them out",
+                        ) from None
+        except BaseException:
+            self.stop()
+            raise
         raise AssertionError("unreachable")
 
     def stop(self) -> None:
-        """Stop the server and every process it started; safe to call twice or before start."""
-        self._stop(grace_s=self.stop_timeout_s)
+        """Stop the server and every process it started; safe to call twice or before start. Bounded: SIGTERM,
+        `stop_timeout_s`, then SIGKILL of the whole family; a KeyboardInterrupt meanwhile skips to the SIGKILL."""
+        try:
+            self._stop_process(grace_s=self.stop_timeout_s)
+        finally:
+            if self._link_dir is not None:
+                remove_link_dir(self._link_dir)
+                self._link_dir = None
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group now (safe from a signal handler); `stop()` still cleans up."""
+        proc = self._proc
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is still alive (it can die under us, e.g. killed by the OOM killer)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def check(self) -> None:
+        """Raise SpecbuildError, naming what and quoting the log, if the server died, a python stub died, or a
+        model is no longer READY; call it while serving (the process checks are cheap, the HTTP one is paced)."""
+        proc = self._proc
+        if proc is None or self._watch is None:
+            raise RuntimeError("server not started")
+        code = proc.poll()
+        if code is not None:
+            raise SpecbuildError(
+                f"tritonserver (pid {proc.pid}) {describe_returncode(code)} while serving"
+                + (" (SIGKILL from outside is often the OOM killer: see `dmesg`)" if code == -signal.SIGKILL else "")
+                + "\n" + _clues_or_tail(self._log_text()),
+                hint=f"full server log: {self.log_file}",
+            )
+        death = self._watch.poll(loading=False)
+        if death is not None:
+            raise SpecbuildError(self._serving_death(death), hint=(
+                "find out what killed it (`dmesg` shows the OOM killer), then start `specbuild serve` again; a "
+                f"supervisor can restart it on this non-zero exit. Full server log: {self.log_file}"))
+        now = time.monotonic()
+        if now < self._next_probe:
+            return
+        self._next_probe = now + PROBE_INTERVAL_S
+        index = self._try_index(timeout_s=10.0)
+        if index is None:
+            self._unanswered_since = self._unanswered_since or now
+            if now - self._unanswered_since >= UNANSWERED_LIMIT_S:
+                raise SpecbuildError(
+                    f"tritonserver (pid {proc.pid}) has not answered on http://{self.http_url} for "
+                    f"{now - self._unanswered_since:.0f}s\n" + _clues_or_tail(self._log_text()),
+                    hint=f"full server log: {self.log_file}",
+                )
+            return
+        self._unanswered_since = None
+        unready = [m for m in index if m.get("state") != "READY"]
+        if unready:
+            raise SpecbuildError(
+                "\n".join(f"model '{m.get('name')}' is no longer ready: state {m.get('state')}"
+                          + (f" ({m['reason']})" if m.get("reason") else "") for m in unready),
+                hint=f"full server log: {self.log_file}",
+            )
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self._log_text().strip().splitlines()[-lines:])
+
+    def models(self, timeout_s: float = 2.0) -> list[dict[str, Any]]:
+        """The repository index: name, version, state and (for failures) reason of every model."""
+        return _post_json(f"http://{self.http_url}/v2/repository/index", timeout_s)
 
     # -- internals ------------------------------------------------------------------------------------------
 
-    def _stop(self, grace_s: float) -> None:
+    def _stop_process(self, grace_s: float) -> None:
         proc = self._proc
         if proc is None:
             return
+        interrupted: BaseException | None = None
         try:
-            family = _family(proc.pid)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=grace_s or None)
-            _reap(proc, family)
+            family = _family(proc.pid) + self._known_stubs()
+            try:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=grace_s if grace_s > 0 else KILL_WAIT_S)
+            except KeyboardInterrupt as err:  # asked again: no more grace
+                interrupted = err
+            while True:
+                try:
+                    _reap(proc, family)
+                    break
+                except KeyboardInterrupt as err:
+                    interrupted = err
         finally:
             self._proc = None
             _running.discard(self)
@@ -146,25 +278,50 @@ class TritonServer:
                 self._log.close()
                 self._log = None
             _remove_shared_memory(self._shm_prefix)
+        if interrupted is not None:
+            raise interrupted
 
-    @property
-    def running(self) -> bool:
-        """Whether the server process is still alive (it can die under us, e.g. killed by the OOM killer)."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def log_tail(self, lines: int = 20) -> str:
-        return "\n".join(self._log_text().strip().splitlines()[-lines:])
-
-    def models(self) -> list[dict[str, Any]]:
-        """The repository index: name, version, state and (for failures) reason of every model."""
-        return _post_json(f"http://{self.http_url}/v2/repository/index")
+    def _known_stubs(self) -> list[psutil.Process]:
+        found = []
+        for pid, stub in (self._watch.stubs if self._watch else {}).items():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if proc.create_time() == stub.started:
+                    found.append(proc)
+        return found
 
     def _ports(self) -> Ports:
         if self.ports is None:
             raise RuntimeError("server not started: ports are chosen by start()")
         return self.ports
 
-    def _launch(self, installation: TritonInstallation) -> None:
+    def _plain_paths(self, link_repository: bool, installation: TritonInstallation) -> tuple[Path, Path | None]:
+        """The repository and backend directory as the stubs' bash command line can take them: as they are, or
+        symlinks at a plain path (removed by `stop()`, or by the next start if this process is killed)."""
+        backends = installation.backend_directory
+        link_backends = backends is not None and not is_plain(backends)
+        if not (link_repository or link_backends):
+            return self.repository, backends
+        parent = next((p for p in _link_parents() if os.access(p, os.W_OK)), None)
+        if parent is None:
+            raise SpecbuildError(
+                f"{self.repository if link_repository else backends}: the path has spaces or shell characters, "
+                "which Triton's python backend cannot pass to its stub, and no writable temporary directory with "
+                "a plain path exists to serve it through a symlink",
+                hint="set TMPDIR to a directory whose path has only letters, digits and ._-/ characters",
+            )
+        self._link_dir = Path(tempfile.mkdtemp(prefix=f"specbuild-serve-{os.getpid()}-", dir=parent))
+        repository = self.repository
+        if link_repository:
+            repository = self._link_dir / "repository"
+            repository.symlink_to(self.repository, target_is_directory=True)
+        if link_backends:
+            assert backends is not None
+            (self._link_dir / "backends").symlink_to(backends, target_is_directory=True)
+            backends = self._link_dir / "backends"
+        return repository, backends
+
+    def _launch(self, installation: TritonInstallation, repository: Path, backends: Path | None) -> None:
         self.ports = free_ports(*self._requested, host=self.host)
         trt = tensorrt_models(self.repository)
         if trt.world_size > 1:
@@ -175,36 +332,47 @@ class TritonServer:
                     hint="serve inside the TensorRT-LLM Triton container, which ships OpenMPI",
                 )
             self.command = mpi_command(
-                installation.binary, self.repository, self.ports, world_size=trt.world_size,
-                tensorrt_model_names=trt.names, backend_directory=installation.backend_directory,
+                installation.binary, repository, self.ports, world_size=trt.world_size,
+                tensorrt_model_names=trt.names, backend_directory=backends,
                 log_verbose=self.log_verbose, mpirun=mpirun,
             )
         else:
             self.command = [str(installation.binary), *server_args(
-                self.repository, self.ports, host=self.host, backend_directory=installation.backend_directory,
+                repository, self.ports, host=self.host, backend_directory=backends,
                 shm_prefix=self._shm_prefix, log_verbose=self.log_verbose,
                 exit_timeout_s=max(1, int(self.stop_timeout_s) - 2),
             )]
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_file, "ab")  # noqa: SIM115 - lives as long as the server
+        if repository != self.repository:
+            self._log.write(f"\n=== specbuild: {repository} is a symlink to {self.repository}".encode())
+        if self._leftovers:
+            self._log.write(f"\n=== specbuild: removed shared memory left by dead servers: "
+                            f"{' '.join(self._leftovers)}".encode())
         self._log.write(f"\n=== specbuild: {' '.join(self.command)}\n".encode())
         self._log.flush()
         self._log_start = self._log.tell()
+        # Tied to the main thread only: the signal comes when the *thread* that forked exits.
+        preexec = die_with_this_thread() if threading.current_thread() is threading.main_thread() else None
         try:
             self._proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                env=installation.env, start_new_session=True,
+                env=installation.env, start_new_session=True, preexec_fn=preexec,
             )
         except OSError as err:
             self._log.close()
             self._log = None
             raise SpecbuildError(f"cannot run {self.command[0]}: {err.strerror}") from None
+        self._watch = StubWatch(self._proc.pid)
+        self._next_probe = 0.0
+        self._unanswered_since = None
         _running.add(self)
 
     def _wait_until_ready(self) -> None:
-        assert self._proc is not None
+        assert self._proc is not None and self._watch is not None
         deadline = time.monotonic() + self.ready_timeout_s
         delay = 0.1
+        unnamed_since: float | None = None
         while True:
             code = self._proc.poll()
             if code is not None:
@@ -212,12 +380,20 @@ class TritonServer:
                 if _BIND_FAILURE.search(log):
                     raise _BindFailure(_last_error_line(log) or "address in use")
                 raise SpecbuildError(
-                    f"tritonserver exited with code {code} before the repository was ready\n"
+                    f"tritonserver {describe_returncode(code)} before the repository was ready\n"
                     + _failure_summary(_log_failures(log), log),
                     hint=f"full server log: {self.log_file}",
                 )
             if _BIND_FAILURE.search(log := self._log_text()):
                 raise _BindFailure(_last_error_line(log))  # the server would linger unloading; stop it now
+            death = self._watch.poll(loading=True, log=log)
+            if death is not None:
+                # A stub that died at once is not seen alive, so its model is the one left loading once the others
+                # are done: give them a moment to be, to name it.
+                unnamed_since = unnamed_since or time.monotonic()
+                if (death.model is not None or len(_still_loading(log)) <= 1
+                        or time.monotonic() - unnamed_since > LOADING_ZOMBIE_GRACE_S):
+                    raise SpecbuildError(self._loading_death(death, log), hint=f"full server log: {self.log_file}")
             index = self._try_index()
             if index is not None:
                 failed = [m for m in index if m.get("state") not in ("READY", "LOADING", "UNLOADING")]
@@ -227,20 +403,48 @@ class TritonServer:
                         hint=f"full server log: {self.log_file}",
                     )
                 if index and all(m.get("state") == "READY" for m in index) and self._health_ready():
+                    self._watch.poll(loading=False)  # every stub is up now: record them all
                     return
                 if not index:
                     raise SpecbuildError(f"{self.repository}: the repository has no models")
             if time.monotonic() > deadline:
-                raise SpecbuildError(
-                    f"the repository was not ready after {self.ready_timeout_s:.0f}s",
-                    hint=f"see the server log {self.log_file}; raise the ready timeout for large models",
-                )
+                raise self._not_ready(log)
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
-    def _try_index(self) -> list[dict[str, Any]] | None:
+    def _not_ready(self, log: str) -> SpecbuildError:
+        """The ready timeout: with what the log says when it says something (then size is not the reason)."""
+        loading = _still_loading(log)
+        message = f"the repository was not ready after {self.ready_timeout_s:.0f}s" + (
+            f" (still loading: {', '.join(loading)})" if loading else "")
+        clues = _log_clues(log)
+        if clues:
+            return SpecbuildError(f"{message}; the server log says:\n{clues}",
+                                  hint=f"full server log: {self.log_file}")
+        return SpecbuildError(message, hint=f"the server log ({self.log_file}) reports no error: large models may "
+                                            "need a longer --ready-timeout")
+
+    def _loading_death(self, death: StubDeath, log: str) -> str:
+        loading = _still_loading(log)
+        if death.model:
+            who = f"model '{death.model}'"
+        elif len(loading) == 1:
+            who = f"model '{loading[0]}'"
+        else:
+            who = "one of the models still loading" + (f" ({', '.join(loading)})" if loading else "")
+        return (f"{who} failed to load: its python stub (pid {death.pid}) {death.how} before it started, and "
+                f"tritonserver would wait for it forever\n{_clues_or_tail(log)}")
+
+    def _serving_death(self, death: StubDeath) -> str:
+        instance = f"instance {death.instance}" if death.instance else "an instance"
+        return (f"model '{death.model or '?'}' is broken: the python stub of its {instance} (pid {death.pid}) "
+                f"{death.how} while serving. Triton 2.51 neither restarts a dead stub nor marks its model unready "
+                "(its requests fail with 'Stub process is not healthy' or never finish), so the server was "
+                f"stopped\n{_clues_or_tail(self._log_text(), quiet='the server log says nothing about it')}")
+
+    def _try_index(self, timeout_s: float = 2.0) -> list[dict[str, Any]] | None:
         try:
-            return self.models()
+            return self.models(timeout_s)
         except (OSError, urllib.error.URLError, json.JSONDecodeError):
             return None  # endpoints start only after every model's load has finished
 
@@ -271,9 +475,9 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 """Our own server is local: an http_proxy in the environment must not intercept the readiness checks."""
 
 
-def _post_json(url: str) -> Any:
+def _post_json(url: str, timeout_s: float = 2.0) -> Any:
     request = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
-    with _DIRECT.open(request, timeout=2) as response:
+    with _DIRECT.open(request, timeout=timeout_s) as response:
         return json.loads(response.read())
 
 
@@ -328,6 +532,54 @@ def _failure_summary(failures: list[tuple[str, str]], log: str) -> str:
     return f"last lines of the server log:\n{tail}" if tail else "the server wrote nothing to its log"
 
 
+_LOADING = re.compile(r'model_lifecycle\.cc:\d+\] "loading: ([^:"]+):\d+"')
+_LOADED = re.compile(r"successfully loaded '([^']+)'|failed to load '([^']+)'")
+_TRITON_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\](?: |$)")
+_NOISE = re.compile(r"CUDA driver|CudaDriverHelper|NVML|DCGM|pinned (system )?memory|^Signal \(\d+\) received")
+
+
+def _still_loading(log: str) -> list[str]:
+    """Models the log shows loading and not (yet) loaded or failed."""
+    done = {a or b for a, b in _LOADED.findall(log)}
+    return sorted({name for name in _LOADING.findall(log)} - done)
+
+
+def _log_clues(log: str, lines: int = 12) -> str:
+    """The log lines that say something went wrong: Triton's errors and whatever a stub printed (a C++ abort, a
+    Python traceback), without the table, the info lines and the CPU-only CUDA/NVML noise."""
+    clues = []
+    for line in log.splitlines():
+        text = line.strip()
+        if not text or text[0] in "|+" or text.startswith("==="):
+            continue
+        if _TRITON_LINE.match(text) and not text.startswith("E"):
+            continue
+        if _NOISE.search(text) or "failed to stop server" in text or "Non-graceful termination" in text:
+            continue
+        clues.append(text)
+    return "\n".join(clues[-lines:])
+
+
+def _clues_or_tail(log: str, quiet: str = "") -> str:
+    clues = _log_clues(log)
+    if clues:
+        return f"the server log says:\n{clues}"
+    if quiet:
+        return quiet
+    tail = "\n".join(line for line in log.strip().splitlines()[-12:] if not line.startswith(("|", "+")))
+    return f"last lines of the server log:\n{tail}" if tail else "the server wrote nothing to its log"
+
+
+def _link_parents() -> list[Path]:
+    """Plain-path directories where a plain symlink to a repository may go (the temporary directory first)."""
+    out = []
+    for candidate in (tempfile.gettempdir(), "/tmp", "/var/tmp"):
+        path = Path(candidate)
+        if is_plain(path) and path.is_dir() and path not in out:
+            out.append(path)
+    return out
+
+
 def _family(pid: int) -> list[psutil.Process]:
     """The server and its descendants (stubs, MPI ranks), found before signalling so none is orphaned unseen."""
     try:
@@ -346,7 +598,8 @@ def _reap(proc: subprocess.Popen[bytes], family: list[psutil.Process]) -> None:
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    proc.wait()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_WAIT_S)
     psutil.wait_procs(alive, timeout=5)
 
 

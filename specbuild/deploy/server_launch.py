@@ -6,13 +6,27 @@ We build the same command as the TensorRT-LLM backend's `scripts/launch_triton_s
 `-n 1 tritonserver ... :` block per rank, each with its own python-backend shared-memory prefix `prefix{i}_`;
 ranks above 0 load only the tensorrtllm models (explicit model control), and never reach their endpoints
 because the backend keeps them in its worker loop, so all ranks may name the same ports.
+
+Paths. The python backend (r24.10, Triton 2.51) starts each stub as `bash -c " exec <stub> <model path> <shm
+region> <sizes> ..."` with the paths pasted in unquoted (`StubLauncher::Launch`, src/stub_launcher.cc), and the stub
+reads its third argument with `std::stol(argv[3])` (pb_stub.cc `main`): a space in the repository path splits the
+model path and the stub dies with `std::invalid_argument: stol`, a `$` or a quote is read by bash. So a repository
+(or backend directory) whose path is not shell-plain is served through a symlink at a plain path. A non-ASCII path
+cannot be served at all: the stub starts Python with pybind11 2.10's `scoped_interpreter`, which on Python >= 3.11
+uses `PyConfig_InitIsolatedConfig` (no environment, so PYTHONUTF8 is ignored; no setlocale, so the C locale of a
+process that never called it), hence a file system encoding of ASCII and a UnicodeEncodeError for any non-ASCII file
+name it is given (the model.py import, a tokenizer or engine path). Such paths are refused before the server starts.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import re
+import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +37,85 @@ _BACKEND = re.compile(r'^\s*backend\s*:\s*"([^"]+)"', re.MULTILINE)
 _ENGINE_PATH = re.compile(
     r'key\s*:\s*"gpt_model_path"\s*,?\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"', re.DOTALL
 )
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./+,:@%=-]+")
+"""Characters bash takes literally in an unquoted word."""
+
+
+def is_plain(path: str | Path) -> bool:
+    """Whether `path` survives being pasted unquoted into a bash command line (the stub launcher does that)."""
+    return _PLAIN.fullmatch(str(path)) is not None
+
+
+def check_serving_paths(repository: Path) -> bool:
+    """Refuse, naming the path and the fix, what the python stubs cannot open; True when the repository must be
+    served through a plain-path symlink (its path has spaces or shell characters)."""
+    text = str(repository)
+    if not text.isascii():
+        raise SpecbuildError(
+            f"{text}: the repository path has non-ASCII characters ({_odd(text)}); Triton's python backend stub "
+            "decodes file names as ASCII, so its models would fail to load with a UnicodeEncodeError",
+            hint="move or rename the build to an ASCII-only path, `specbuild deploy` it there, and serve that",
+        )
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        model = config.parent.name
+        body = config.read_text(encoding="utf-8", errors="replace")
+        backend = _BACKEND.search(body)
+        if backend is None or backend.group(1) != "python":
+            continue
+        if not is_plain(model) or not model.isascii():
+            raise SpecbuildError(
+                f"{config.parent}: the model directory name {model!r} has characters the python backend cannot "
+                "pass to its stub (it pastes the path unquoted into a bash command line and decodes it as ASCII)",
+                hint="use letters, digits, '_', '-' and '.' in model names (and `name:` in its config.pbtxt)",
+            )
+        for key, value in _string_parameters(body, config):
+            if value.startswith("/") and not value.isascii():
+                raise SpecbuildError(
+                    f"{config}: parameter {key} is the non-ASCII path {value} ({_odd(value)}); Triton's python "
+                    f"backend stub decodes file names as ASCII, so model '{model}' would fail to load",
+                    hint="move what it names (and the build) to an ASCII-only path and `specbuild deploy` again",
+                )
+    return not is_plain(text)
+
+
+def _odd(text: str) -> str:
+    return ", ".join(repr(c) for c in dict.fromkeys(c for c in text if not c.isascii()))
+
+
+def _string_parameters(body: str, config: Path) -> list[tuple[str, str]]:
+    """The config's string parameters as Triton reads them (escapes decoded); a regex when protobuf refuses."""
+    from specbuild.deploy.pbtxt import parse_config
+
+    try:
+        parsed = parse_config(body, where=str(config))
+        return [(key, value.string_value) for key, value in parsed.parameters.items()]
+    except (SpecbuildError, ImportError):  # Triton reports an unparsable config itself, with the model's name
+        return re.findall(r'key\s*:\s*"([^"]+)"\s*,?\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"', body)
+
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def die_with_this_thread() -> Callable[[], None] | None:
+    """A Popen `preexec_fn` that makes the child receive SIGKILL when the thread starting it dies (so also when
+    this process is killed with SIGKILL), or None where prctl(2) is missing. Resolved here, in the parent, so the
+    forked child only makes the one call; a parent that died before the call is caught by comparing getppid."""
+    if _prctl is None:
+        return None
+    prctl, parent = _prctl, os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 @dataclass(frozen=True)

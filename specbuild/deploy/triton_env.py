@@ -5,7 +5,9 @@ backends (tensorrtllm, python). Elsewhere we run the binary bundled in `nvidia-p
 once into a cache directory (the wheel's copy has no python backend stub, and the stub must match the running
 Python minor version), and it needs `LD_LIBRARY_PATH` to hold the wheel's `nvidia_pytriton.libs` and the
 interpreter's `LIBDIR` (for libpython), with this interpreter's `bin` first on PATH so that the stub's python
-models import this environment's packages (see shared/DESIGN.md, "Facts about this environment").
+models import this environment's packages (see shared/DESIGN.md, "Facts about this environment"). Setting
+PYTHONUTF8 or a UTF-8 locale here would not make non-ASCII paths work: the stub's interpreter ignores both (see
+server_launch.py, "Paths").
 """
 
 from __future__ import annotations
