@@ -73,7 +73,7 @@ def _dir_size(path: Path) -> int:
 def _prompts(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from specbuild.demo_models import heldout_texts
+    from specbuild.demo.models import heldout_texts
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     prompts: list[list[int]] = []
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
 
     from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
-    from specbuild.demo_models import build_demo_models
+    from specbuild.demo.models import build_demo_models
     from specbuild.runtime.model import CausalLM
 
     torch.set_num_threads(args.threads)

@@ -1,7 +1,7 @@
 """Runtime benchmark: plain vs draft-target vs Medusa decoding in specbuild's PyTorch runtime, and transformers'
 own assisted generation on the same Hugging Face models and prompts.
 
-On the demo target/draft pair (built once by `specbuild.demo_models`, converted to TensorRT-LLM checkpoints under
+On the demo target/draft pair (built once by `specbuild.demo.models`, converted to TensorRT-LLM checkpoints under
 bench/work/speculative/), in one process with a fixed torch thread count: greedy decoding of a fixed set of
 held-out prompts, batch size 1 (plus a few batch-4 rows), every method warmed up once and then timed over all
 prompts in rounds that interleave the methods call by call (per call the fastest round is kept). Records
@@ -465,7 +465,7 @@ def load_prompts(tokenizer_dir: Path, count: int, length: int) -> Prompts:
     """The first `length` tokens of the first `count` held-out texts that are long enough."""
     from transformers import AutoTokenizer
 
-    from specbuild.demo_models import heldout_texts
+    from specbuild.demo.models import heldout_texts
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     prompts = []
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from specbuild.demo_models import build_demo_models
+    from specbuild.demo.models import build_demo_models
     from specbuild.medusa.tree import MedusaTree, load_choices
 
     ks = [int(k) for k in args.ks.split(",") if k]

@@ -27,7 +27,7 @@ def prepare(folder: Path) -> None:
     from transformers import AutoTokenizer
 
     from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
-    from specbuild.demo_models import build_demo_models, heldout_texts
+    from specbuild.demo.models import build_demo_models, heldout_texts
 
     models = build_demo_models(REPO / "demo" / "models", progress=False)
     # The Medusa checkpoint doubles as the plain target (its base tensors are the target's): one copy travels.

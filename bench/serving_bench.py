@@ -33,11 +33,11 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
-from specbuild.deploy.bench import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load  # noqa: E402
-from specbuild.deploy.bench_report import plot, speedup, table  # noqa: E402
-from specbuild.deploy.client import LLMClient  # noqa: E402
-from specbuild.deploy.server import TritonServer  # noqa: E402
+from specbuild.bench.client import LLMClient  # noqa: E402
+from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load  # noqa: E402
+from specbuild.bench.report import plot, speedup, table  # noqa: E402
 from specbuild.errors import SpecbuildError  # noqa: E402
+from specbuild.serve.server import TritonServer  # noqa: E402
 
 DEPLOYMENTS = {"plain": "configs/demo-plain.yaml", "draft-target": "configs/demo.yaml",
                "medusa": "configs/demo-medusa.yaml"}
@@ -93,7 +93,7 @@ def main() -> int:
     parser.add_argument("--note", default="", help="recorded with the figures (e.g. why --no-prepare was used)")
     args = parser.parse_args()
 
-    from specbuild.demo_models import build_demo_models
+    from specbuild.demo.models import build_demo_models
 
     build_demo_models(ROOT / "demo" / "models")
     repositories, failed = {}, {}

@@ -117,7 +117,7 @@ def demo_models(
 ) -> None:
     """Create small demo models offline: a tokenizer, a trained Llama target and draft, and untrained Qwen2,
     Mistral and GPT-2 checkpoints. A complete earlier build in DIR is reused."""
-    from specbuild.demo_models import build_demo_models
+    from specbuild.demo.models import build_demo_models
 
     try:
         built = build_demo_models(out_dir, force=force)
@@ -278,7 +278,7 @@ def tune(
     ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
     (next to mc_sim_7b_63), and the load-aware schedule (plain vs speculative at each batch size up to
     build.max_batch_size). Only the tuned values' text changes; comments and layout stay."""
-    from specbuild.build.tune import TuneOptions, run_tune
+    from specbuild.tune.stage import TuneOptions, run_tune
 
     try:
         options = TuneOptions(calib=calib, output=output, prompts=prompts, prompt_tokens=prompt_tokens,
@@ -357,8 +357,8 @@ def serve(
 
     Uses `tritonserver` from PATH (NGC containers) or the one bundled in nvidia-pytriton; sharded TensorRT-LLM
     engines (tp×pp > 1) get one MPI rank per GPU. Exits non-zero with the failing model's error."""
-    from specbuild.deploy.serve_run import ServeOptions
-    from specbuild.deploy.serve_run import serve as run_serve
+    from specbuild.serve.run import ServeOptions
+    from specbuild.serve.run import serve as run_serve
 
     options = ServeOptions(repository=repository, http_port=http_port, grpc_port=grpc_port,
                            metrics_port=metrics_port, log_file=log_file, ready_timeout_s=ready_timeout, host=host,
@@ -404,7 +404,7 @@ def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON object.")] = False,
 ) -> None:
     """Measure a running server from the client side: TTFT, inter-token latency, output tokens/s, acceptance."""
-    from specbuild.deploy.bench_run import BenchOptions, run_bench
+    from specbuild.bench.run import BenchOptions, run_bench
 
     if protocol not in ("grpc", "http"):
         raise _fail(SpecbuildError(f"--protocol must be grpc or http, not {protocol!r}"))

@@ -13,7 +13,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from specbuild.build.engine_info import engine_roles
+from specbuild.contracts.engine_info import engine_roles
 from specbuild.spec import PipelineSpec, load_spec
 from tests.tiny_models import make_checkpoint
 

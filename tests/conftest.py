@@ -39,7 +39,7 @@ def _servers_only_where_marked(request: pytest.FixtureRequest, monkeypatch: pyte
     """Starting a tritonserver in a test without the `tritonserver` marker is a test bug: fail with the fix."""
     if request.node.get_closest_marker("tritonserver") is not None:
         return
-    from specbuild.deploy.server import TritonServer
+    from specbuild.serve.server import TritonServer
 
     def refuse(self: TritonServer, *args: object) -> None:
         raise AssertionError(f"{request.node.nodeid} starts a tritonserver: mark it `pytest.mark.tritonserver`")
@@ -50,7 +50,7 @@ def _servers_only_where_marked(request: pytest.FixtureRequest, monkeypatch: pyte
 @pytest.fixture(scope="session")
 def demo_models() -> dict[str, Path]:
     """The demo models `make demo` uses: built once (about a minute and a half cold), then reused from the cache."""
-    from specbuild.demo_models import build_demo_models
+    from specbuild.demo.models import build_demo_models
 
     return build_demo_models(DEMO_MODELS_DIR, progress=False)
 

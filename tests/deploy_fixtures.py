@@ -76,7 +76,7 @@ class Deployed:
         return repository
 
     def target_checkpoint(self) -> Path:
-        from specbuild.build.engine_info import engine_dir, reference_checkpoint
+        from specbuild.contracts.engine_info import engine_dir, reference_checkpoint
 
         return reference_checkpoint(engine_dir(self.specs["draft_target"], "target"))
 
@@ -118,10 +118,10 @@ def greedy_outputs_fixture(deployed: Deployed) -> dict[str, Greedy]:
     served repositories must answer is derived from these, never written down: the weights differ per CPU."""
     import torch
 
-    from specbuild.deploy.tokenizer_files import load_tokenizer
     from specbuild.runtime.generation import generate
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.sequence import StopCriteria
+    from specbuild.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(deployed.tokenizer_dir)
     model = CausalLM.from_checkpoint(deployed.target_checkpoint())
@@ -157,7 +157,7 @@ def stop_phrase(tokenizer: Any, ids: list[int]) -> tuple[str, int]:
 
 
 def _server(repository: Path, log: Path) -> Iterator[Any]:
-    from specbuild.deploy.server import TritonServer
+    from specbuild.serve.server import TritonServer
 
     with TritonServer(repository, log_file=log, ready_timeout_s=420) as server:
         yield server

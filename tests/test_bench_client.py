@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from specbuild.bench.client import LLMClient, entry_model
+from specbuild.bench.load import Load, TokenCounter, run_load
 from specbuild.cli import app
-from specbuild.deploy.bench import Load, TokenCounter, run_load
-from specbuild.deploy.client import LLMClient, entry_model
-from specbuild.deploy.server import TritonServer
 from specbuild.errors import SpecbuildError
+from specbuild.serve.server import TritonServer
 from tests.serve_fixtures import tinyllm_repository
 
 pytestmark = pytest.mark.tritonserver

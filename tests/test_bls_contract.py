@@ -43,7 +43,7 @@ SERVERS = ("dt_server", "medusa_server", "plain_server")
 
 @pytest.fixture(scope="module")
 def tokenizer(deployed: Deployed) -> Any:
-    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     return load_tokenizer(deployed.tokenizer_dir)
 

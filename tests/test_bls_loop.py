@@ -1,5 +1,5 @@
-"""The draft-target loop of tensorrt_llm_bls (specbuild.deploy.bls_loop) and the LLM calls the BLS builds for it
-(specbuild.deploy.bls_calls), with fake propose/verify callables and a fake C++ backend: no server, no models.
+"""The draft-target loop of tensorrt_llm_bls (specbuild.python_models.bls_loop) and the LLM calls the BLS builds for it
+(specbuild.python_models.bls_calls), with fake propose/verify callables and a fake C++ backend: no server, no models.
 
 The fake backend answers as NVIDIA's `tensorrtllm` backend does (model_instance_state.cc `fillTritonResponse`),
 by the presence rules of specbuild.contracts.triton_backend: an output only when the request set its flag (and
@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 
 from specbuild.contracts.triton_backend import PERF_METRICS, TENSORRT_LLM
-from specbuild.deploy.bls_calls import BlsRequest, Preprocessed, RequestError, RowCalls, chain_inputs, created_outputs
-from specbuild.deploy.bls_loop import (
+from specbuild.python_models.bls_calls import (
+    BlsRequest,
+    Preprocessed,
+    RequestError,
+    RowCalls,
+    chain_inputs,
+    created_outputs,
+)
+from specbuild.python_models.bls_loop import (
     Chunk,
     DraftUnavailable,
     Proposal,

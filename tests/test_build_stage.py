@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from specbuild.build import build_pipeline
 from specbuild.build.backend import TensorrtStatus, resolve_backend
-from specbuild.build.engine_info import engine_dir, read_engine_info, reference_checkpoint
 from specbuild.build.gpu import Gpu, parse_gpu
 from specbuild.build.plan import BuildPlan
 from specbuild.build.tensorrt import engine_config_problems, gpu_slices
 from specbuild.cli import app
+from specbuild.contracts.engine_info import engine_dir, read_engine_info, reference_checkpoint
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.checkpoint import load_checkpoint
 from tests.build_pipelines import convert_all, place_all, write_pipeline

@@ -18,8 +18,8 @@ from rich.console import Console
 
 from specbuild.build import build_pipeline, stage
 from specbuild.build.backend import TensorrtStatus
-from specbuild.build.engine_info import engine_dir, read_engine_info
 from specbuild.build.gpu import Gpu
+from specbuild.contracts.engine_info import engine_dir, read_engine_info
 from specbuild.errors import SpecbuildError
 from tests.build_pipelines import convert_all, place_all, write_pipeline
 

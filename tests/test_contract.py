@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from specbuild.build.engine_info import EngineInfo
+from specbuild.contracts.engine_info import EngineInfo
 from specbuild.contracts.triton_backend import (
     BLS,
     ENSEMBLE,

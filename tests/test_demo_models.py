@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from specbuild import demo_models as dm
+from specbuild.demo import models as dm
 from specbuild.errors import SpecbuildError
 
 ROUND_TRIP_TEXTS = [

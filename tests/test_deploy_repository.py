@@ -162,8 +162,8 @@ def test_medusa_choices_parameter_round_trips() -> None:
 
 
 def test_streamed_chunks_detokenise_to_the_whole_text(deployed: Deployed) -> None:
-    from specbuild.deploy.detokenize import decode_chunk, preceding_tokens
-    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.python_models.detokenize import decode_chunk, preceding_tokens
+    from specbuild.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(deployed.tokenizer_dir)
     text = "naïve café: 日本語 and ünïcode, then plain words with spaces."
@@ -193,7 +193,7 @@ def test_tensorrt_engines_get_the_tensorrtllm_backend(deployed: Deployed, tmp_pa
     import dataclasses
     import json
 
-    from specbuild.build.engine_info import engine_dir, read_engine_info, write_engine_info
+    from specbuild.contracts.engine_info import engine_dir, read_engine_info, write_engine_info
     from tests.deploy_fixtures import write_spec
 
     source = deployed.specs["draft_target"]
@@ -240,7 +240,7 @@ def test_triton_batch_above_the_engines_is_refused(deployed: Deployed, tmp_path:
 def test_server_thread_override_beats_the_repository_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Python models take torch threads from their `torch_threads` parameter (1 by default, so five model
     processes do not oversubscribe a small machine); SPECBUILD_SERVER_THREADS at serve time overrides it."""
-    from specbuild.deploy.model_threads import set_threads
+    from specbuild.python_models.model_threads import set_threads
 
     before = torch.get_num_threads()
     try:

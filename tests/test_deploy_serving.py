@@ -241,7 +241,7 @@ def test_sixteen_concurrent_streaming_clients(dt_server: Any, greedy_reference: 
 def test_models_that_fail_to_load_are_named(deployed: Deployed, tmp_path: Path) -> None:
     """A misspelt draft model name in the BLS parameters, and a draft engine that is not there: the server does
     not start, and the error names each failing model and what is wrong with it."""
-    from specbuild.deploy.server import TritonServer
+    from specbuild.serve.server import TritonServer
 
     broken = tmp_path / "repo"
     shutil.copytree(deployed.repository("draft_target"), broken)
@@ -311,7 +311,7 @@ def test_stop_words_end_the_text(dt_server: Any, medusa_server: Any, deployed: D
     """The stop phrase is taken from the target's own greedy answer in this run: the text ends with the phrase's
     first occurrence, which stays in the output as TensorRT-LLM's stop criterion keeps it (stopCriteriaKernels:
     the sequence length is updated "up to stopped word (including)"), for the BLS and the Medusa ensemble."""
-    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(deployed.tokenizer_dir)
     prompt = PROMPTS[0]

@@ -214,8 +214,8 @@ def test_tree_and_draft_verification_respect_the_window(windowed: tuple[Any, Pat
 def test_window_travels_to_the_engine_and_the_deployed_tensorrt_llm_model(
         windowed: tuple[Any, Path, Path], tmp_path: Path) -> None:
     from specbuild.build import build_pipeline
-    from specbuild.build.engine_info import engine_dir, read_engine_info
     from specbuild.build.plan import plan_engine
+    from specbuild.contracts.engine_info import engine_dir, read_engine_info
     from specbuild.deploy.pbtxt import parameter, read_config
     from specbuild.deploy.repository import deploy_repository
     from specbuild.spec import load_spec

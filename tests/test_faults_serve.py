@@ -24,9 +24,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specbuild.deploy.client import LLMClient
-from specbuild.deploy.server import TritonServer
+from specbuild.bench.client import LLMClient
 from specbuild.errors import SpecbuildError
+from specbuild.serve.server import TritonServer
 from tests.serve_fixtures import (
     crashing_stub_repository,
     processes_using,

@@ -1,5 +1,5 @@
-"""specbuild.deploy.llm_backend without a server: the C++ `tensorrtllm` backend's request, response and error rules
-applied to a tiny hand-made checkpoint (and, for timing, a scripted engine).
+"""specbuild.python_models.llm_backend without a server: the C++ `tensorrtllm` backend's request, response and error
+rules applied to a tiny hand-made checkpoint (and, for timing, a scripted engine).
 
 Each test's docstring names the NVIDIA/TensorRT-LLM source it checks (triton_backend/inflight_batcher_llm/src/
 model_instance_state.cc = MIS, utils.cc = UC; cpp/tensorrt_llm/batch_manager/llmRequest.cpp = LR,
@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specbuild.contracts.triton_backend import PERF_METRICS, TENSORRT_LLM
-from specbuild.deploy.llm_backend import (
+from specbuild.python_models.llm_backend import (
     Backend,
     BackendConfig,
     ModelLoadError,

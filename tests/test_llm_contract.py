@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from specbuild.build.engine_info import engine_dir, read_engine_info
+from specbuild.contracts.engine_info import engine_dir, read_engine_info
 from specbuild.contracts.triton_backend import PERF_METRICS, TENSORRT_LLM
 from tests.deploy_fixtures import (  # noqa: F401 - fixtures
     MAX_TOKENS,
@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 
 @pytest.fixture(scope="module")
 def tokenizer(deployed: Deployed) -> Any:
-    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     return load_tokenizer(deployed.tokenizer_dir)
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specbuild import demo_models as dm
+from specbuild.demo import models as dm
 from specbuild.errors import CheckpointError
 from specbuild.medusa.train import apply_heads, load_medusa_heads, train_medusa_heads
 from specbuild.medusa.tree import MedusaTree, accept_greedy, accept_typical, load_choices, preset_names

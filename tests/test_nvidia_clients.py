@@ -54,7 +54,7 @@ def server(request: pytest.FixtureRequest, repository: str) -> Any:
 
 @pytest.fixture(scope="module")
 def tokenizer(deployed: Deployed) -> Any:
-    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     return load_tokenizer(deployed.tokenizer_dir)
 

@@ -91,7 +91,7 @@ def exports(sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
 def heldout_ids(demo_models: dict[str, Path]) -> torch.Tensor:
     from transformers import AutoTokenizer
 
-    from specbuild.demo_models import heldout_texts
+    from specbuild.demo.models import heldout_texts
 
     tokenizer = AutoTokenizer.from_pretrained(demo_models["tokenizer"])
     ids: list[int] = []
@@ -268,7 +268,7 @@ def test_unchanged_rerun_is_a_no_op_and_dry_run_writes_nothing(sources: dict[str
 
 def test_calibration_from_a_directory_of_text_files(sources: dict[str, Path], tmp_path: Path) -> None:
     """A directory's .txt files are the calibration text (in name order), and editing one redoes the convert."""
-    from specbuild.demo_models import training_texts
+    from specbuild.demo.models import training_texts
 
     calib = tmp_path / "calib"
     calib.mkdir()

@@ -54,7 +54,7 @@ def medusa_model(demo_models: dict[str, Path], tmp_path_factory: pytest.TempPath
 def prompts(demo_models: dict[str, Path]) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from specbuild.demo_models import heldout_texts
+    from specbuild.demo.models import heldout_texts
 
     tok = AutoTokenizer.from_pretrained(demo_models["target"])
     texts = heldout_texts()
@@ -130,7 +130,7 @@ def test_rows_finishing_in_different_rounds(
     when its last round accepted tokens past max_new_tokens)."""
     from transformers import AutoTokenizer
 
-    from specbuild.demo_models import heldout_texts
+    from specbuild.demo.models import heldout_texts
     from specbuild.medusa.tree import load_choices
 
     tok = AutoTokenizer.from_pretrained(demo_models["target"])

@@ -21,17 +21,17 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from specbuild.deploy import server_watch
-from specbuild.deploy.server import TritonServer
-from specbuild.deploy.server_launch import (
+from specbuild.errors import SpecbuildError
+from specbuild.serve import watch as server_watch
+from specbuild.serve.launch import (
     Ports,
     check_serving_paths,
     is_plain,
     mpi_command,
     tensorrt_models,
 )
-from specbuild.deploy.triton_env import bundled_tritonserver
-from specbuild.errors import SpecbuildError
+from specbuild.serve.server import TritonServer
+from specbuild.serve.triton_env import bundled_tritonserver
 from tests.serve_fixtures import (
     bad_config_repository,
     broken_repository,
@@ -275,7 +275,7 @@ def test_a_child_started_with_die_with_this_thread_dies_with_its_parent(tmp_path
     """The parent is SIGKILLed (no atexit, no finally): the child still goes, as tritonserver does with `serve`."""
     script = (
         "import subprocess, sys, time\n"
-        "from specbuild.deploy.server_launch import die_with_this_thread\n"
+        "from specbuild.serve.launch import die_with_this_thread\n"
         "child = subprocess.Popen(['sleep', '300'], start_new_session=True, preexec_fn=die_with_this_thread())\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(300)\n"

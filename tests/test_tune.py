@@ -19,14 +19,14 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specbuild.build import tune_yaml
-from specbuild.build.tune import TuneOptions, reference_prefix, run_tune, write_spec
-from specbuild.build.tune_measure import Acceptance, calibration_prompts, medusa_acceptance
-from specbuild.build.tune_tree import expected_accepted_length, grow_tree, path_expectation
 from specbuild.cli import app
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.sequence import GenerationStats
 from specbuild.spec import load_spec
+from specbuild.tune import spec_edit as tune_yaml
+from specbuild.tune.measure import Acceptance, calibration_prompts, medusa_acceptance
+from specbuild.tune.stage import TuneOptions, reference_prefix, run_tune, write_spec
+from specbuild.tune.tree import expected_accepted_length, grow_tree, path_expectation
 
 QUIET = Console(quiet=True)
 TREE_MARGIN = 0.95
@@ -194,7 +194,7 @@ def test_write_spec_new_file_elsewhere_names_the_same_files(tmp_path: Path, demo
     spec = load_spec(spec_path)
     before = spec_path.read_text()
     new = tmp_path / "b" / "c" / "tuned.yaml"
-    from specbuild.build.tune import SpecUpdate
+    from specbuild.tune.stage import SpecUpdate
 
     assert write_spec(spec, SpecUpdate(num_draft_tokens=3), new, inline=False) == [new.absolute()]
     assert spec_path.read_text() == before  # --output leaves the original alone
@@ -211,7 +211,7 @@ def test_a_spec_that_would_not_validate_is_not_replaced(tmp_path: Path, demo_mod
     spec_path = _relative_spec(tmp_path, demo_models["target"].parent)
     spec = load_spec(spec_path)
     before = spec_path.read_text()
-    from specbuild.build.tune import SpecUpdate
+    from specbuild.tune.stage import SpecUpdate
 
     with pytest.raises(SpecbuildError, match="does not validate"):
         write_spec(spec, SpecUpdate(num_draft_tokens=1000), None, inline=False)  # above the schema's maximum
@@ -220,7 +220,7 @@ def test_a_spec_that_would_not_validate_is_not_replaced(tmp_path: Path, demo_mod
 
 
 def test_inline_tree_replaces_a_block_list(tmp_path: Path, demo_models: dict[str, Path]) -> None:
-    from specbuild.build.tune import SpecUpdate
+    from specbuild.tune.stage import SpecUpdate
 
     spec_path = tmp_path / "medusa.yaml"
     spec_path.write_text(MEDUSA_SPEC.format(out=tmp_path / "build", models=demo_models["target"].parent))
@@ -280,7 +280,7 @@ def test_tune_draft_length_on_the_demo_pair(converted: dict[str, Path]) -> None:
 def test_schedule_thresholds_follow_the_fastest_length() -> None:
     """The schedule keeps the full length at batch 1 (TensorRT-LLM's rule) and a threshold wherever the fastest
     length changes; measured rates here are made up, so the rule is what is tested."""
-    from specbuild.build.tune_schedule import ScheduleTuning, batch_sizes, tune_schedule
+    from specbuild.tune.schedule import ScheduleTuning, batch_sizes, tune_schedule
 
     tuning = ScheduleTuning(4, {1: {0: 100, 2: 120, 4: 130}, 2: {0: 180, 2: 200, 4: 210},
                                 4: {0: 300, 2: 330, 4: 310}, 8: {0: 500, 2: 450, 4: 400}})
@@ -314,7 +314,7 @@ def test_tuned_tree_beats_the_mc_sim_prefix(converted: dict[str, Path]) -> None:
     on 6 other ones. The margin is there because the tree is grown from per-head accuracies (independence
     assumed), so on other weights a published tree can tie or edge it on a few prompts (seen: 1.417 vs 1.420
     on unseen prompts with demo models trained from other seeds); a tuning that picks a poor tree still fails."""
-    from specbuild.demo_models import heldout_texts
+    from specbuild.demo.models import heldout_texts
     from specbuild.runtime.cli_generate import load_tokenizer
     from specbuild.runtime.model import CausalLM
 

@@ -1,6 +1,6 @@
-"""build stage (see shared/DESIGN.md): plans per engine, checks, and engines or reference bundles.
+"""build stage: plans per engine, checks, and TensorRT-LLM engines or reference bundles.
 
-`build_pipeline(spec, ...)` is the entry point; `engine_info` is the contract with `deploy`.
+`build_pipeline(spec, ...)` is the entry point; what it promises `deploy` is `specbuild.contracts.engine_info`.
 """
 
 from specbuild.build.stage import EngineResult, build_pipeline

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.build.checkpoints import CheckpointFacts
-from specbuild.build.engine_info import EngineInfo, engine_dir, engine_roles
 from specbuild.build.trtllm_flags import DEFAULT_MAX_NUM_TOKENS, EXPLICIT, FP8_CONTEXT_FMHA
+from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles
 from specbuild.spec import PipelineSpec
 
 SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}

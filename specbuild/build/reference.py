@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 from specbuild.build.checkpoints import CheckpointFacts
-from specbuild.build.engine_info import REFERENCE_CHECKPOINT, write_engine_info
 from specbuild.build.plan import BuildPlan
+from specbuild.contracts.engine_info import REFERENCE_CHECKPOINT, write_engine_info
 from specbuild.errors import SpecbuildError
 
 

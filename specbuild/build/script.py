@@ -12,9 +12,9 @@ import json
 import shlex
 from pathlib import Path
 
-from specbuild.build.engine_info import ENGINE_INFO, EngineInfo
 from specbuild.build.plan import BuildPlan
 from specbuild.build.trtllm_flags import CONTAINER, TRTLLM_VERSION
+from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo
 
 SCRIPT_NAME = "build.sh"
 

@@ -23,7 +23,6 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from specbuild.atomic import atomic_directory, check_replaceable, output_lock
 from specbuild.build.backend import TensorrtStatus, resolve_backend
 from specbuild.build.checkpoints import CheckpointFacts, read_checkpoint_facts
-from specbuild.build.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.build.gpu import Gpu, parse_gpu
 from specbuild.build.plan import BuildPlan, attention_window, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
@@ -31,6 +30,7 @@ from specbuild.build.script import script_path, write_build_script
 from specbuild.build.tensorrt import build_engine, gpu_slices
 from specbuild.build.trtllm_flags import TRTLLM_VERSION
 from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
+from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.manifest import (
     fingerprint_files,
     is_fresh,

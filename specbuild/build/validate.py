@@ -408,8 +408,8 @@ def build_problems(
 def planned_problems(spec: PipelineSpec, configs: dict[str, tuple[dict[str, Any], int]]) -> list[BuildProblem]:
     """Every build check on the checkpoints `convert` would write ({role: (config, rank files' bytes)}, from
     specbuild.convert.preflight), for `specbuild validate`: nothing needs to be converted yet."""
-    from specbuild.build.engine_info import engine_roles
     from specbuild.build.plan import plan_pipeline
+    from specbuild.contracts.engine_info import engine_roles
 
     problems: list[BuildProblem] = []
     facts: dict[str, CheckpointFacts] = {}

@@ -46,7 +46,7 @@ def _read_text(path: Path) -> str:
 def read_calibration(source: CalibSource) -> CalibrationText:
     """The texts of `source`; raises CalibrationError naming the path when there is no usable text."""
     if source == "builtin":
-        from specbuild.demo_models import training_texts
+        from specbuild.demo.models import training_texts
 
         return CalibrationText(training_texts(), [], "builtin (pydoc_data.topics, demo training split)")
     path = Path(source)

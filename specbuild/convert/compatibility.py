@@ -11,8 +11,8 @@ from pathlib import Path
 
 from specbuild.convert.architectures import REGISTRY
 from specbuild.convert.hf_checkpoint import HFCheckpoint
-from specbuild.deploy.tokenizer_files import TOKENIZER_FILES as REPOSITORY_TOKENIZER_FILES
 from specbuild.errors import CheckpointError
+from specbuild.tokenizer import TOKENIZER_FILES as REPOSITORY_TOKENIZER_FILES
 
 # Words, digits, punctuation, accents and CJK: tokenizers that differ anywhere common tend to differ here.
 PROBE_TEXT = "Speculative decoding, 2024: naïve café — 東京 tokens {x: [1, 2.5]} // end."

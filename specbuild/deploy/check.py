@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.table import Table
 
-from specbuild.build.engine_info import ENGINE_INFO
+from specbuild.contracts.engine_info import ENGINE_INFO
 from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, Tensor
 from specbuild.deploy.pbtxt import parameter, parse_choices, read_config
 from specbuild.errors import SpecbuildError

@@ -12,12 +12,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbuild.build.engine_info import EngineInfo, engine_dir, engine_roles, read_engine_info
+from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles, read_engine_info
 from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, ensemble_scheduling
 from specbuild.deploy.pbtxt import format_choices
-from specbuild.deploy.tokenizer_files import TOKENIZER_DIR
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
+from specbuild.tokenizer import TOKENIZER_DIR
 
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"

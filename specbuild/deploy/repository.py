@@ -19,9 +19,9 @@ from rich.table import Table
 
 from specbuild.atomic import atomic_directory, output_lock
 from specbuild.build.checkpoints import read_checkpoint_facts
-from specbuild.build.engine_info import ENGINE_INFO, EngineInfo, engine_dir
 from specbuild.build.plan import stale_engine_problems
 from specbuild.build.reference import link_or_copy
+from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir
 from specbuild.deploy.check import check_repository
 from specbuild.deploy.layout import (
     POSTPROCESSING,
@@ -32,7 +32,6 @@ from specbuild.deploy.layout import (
     read_engines,
 )
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
-from specbuild.deploy.tokenizer_files import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer, load_tokenizer, special_ids
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
     HASH,
@@ -45,6 +44,7 @@ from specbuild.manifest import (
     write_manifest,
 )
 from specbuild.spec import PipelineSpec
+from specbuild.tokenizer import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer, load_tokenizer, special_ids
 
 MODEL_VERSION = "1"
 

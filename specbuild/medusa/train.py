@@ -203,7 +203,7 @@ def train_medusa_heads(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specbuild import demo_models
+    from specbuild.demo import models as demo_models
 
     for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("steps", steps),
                         ("seq_len", seq_len), ("batch_size", batch_size)):

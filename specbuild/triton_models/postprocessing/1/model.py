@@ -2,7 +2,7 @@
 inflight_batcher_llm/postprocessing/1/model.py` @2e2327b9): OUTPUT is a 1-D array of UTF-8 strings, one per
 (row, beam) of the request (a client reads `text_output[0].decode("utf-8")`), each beam's tokens cut to
 SEQUENCE_LENGTH and decoded with skip_special_tokens. specbuild's optional PRECEDING_IDS / IS_FINAL make a
-streamed chunk decode incrementally (specbuild.deploy.detokenize); without them a chunk decodes on its own."""
+streamed chunk decode incrementally (specbuild.python_models.detokenize); without them a chunk decodes on its own."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.deploy import triton_io as io
-from specbuild.deploy.detokenize import decode_outputs
-from specbuild.deploy.preprocess import nvidia_flag
+from specbuild.python_models import triton_io as io
+from specbuild.python_models.detokenize import decode_outputs
+from specbuild.python_models.preprocess import nvidia_flag
 
 
 class TritonPythonModel:

@@ -1,6 +1,6 @@
 """preprocessing: prompt text -> token ids and the LLM's other request tensors, with NVIDIA's outputs and
 behaviour for a text-only repository (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/
-preprocessing/1/model.py` @01259b15; the logic is specbuild.deploy.preprocess). It validates no lengths:
+preprocessing/1/model.py` @01259b15; the logic is specbuild.python_models.preprocess). It validates no lengths:
 REQUEST_OUTPUT_LEN passes through and the LLM model refuses (or shortens) what its engine cannot take."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.deploy import preprocess as pre
-from specbuild.deploy import triton_io as io
+from specbuild.python_models import preprocess as pre
+from specbuild.python_models import triton_io as io
 
 
 class TritonPythonModel:

@@ -1,9 +1,10 @@
 """tensorrt_llm / tensorrt_llm_draft for reference builds: NVIDIA's C++ `tensorrtllm` backend's contract served by
 specbuild's serving engine (in-flight batching over the PyTorch runtime).
 
-A thin adapter: Triton tensors become numpy dicts for `specbuild.deploy.llm_backend.Backend` (every request, output
-and error rule lives there), which submits each row to the engine (`specbuild.runtime.serving.ServingEngine`,
-running on its own thread) and sends the responses through the requests' response senders as the engine steps.
+A thin adapter: Triton tensors become numpy dicts for `specbuild.python_models.llm_backend.Backend` (every
+request, output and error rule lives there), which submits each row to the engine
+(`specbuild.runtime.serving.ServingEngine`, running on its own thread)
+and sends the responses through the requests' response senders as the engine steps.
 `execute` only enqueues, decoupled or not, as the C++ backend's does: requests that arrive while others run join
 the running batch, and a stop request or a cancellation reaches a request that is running.
 """
@@ -14,10 +15,10 @@ import json
 import threading
 from typing import Any
 
-from specbuild.build.engine_info import read_engine_info, reference_checkpoint
-from specbuild.deploy import triton_io as io
-from specbuild.deploy.llm_backend import Backend, BackendConfig, ModelLoadError, Response
+from specbuild.contracts.engine_info import read_engine_info, reference_checkpoint
 from specbuild.deploy.pbtxt import parse_choices
+from specbuild.python_models import triton_io as io
+from specbuild.python_models.llm_backend import Backend, BackendConfig, ModelLoadError, Response
 
 DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
 """What the C++ backend uses when medusa_choices is unset (MIS getExecutorConfigFromParams)."""

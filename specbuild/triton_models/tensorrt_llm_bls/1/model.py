@@ -7,11 +7,12 @@ unchanged when `tensorrt_llm` is the C++ `tensorrtllm` backend.
   decoupled LLM gets one `exec(decoupled=True)` call with the whole batch (a stream when the client asked for
   one), a non-decoupled one an `exec()` per row (the C++ backend takes batch > 1 only when decoupled).
 - With num_draft_tokens (the repository's default K where it has a draft): draft-target speculation, the loop
-  in specbuild.deploy.bls_loop, row by row; unlike NVIDIA's it also streams (each round's decided tokens) and
+  in specbuild.python_models.bls_loop, row by row; unlike NVIDIA's it also streams (each round's decided tokens) and
   serves batch > 1. Its text is detokenised here with postprocessing's own tokenizer and settings (read from
   its config.pbtxt), which is what postprocessing would answer, without a Triton call per round.
 
-This file only converts tensors and calls the other models; what it sends and reads is specbuild.deploy.bls_calls.
+This file only converts tensors and calls the other models; what it sends and reads is
+specbuild.python_models.bls_calls.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.deploy import triton_io as io
-from specbuild.deploy.bls_calls import (
+from specbuild.deploy.check import CALLED_MODEL_PARAMETERS
+from specbuild.python_models import triton_io as io
+from specbuild.python_models.bls_calls import (
     ACCEPTANCE_OUTPUTS,
     PREPROCESSING_OUTPUTS,
     RESPONSE_OUTPUTS,
@@ -44,10 +46,9 @@ from specbuild.deploy.bls_calls import (
     loop_outputs,
     stack_rows,
 )
-from specbuild.deploy.bls_loop import Chunk, DraftUnavailable, Proposal, Row, Verdict, speculate
-from specbuild.deploy.check import CALLED_MODEL_PARAMETERS
-from specbuild.deploy.detokenize import StreamedText, decode_chunk, preceding_tokens
-from specbuild.deploy.preprocess import nvidia_flag
+from specbuild.python_models.bls_loop import Chunk, DraftUnavailable, Proposal, Row, Verdict, speculate
+from specbuild.python_models.detokenize import StreamedText, decode_chunk, preceding_tokens
+from specbuild.python_models.preprocess import nvidia_flag
 
 _NVIDIA_TRUE = ("true", "yes", "1", "t")
 
@@ -80,7 +81,7 @@ class _Model:
 
 def _engine(repository: Path, model: _Model) -> Any:
     """The EngineInfo of the model's engine (its engine.json), or None when it cannot be read."""
-    from specbuild.build.engine_info import read_engine_info
+    from specbuild.contracts.engine_info import read_engine_info
     from specbuild.errors import SpecbuildError
 
     path = model.parameters.get("gpt_model_path", "")
@@ -231,7 +232,7 @@ class TritonPythonModel:
             self.schedule = DraftSchedule(steps, self.default_k, int(limit) if limit else None)
         self.tokenizer = None
         if self.draft is not None:  # the speculation loop detokenises here, as postprocessing would
-            from specbuild.deploy.tokenizer_files import load_tokenizer
+            from specbuild.tokenizer import load_tokenizer
 
             post = _Model.read(repository, self.postprocessing)
             self.tokenizer = load_tokenizer(io.resolve({"model_repository": str(repository / self.postprocessing)},

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.build.engine_info import ENGINE_INFO, read_engine_info
+from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info
 from specbuild.errors import SpecbuildError
 
 _BACKEND = re.compile(r'^\s*backend\s*:\s*"([^"]+)"', re.MULTILINE)

@@ -22,9 +22,9 @@ from types import FrameType
 from rich.console import Console
 from rich.markup import escape
 
-from specbuild.deploy.client import Generation, LLMClient, entry_model
-from specbuild.deploy.server import TritonServer
+from specbuild.bench.client import Generation, LLMClient, entry_model
 from specbuild.errors import SpecbuildError
+from specbuild.serve.server import TritonServer
 
 
 @dataclass(frozen=True)

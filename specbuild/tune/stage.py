@@ -32,8 +32,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbuild.atomic import stage_text
-from specbuild.build import tune_yaml
-from specbuild.build.tune_measure import (
+from specbuild.errors import SpecbuildError
+from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
+from specbuild.tune import spec_edit as tune_yaml
+from specbuild.tune.measure import (
     Acceptance,
     ForwardCosts,
     HeadAccuracy,
@@ -47,10 +49,8 @@ from specbuild.build.tune_measure import (
     medusa_acceptance,
     sweep_draft_lengths,
 )
-from specbuild.build.tune_schedule import ScheduleTuning, batch_sizes, tune_schedule
-from specbuild.build.tune_tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
-from specbuild.errors import SpecbuildError
-from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
+from specbuild.tune.schedule import ScheduleTuning, batch_sizes, tune_schedule
+from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 
 REFERENCE_TREE = "mc_sim_7b_63"
 TREE_DIR = "medusa_choices"
@@ -209,7 +209,7 @@ def _checkpoint(spec: PipelineSpec, role: str) -> Path:
 
 def _calibration_texts(options: TuneOptions) -> list[str]:
     if options.calib is None:
-        from specbuild.demo_models import heldout_texts
+        from specbuild.demo.models import heldout_texts
 
         return heldout_texts()
     try:

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from specbuild.deploy.bench import Summary
+from specbuild.bench.load import Summary
 from specbuild.errors import SpecbuildError
 
 ROWS: tuple[tuple[str, str, bool], ...] = (

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from specbuild.contracts.triton_backend import PERF_METRICS, TENSORRT_LLM
-from specbuild.deploy.detokenize import preceding_tokens
+from specbuild.python_models.detokenize import preceding_tokens
 
 ASSERT = "[TensorRT-LLM][ERROR] Assertion failed: "
 WARNING = "[TensorRT-LLM][WARNING] "

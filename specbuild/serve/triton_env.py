@@ -7,7 +7,7 @@ Python minor version), and it needs `LD_LIBRARY_PATH` to hold the wheel's `nvidi
 interpreter's `LIBDIR` (for libpython), with this interpreter's `bin` first on PATH so that the stub's python
 models import this environment's packages (see shared/DESIGN.md, "Facts about this environment"). Setting
 PYTHONUTF8 or a UTF-8 locale here would not make non-ASCII paths work: the stub's interpreter ignores both (see
-server_launch.py, "Paths").
+serve/launch.py, "Paths").
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.console import Console
 
-from specbuild.deploy.bench import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load
-from specbuild.deploy.bench_report import plot, speedup, table
-from specbuild.deploy.client import Protocol
+from specbuild.bench.client import Protocol
+from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load
+from specbuild.bench.report import plot, speedup, table
 from specbuild.errors import SpecbuildError
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from specbuild.contracts.triton_backend import TENSORRT_LLM
-from specbuild.deploy.bls_loop import Proposal, Verdict
+from specbuild.python_models.bls_loop import Proposal, Verdict
 
 Arrays = dict[str, np.ndarray]
 

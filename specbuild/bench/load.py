@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specbuild.deploy.client import Generation, LLMClient, Protocol
-from specbuild.deploy.tokenizer_files import load_tokenizer
+from specbuild.bench.client import Generation, LLMClient, Protocol
 from specbuild.errors import SpecbuildError
+from specbuild.tokenizer import load_tokenizer
 
 DEFAULT_PROMPTS = (
     "The for statement",

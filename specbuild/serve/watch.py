@@ -246,7 +246,7 @@ def _regions_in_use(owners: set[int]) -> set[str | None]:
 
 
 def remove_stale_link_dirs(parent: Path) -> None:
-    """Remove `specbuild-serve-<pid>-*` directories (a plain-path symlink to a repository, see server.py) that
+    """Remove `specbuild-serve-<pid>-*` directories (a plain-path symlink to a repository, see serve/server.py) that
     a process killed before its cleanup left in `parent`: only when that process is gone, and only symlinks."""
     try:
         entries = list(parent.iterdir())

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from specbuild.deploy.model_threads import set_threads as set_threads  # re-exported for the models
+from specbuild.python_models.model_threads import set_threads as set_threads  # re-exported for the models
 
 TRUE = {"1", "true", "yes", "t", "y", "on"}
 
@@ -48,7 +48,7 @@ def resolve(args: dict[str, str], value: str) -> Path:
 def setup_tokenizer_model(args: dict[str, str]) -> tuple[dict[str, str], Any]:
     """What preprocessing and postprocessing both do first: parameters, threads, and the repository's own
     tokenizer (remote code only where the spec allowed it)."""
-    from specbuild.deploy.tokenizer_files import load_tokenizer
+    from specbuild.tokenizer import load_tokenizer
 
     params = model_parameters(args)
     set_threads(params)

@@ -4,7 +4,7 @@
 while loading, the process dies, or the wait times out, everything is stopped and a `SpecbuildError` names the
 failing model and quotes what the server log says. While it serves, `check()` raises the same way when the server
 died, a python stub died (Triton 2.51 would keep answering ready and fail that model's requests, see
-server_watch.py) or a model is no longer READY.
+serve/watch.py) or a model is no longer READY.
 
 The server runs in its own process group (so a Ctrl-C in the terminal reaches us, not it) and gets SIGKILL when
 the thread that started it dies (PR_SET_PDEATHSIG, set when that is the main thread), so a `kill -9` of this
@@ -36,7 +36,8 @@ from typing import IO, Any
 
 import psutil
 
-from specbuild.deploy.server_launch import (
+from specbuild.errors import SpecbuildError
+from specbuild.serve.launch import (
     Ports,
     check_serving_paths,
     die_with_this_thread,
@@ -46,7 +47,8 @@ from specbuild.deploy.server_launch import (
     server_args,
     tensorrt_models,
 )
-from specbuild.deploy.server_watch import (
+from specbuild.serve.triton_env import TritonInstallation, find_tritonserver
+from specbuild.serve.watch import (
     LOADING_ZOMBIE_GRACE_S,
     StubDeath,
     StubWatch,
@@ -55,8 +57,6 @@ from specbuild.deploy.server_watch import (
     remove_stale_link_dirs,
     remove_stale_shared_memory,
 )
-from specbuild.deploy.triton_env import TritonInstallation, find_tritonserver
-from specbuild.errors import SpecbuildError
 
 DEFAULT_READY_TIMEOUT_S = 600.0
 """Loading a speculative repository imports torch/transformers in five stub processes; on two busy cores
