@@ -15,12 +15,16 @@ import os
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import xxhash
 
 from specbuild import __version__
 from specbuild.atomic import MANIFEST
+
+Status = Literal["written", "up to date", "planned"]
+"""What a stage did with one output, the same three words for convert, build and deploy: wrote it, found it up to
+date (`is_fresh`), or only planned it (`--dry-run`)."""
 
 _TOOLS = ("torch", "safetensors", "transformers", "nvidia-modelopt")
 
