@@ -84,7 +84,7 @@ KvCacheFormat = Literal["none", "fp8"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRESET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # specbuild/, above this package
 _PRESET_DIRS_BUILTIN = (_PACKAGE_DIR / "data" / "medusa_choices",)  # shipped inside the package
 
 
