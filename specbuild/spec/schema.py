@@ -1,9 +1,9 @@
-"""The pipeline spec: one YAML file that says which checkpoints become which service.
+"""The pipeline spec's schema: one YAML file that says which checkpoints become which service.
 
 Why so strict: every later stage (convert, build, deploy) trusts these values, and a mistake caught here costs
 a second, where the same mistake caught by trtllm-build or tritonserver costs GPU minutes and an opaque log.
-So unknown keys are errors, relative paths are resolved once against the spec file's directory, and every
-problem is reported at once, each with its dotted field path and the file and line it comes from.
+So unknown keys are errors, relative paths are resolved once against the spec file's directory (`fields`), and
+validators report every problem at once with its field path (`problems`); `load` adds the file and line.
 
 Model paths are *not* checked for existence here: `specbuild validate` (specbuild.convert.preflight) checks the
 models, tokenizer, calibration text, Medusa heads and GPU against the spec without loading weights, and reports
@@ -12,260 +12,51 @@ those problems located in this file too (`PipelineSpec.problems_error`).
 
 from __future__ import annotations
 
-import difflib
-import json
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, get_args
+from typing import Annotated, Any, Literal, get_args
 
-import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
     Strict,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails, PydanticCustomError
-from rich.table import Table
 
-from specbuild.atomic import stage_text
-from specbuild.errors import SpecError
-from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, load_choices, medusa_tree_problems
+from specbuild.dtypes import DTYPES
+from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
-
-__all__ = [
-    "MAX_DRAFT_TOKENS",
-    "MAX_MEDUSA_DEPTH",
-    "BuildSpec",
-    "CalibSpec",
-    "DeploySpec",
-    "DraftSpec",
-    "MedusaSpec",
-    "ModelSource",
-    "PipelineSpec",
-    "QuantizationSpec",
-    "SpecProblem",
-    "SpecValidationError",
-    "SpeculativeSpec",
-    "TargetSpec",
-    "load_spec",
-    "medusa_preset_names",
-    "medusa_tree_problems",
-    "parse_spec",
-    "starter_spec_text",
-    "summarize_spec",
-    "write_starter_spec",
-]
-
-Loc = tuple[str | int, ...]
+from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
+from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES, as_paths, load_preset
+from specbuild.spec.problems import (
+    Issue,
+    Loc,
+    SpecProblem,
+    SpecValidationError,
+    custom_error,
+    raise_issues,
+    show,
+    sorted_problems,
+)
 
 MAX_DRAFT_TOKENS = 64
 """Upper bound for `speculative.num_draft_tokens` (K); TensorRT-LLM examples use 4-10."""
-DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
-"""The 63-node tree TensorRT-LLM's C++ runtime uses when none is given."""
 ROLES = ("target", "draft", "medusa")
 
 SpeculativeMode = Literal["none", "draft_target", "medusa"]
-DType = Literal["auto", "float16", "bfloat16", "float32"]
+BuildDType = Literal[("auto", *sorted(DTYPES, key=lambda name: DTYPES[name].itemsize))]
+"""`auto` or a name from specbuild.dtypes, smallest first: 'auto', 'float16', 'bfloat16', 'float32'."""
 Backend = Literal["auto", "tensorrt", "reference"]
 QuantFormat = Literal["none", "fp8", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq"]
 KvCacheFormat = Literal["none", "fp8"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_PRESET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # specbuild/, above this package
-_PRESET_DIRS_BUILTIN = (_PACKAGE_DIR / "data" / "medusa_choices",)  # shipped inside the package
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Problems: how validators report several located errors through one pydantic error
-# ----------------------------------------------------------------------------------------------------------
-
-_Issue = tuple[Loc, str, Loc | None]
-"""(location relative to the validated value, message, location to take the line from instead)."""
-
-
-def _error(kind: str, message: str) -> PydanticCustomError:
-    """A custom error whose message is taken literally (pydantic would otherwise format `{...}` in it)."""
-    return PydanticCustomError(kind, "{message}", {"message": message})
-
-
-def _raise_issues(issues: Sequence[_Issue]) -> NoReturn:
-    """Raise several problems as one pydantic error; `_problems_from` unpacks them again with full paths."""
-    summary = "; ".join(message for _, message, _ in issues)
-    raise PydanticCustomError("spec_problems", "{summary}", {"summary": summary, "issues": tuple(issues)})
-
-
-def _show(value: object) -> str:
-    """A value as the user wrote it in YAML, short enough for a one-line message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        text = json.dumps(value, default=str)
-        return text if len(text) <= 40 else f"a list of {len(value)} items"
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def _format_loc(loc: Loc) -> str:
-    """`("medusa", "choices", 3)` -> `medusa.choices[3]`."""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-@dataclass(frozen=True)
-class SpecProblem:
-    """One thing wrong with a spec: where (field path, line) and what."""
-
-    loc: Loc
-    message: str
-    line: int | None = None
-
-    @property
-    def field(self) -> str:
-        return _format_loc(self.loc)
-
-    def render(self, file: str) -> str:
-        where = f"{file}:{self.line}" if self.line is not None else file
-        return f"{where}: {self.field}: {self.message}" if self.loc else f"{where}: {self.message}"
-
-
-class SpecValidationError(SpecError):
-    """A spec with one or more problems; `problems` holds them for programs, the message for people."""
-
-    def __init__(self, problems: Sequence[SpecProblem], file: str, *, hint: str | None = None) -> None:
-        self.problems = list(problems)
-        self.file = file
-        lines = [problem.render(file) for problem in self.problems]
-        if len(lines) == 1:
-            message = lines[0]
-        else:
-            message = f"{file}: {len(lines)} problems\n" + "\n".join(f"  {line}" for line in lines)
-        super().__init__(message, hint=hint)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Paths
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _spec_path_from(context: object) -> Path | None:
-    if isinstance(context, dict) and isinstance(context.get("spec_path"), Path):
-        return context["spec_path"]
-    return None
-
-
-def _base_dir(context: object) -> Path:
-    """Where relative paths start: the spec file's directory (the working directory for in-memory specs)."""
-    spec_path = _spec_path_from(context)
-    return spec_path.parent if spec_path is not None else Path.cwd()
-
-
-def _resolve(value: Path, base: Path) -> Path:
-    # normpath, not resolve(): keep the user's symlinks and do not touch the filesystem.
-    return Path(os.path.normpath(base / value.expanduser()))
-
-
-def _check_path_input(value: object) -> object:
-    if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
-        return value
-    raise _error("path_type", f"must be a non-empty path (got {_show(value)})")
-
-
-def _resolve_path(value: Path, info: ValidationInfo) -> Path:
-    """Anchor a relative path at the spec's directory, so the spec means the same from any working dir."""
-    return _resolve(value, _base_dir(info.context))
-
-
-SpecPath = Annotated[Path, BeforeValidator(_check_path_input), AfterValidator(_resolve_path)]
-Count = Annotated[int, Strict(), Field(ge=1)]
-Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Medusa trees
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _as_paths(value: object) -> tuple[list[list[int]], list[_Issue]]:
-    """Check the shape `list[list[int]]` strictly (no bools, no strings) and say where it is wrong."""
-    if not isinstance(value, list):
-        raise _error(
-            "choices_type",
-            "must be a preset name such as 'mc_sim_7b_63', a .json file, or a list of paths such as "
-            f"[[0], [0, 0], [1]] (got {_show(value)})",
-        )
-    paths: list[list[int]] = []
-    issues: list[_Issue] = []
-    for index, entry in enumerate(value):
-        if isinstance(entry, list) and all(type(item) is int for item in entry):
-            paths.append(list(entry))
-        else:
-            issues.append(((index,), f"must be a list of integers such as [0, 1] (got {_show(entry)})", None))
-    return paths, issues
-
-
-def _preset_dirs(base_dir: Path) -> list[Path]:
-    """Where preset names are looked up: next to the spec first, so a project can add or override trees."""
-    dirs = [base_dir / "medusa_choices", *_PRESET_DIRS_BUILTIN]
-    return list(dict.fromkeys(Path(os.path.normpath(d)) for d in dirs))
-
-
-def medusa_preset_names(base_dir: Path | None = None) -> list[str]:
-    """Names usable as `medusa.choices`, from the spec's `medusa_choices/` directory and the built-in ones."""
-    dirs = _preset_dirs(base_dir if base_dir is not None else Path.cwd())
-    return sorted({file.stem for folder in dirs if folder.is_dir() for file in folder.glob("*.json")})
-
-
-def _find_preset(ref: str, base_dir: Path) -> Path:
-    if ref.endswith(".json"):
-        path = _resolve(Path(ref), base_dir)
-        if path.is_file():
-            return path
-        raise _error("choices_file", f"tree file {path} does not exist")
-    if _PRESET_RE.match(ref):
-        for folder in _preset_dirs(base_dir):
-            if (folder / f"{ref}.json").is_file():
-                return folder / f"{ref}.json"
-    known = ", ".join(medusa_preset_names(base_dir)) or "none found"
-    raise _error(
-        "choices_preset",
-        f"unknown tree preset {ref!r} (known: {known}); or give a .json file or an explicit list",
-    )
-
-
-def _read_preset(path: Path) -> list[list[int]]:
-    """A preset file, read and validated by the runtime's own loader so both accept the same files."""
-    try:
-        return load_choices(str(path))
-    except ValueError as err:
-        _raise_issues([((), str(err), None)])
-
-
-def _load_choices(ref: str, base_dir: Path) -> tuple[list[list[int]], Path]:
-    path = _find_preset(ref, base_dir)
-    return _read_preset(path), path
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The schema
-# ----------------------------------------------------------------------------------------------------------
 
 
 class _Section(BaseModel):
@@ -303,9 +94,9 @@ class CalibSpec(_Section):
         if value == "builtin":
             return "builtin"
         if isinstance(value, os.PathLike) or (isinstance(value, str) and value.strip()):
-            return _resolve(Path(value), _base_dir(info.context))
-        raise _error(
-            "calib_source", f"must be 'builtin', a text file or a directory of .txt files (got {_show(value)})"
+            return resolve(Path(value), base_dir(info.context))
+        raise custom_error(
+            "calib_source", f"must be 'builtin', a text file or a directory of .txt files (got {show(value)})"
         )
 
 
@@ -343,20 +134,20 @@ class MedusaSpec(_Section):
     @classmethod
     def _check_choices(cls, value: object, info: ValidationInfo) -> str | list[list[int]]:
         if isinstance(value, str):
-            _load_choices(value, _base_dir(info.context))
+            load_preset(value, base_dir(info.context))
             return value
-        paths, issues = _as_paths(value)
+        paths, issues = as_paths(value)
         if not issues:  # the tree checks are only meaningful once every entry is a list of integers
             issues = [((), message, None) if index is None else ((index,), message, None)
                       for index, message in medusa_tree_problems(paths)]
         if issues:
-            _raise_issues(issues)
+            raise_issues(issues)
         return paths
 
     @model_validator(mode="after")
     def _resolve_choices(self, info: ValidationInfo) -> MedusaSpec:
         if isinstance(self.choices, str):
-            self._resolved, self._choices_file = _load_choices(self.choices, _base_dir(info.context))
+            self._resolved, self._choices_file = load_preset(self.choices, base_dir(info.context))
         else:
             self._resolved, self._choices_file = [list(path) for path in self.choices], None
         return self
@@ -399,7 +190,7 @@ class SpeculativeSpec(_Section):
 
     @model_validator(mode="after")
     def _check_draft_settings(self) -> SpeculativeSpec:
-        issues: list[_Issue] = []
+        issues: list[Issue] = []
         given = self.model_fields_set
         if self.use_draft_logits and self.mode != "draft_target":
             issues.append((("use_draft_logits",), f"only used in draft_target mode (mode is {self.mode!r})", None))
@@ -421,7 +212,7 @@ class SpeculativeSpec(_Section):
             issues += [(("draft_len_schedule",), problem, None)
                        for problem in schedule_problems(self.draft_len_schedule, self.num_draft_tokens)]
         if issues:
-            _raise_issues(issues)
+            raise_issues(issues)
         return self
 
 
@@ -432,7 +223,7 @@ class BuildSpec(_Section):
     backend: Backend = "auto"
     """`tensorrt` runs trtllm-build (NVIDIA GPU + TensorRT-LLM); `reference` packages checkpoints for
     specbuild's PyTorch runtime; `auto` picks tensorrt where TensorRT-LLM is importable."""
-    dtype: DType = "auto"
+    dtype: BuildDType = "auto"
     tp_size: Count = 1
     pp_size: Count = 1
     max_batch_size: Count
@@ -484,7 +275,7 @@ class DeploySpec(_Section):
     def _distinct_ports(self) -> DeploySpec:
         ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
         names = list(ports)
-        issues: list[_Issue] = []
+        issues: list[Issue] = []
         for index, name in enumerate(names):
             for other in names[:index]:
                 if ports[name] != ports[other]:
@@ -494,7 +285,7 @@ class DeploySpec(_Section):
                 message = f"port {ports[name]} is also {partner}; tritonserver needs three distinct ports"
                 issues.append(((blamed,), message, None))
         if issues:
-            _raise_issues(issues)
+            raise_issues(issues)
         return self
 
 
@@ -526,19 +317,19 @@ class PipelineSpec(_Section):
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not _NAME_RE.match(value):
-            raise _error(
+            raise custom_error(
                 "name_pattern",
                 f"must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
-                f"(got {_show(value)})",
+                f"(got {show(value)})",
             )
         return value
 
     @model_validator(mode="after")
     def _check_pipeline(self, info: ValidationInfo) -> PipelineSpec:
-        self._path = _spec_path_from(info.context)
+        self._path = spec_path_from(info.context)
         issues = _spec_mode_issues(self)
         if issues:
-            _raise_issues(issues)
+            raise_issues(issues)
         if self.deploy.model_repository is None:
             self.deploy.model_repository = self.output_dir / "model_repository"
         if self.deploy.triton_max_batch_size is None:
@@ -564,7 +355,7 @@ class PipelineSpec(_Section):
         except RuntimeError:
             file = self.name
         located = [SpecProblem(loc, message, self.line_of(loc)) for loc, message in problems]
-        return SpecValidationError(_sorted(located), file, hint=hint)
+        return SpecValidationError(sorted_problems(located), file, hint=hint)
 
     def checkpoint_dir(self, role: str) -> Path:
         """Where `convert` writes the TensorRT-LLM checkpoint for `role` (target, draft or medusa)."""
@@ -582,7 +373,7 @@ class PipelineSpec(_Section):
         return 0
 
 
-def _mode_issues(mode: str, present: dict[str, bool], k_given: bool) -> Iterator[_Issue]:
+def _mode_issues(mode: str, present: dict[str, bool], k_given: bool) -> Iterator[Issue]:
     """Sections must match the mode: a missing one cannot work; an unused one would be silently ignored."""
     owner = {"draft": "draft_target", "medusa": "medusa"}
     for section, needed_by in owner.items():
@@ -603,7 +394,7 @@ def _mode_issues(mode: str, present: dict[str, bool], k_given: bool) -> Iterator
         )
 
 
-def _spec_mode_issues(spec: PipelineSpec) -> list[_Issue]:
+def _spec_mode_issues(spec: PipelineSpec) -> list[Issue]:
     present = {"draft": spec.draft is not None, "medusa": spec.medusa is not None}
     k_given = "num_draft_tokens" in spec.speculative.model_fields_set
     issues = list(_mode_issues(spec.speculative.mode, present, k_given))
@@ -621,7 +412,7 @@ def _spec_mode_issues(spec: PipelineSpec) -> list[_Issue]:
     return issues
 
 
-def _raw_mode_issues(data: dict[str, Any]) -> list[_Issue]:
+def raw_mode_issues(data: dict[str, Any]) -> list[Issue]:
     """The mode checks on unvalidated data, so they are reported along with type errors elsewhere."""
     speculative = data.get("speculative")
     speculative = speculative if isinstance(speculative, dict) else {}
@@ -630,260 +421,3 @@ def _raw_mode_issues(data: dict[str, Any]) -> list[_Issue]:
         return []
     present = {section: data.get(section) is not None for section in ("draft", "medusa")}
     return list(_mode_issues(mode, present, "num_draft_tokens" in speculative))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Loading: YAML -> lines + data -> PipelineSpec, with located errors
-# ----------------------------------------------------------------------------------------------------------
-
-
-class _LineMap:
-    """Field path -> 1-based line, from yaml's composed nodes; also finds duplicate keys."""
-
-    def __init__(self, root: yaml.Node | None) -> None:
-        self._lines: dict[Loc, int] = {}
-        self.duplicates: list[SpecProblem] = []
-        if root is not None:
-            self._walk(root, ())
-
-    def _walk(self, node: yaml.Node, loc: Loc) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    continue
-                child = (*loc, key_node.value)
-                line = key_node.start_mark.line + 1
-                if child in self._lines:
-                    self.duplicates.append(
-                        SpecProblem(child, f"duplicate key (first on line {self._lines[child]})", line)
-                    )
-                self._lines[child] = line
-                self._walk(value_node, child)
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                self._lines[(*loc, index)] = item.start_mark.line + 1
-                self._walk(item, (*loc, index))
-
-    def line_of(self, loc: Loc) -> int | None:
-        """The line of the deepest part of `loc` the file has (a missing key points at its parent)."""
-        for end in range(len(loc), 0, -1):
-            if loc[:end] in self._lines:
-                return self._lines[loc[:end]]
-        return None
-
-
-def _read_spec_text(path: Path, shown: str) -> str:
-    hint = f"`specbuild init {shown}` writes a commented starter spec"
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{shown}: no such file", hint=hint) from None
-    except IsADirectoryError:
-        raise SpecError(f"{shown}: is a directory, not a spec file") from None
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{shown}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise SpecError(f"{shown}: cannot read ({err.strerror})") from None
-
-
-def _parse_yaml(text: str, shown: str) -> tuple[Any, _LineMap]:
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"{shown}:{mark.line + 1}" if mark is not None else shown
-        what = " ".join(part for part in (err.context, err.problem) if part)
-        raise SpecError(f"{where}: invalid YAML: {what}") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"{shown}: invalid YAML: {err}") from None
-    finally:
-        loader.dispose()
-    return data, _LineMap(node)
-
-
-def _model_at(loc: Loc) -> type[BaseModel] | None:
-    """The schema class that validates the mapping at `loc`, for did-you-mean suggestions."""
-    model: type[BaseModel] | None = PipelineSpec
-    for part in loc:
-        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
-        if field is None:
-            return None
-        candidates = [field.annotation, *get_args(field.annotation)]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    return model
-
-
-def _unknown_key(loc: Loc) -> str:
-    model = _model_at(loc[:-1])
-    known = list(model.model_fields) if model is not None else []
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    if close:
-        return f"unknown key (did you mean {close[0]!r}?)"
-    return f"unknown key (expected one of: {', '.join(known)})" if known else "unknown key"
-
-
-_TYPE_NAMES = {
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "int_from_float": "an integer",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "string_type": "a string (quote it)",
-    "model_type": "a mapping of keys to values",
-    "model_attributes_type": "a mapping of keys to values",
-    "dict_type": "a mapping of keys to values",
-}
-_OWN_MESSAGES = {
-    "path_type", "choices_type", "choices_file", "choices_preset", "calib_source", "name_pattern"
-}
-
-
-def _describe(error: ErrorDetails) -> str:
-    """A pydantic error as a short sentence in the spec's own terms."""
-    kind, ctx, got = error["type"], error.get("ctx", {}), _show(error.get("input"))
-    if kind in _OWN_MESSAGES:
-        return error["msg"]
-    if kind == "missing":
-        return "required, but missing"
-    if kind == "extra_forbidden":
-        return _unknown_key(tuple(error["loc"]))
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx['ge']} (got {got})"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx['le']} (got {got})"
-    if kind == "literal_error":
-        return f"must be one of {ctx['expected']} (got {got})"
-    if kind in _TYPE_NAMES:
-        return f"must be {_TYPE_NAMES[kind]} (got {got})"
-    message = error["msg"]
-    return f"{message[:1].lower()}{message[1:]} (got {got})"
-
-
-def _problems_from_issues(loc: Loc, issues: Sequence[_Issue], lines: _LineMap) -> list[SpecProblem]:
-    return [
-        SpecProblem((*loc, *rel), message, lines.line_of((*loc, *(rel if line_rel is None else line_rel))))
-        for rel, message, line_rel in issues
-    ]
-
-
-def _problems_from(err: ValidationError, lines: _LineMap) -> list[SpecProblem]:
-    problems = []
-    for error in err.errors():
-        loc = tuple(error["loc"])
-        if error["type"] == "spec_problems":
-            problems += _problems_from_issues(loc, error["ctx"]["issues"], lines)
-        else:
-            problems.append(SpecProblem(loc, _describe(error), lines.line_of(loc)))
-    return problems
-
-
-def _sorted(problems: list[SpecProblem]) -> list[SpecProblem]:
-    return sorted(problems, key=lambda p: (p.line is None, p.line or 0, _format_loc(p.loc)))
-
-
-def parse_spec(
-    data: Any, spec_path: str | os.PathLike[str], *, _lines: _LineMap | None = None
-) -> PipelineSpec:
-    """Validate already-parsed spec data as if it came from `spec_path` (paths resolve against its dir)."""
-    shown = os.fspath(spec_path)
-    lines = _lines if _lines is not None else _LineMap(None)
-    if not isinstance(data, dict):
-        what = "empty" if data is None else f"a {type(data).__name__}"
-        raise SpecValidationError(
-            [SpecProblem((), f"the spec must be a mapping (name:, target:, build:, ...); it is {what}", 1)],
-            shown,
-            hint=f"`specbuild init {shown}` writes a commented starter spec",
-        )
-    problems = list(lines.duplicates)
-    spec = None
-    try:
-        spec = PipelineSpec.model_validate(data, context={"spec_path": Path(os.path.abspath(spec_path))})
-    except ValidationError as err:
-        problems += _problems_from(err, lines)
-        raw = _problems_from_issues((), _raw_mode_issues(data), lines)
-        problems += [problem for problem in raw if problem not in problems]
-    if problems or spec is None:
-        unknown = any(p.message.startswith("unknown key") for p in problems)
-        hint = "`specbuild init starter.yaml` writes a spec that explains every key" if unknown else None
-        raise SpecValidationError(_sorted(problems), shown, hint=hint)
-    spec._lines = lines
-    return spec
-
-
-def load_spec(path: str | os.PathLike[str]) -> PipelineSpec:
-    """Read, validate and resolve a pipeline spec; raises SpecError listing every problem with its line."""
-    shown = os.fspath(path)
-    data, lines = _parse_yaml(_read_spec_text(Path(path), shown), shown)
-    return parse_spec(data, path, _lines=lines)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Starter spec and summary
-# ----------------------------------------------------------------------------------------------------------
-
-
-def starter_spec_text() -> str:
-    """The commented starter spec shipped in the package (templates/starter.yaml)."""
-    template = resources.files("specbuild").joinpath("templates").joinpath("starter.yaml")
-    return template.read_text(encoding="utf-8")
-
-
-def write_starter_spec(path: str | os.PathLike[str], force: bool = False) -> Path:
-    """Write the starter spec to `path`; never replaces an existing file unless `force`."""
-    target = Path(path)
-    if target.is_dir():
-        raise SpecError(f"{target}: is a directory", hint=f"give a file, e.g. {target / 'pipeline.yaml'}")
-    if target.exists() and not force:
-        raise SpecError(f"{target}: already exists; not overwriting it", hint="pass --force to replace it")
-    os.replace(stage_text(target, starter_spec_text()), target)  # never a truncated spec
-    return target
-
-
-def _model_row(source: ModelSource) -> str:
-    return f"{source.model}" + ("  (trust_remote_code)" if source.trust_remote_code else "")
-
-
-def _speculation_rows(spec: PipelineSpec) -> Iterator[tuple[str, str]]:
-    if spec.draft is not None:
-        quant = spec.draft.quantization
-        yield "draft", _model_row(spec.draft)
-        if quant.enabled:
-            calib = quant.calib
-            yield "draft quantization", (
-                f"{quant.format}, kv cache {quant.kv_cache}; calib {calib.source} "
-                f"({calib.size} x {calib.seq_len} tokens)"
-            )
-        yield "draft tokens (K)", str(spec.speculative.num_draft_tokens)
-    if spec.medusa is not None:
-        tree = spec.medusa.resolved_choices()
-        origin = spec.medusa.choices if isinstance(spec.medusa.choices, str) else "inline list"
-        yield "medusa heads", str(spec.medusa.heads)
-        yield "medusa tree", f"{origin}: {len(tree)} nodes, depth {spec.medusa.depth}"
-
-
-def summarize_spec(spec: PipelineSpec) -> Table:
-    """What a spec resolves to (absolute paths, filled-in defaults), for `specbuild validate`."""
-    build, deploy = spec.build, spec.deploy
-    table = Table(title=f"{spec.name}  ({spec.path})", header_style="bold", title_justify="left")
-    table.add_column("setting", style="cyan", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    rows: list[tuple[str, str]] = [
-        ("mode", spec.speculative.mode),
-        ("target", _model_row(spec.target)),
-        *_speculation_rows(spec),
-        ("backend", build.backend),
-        ("dtype", build.dtype),
-        ("parallelism", f"tp {build.tp_size} x pp {build.pp_size} = {build.world_size} rank(s)"),
-        ("max batch", str(build.max_batch_size)),
-        ("max tokens", f"input {build.max_input_len}, output {build.max_output_len}"),
-        ("output_dir", str(spec.output_dir)),
-        ("model repository", str(deploy.model_repository)),
-        ("triton batch", str(deploy.triton_max_batch_size)),
-        ("responses", "streamed (decoupled)" if deploy.decoupled else "one per request"),
-        ("ports", f"http {deploy.http_port}, grpc {deploy.grpc_port}, metrics {deploy.metrics_port}"),
-    ]
-    for key, value in rows:
-        table.add_row(key, value)
-    return table
