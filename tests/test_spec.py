@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from rich.console import Console
 
+from specbuild.dtypes import DTYPES
 from specbuild.errors import SpecError
 from specbuild.spec import (
+    BuildSpec,
     PipelineSpec,
     SpecValidationError,
     load_spec,
@@ -147,6 +151,16 @@ def test_range_error_in_documented_format(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "  tp_size: 0\n")
     line = line_of(path, "tp_size")
     assert spec_error(path).message == f"{path}:{line}: build.tp_size: must be >= 1 (got 0)"
+
+
+def test_dtype_choices_are_the_dtype_table(tmp_path: Path) -> None:
+    """build.dtype takes its names from specbuild.dtypes, listed as they always were (smallest first)."""
+    path = write(tmp_path, MINIMAL + "  dtype: fp16\n")
+    line = line_of(path, "dtype")
+    assert spec_error(path).message == (
+        f"{path}:{line}: build.dtype: must be one of 'auto', 'float16', 'bfloat16' or 'float32' (got 'fp16')"
+    )
+    assert set(get_args(BuildSpec.model_fields["dtype"].annotation)) == {"auto", *DTYPES}
 
 
 def test_all_problems_reported_together(tmp_path: Path) -> None:
@@ -353,3 +367,21 @@ def test_starter_spec_gets_the_mode_of_any_new_file(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(old_mask)
+
+
+# --- package layout ------------------------------------------------------------------------------------------
+
+SPEC_LAYERS = ["problems", "fields", "presets", "schema", "yaml_lines", "describe", "load", "starter", "summary"]
+"""specbuild/spec/ from the bottom up: a module may import only modules listed before it (no cycles)."""
+
+
+def test_spec_modules_import_only_downwards() -> None:
+    package = REPO / "specbuild" / "spec"
+    assert sorted(SPEC_LAYERS) == sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    for index, name in enumerate(SPEC_LAYERS):
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        siblings = {module.removeprefix("specbuild.spec.") for module in imported
+                    if module.startswith("specbuild.spec.") or module == "specbuild.spec"}
+        assert siblings <= set(SPEC_LAYERS[:index]), f"specbuild/spec/{name}.py imports {siblings} (upwards)"
