@@ -5,8 +5,9 @@ safetensors shards, then runs every contender as its own child process on a warm
 from `time.perf_counter` around the child and peak RSS from the child's `os.wait4` rusage (`ru_maxrss`).
 Also checks that specbuild's rank0.safetensors equals ModelOpt's tensor for tensor.
 
-Writes bench/results/convert.json (every figure, machine info) and bench/results/convert.md (tables).
-Run with `make bench` or `.venv/bin/python bench/convert_bench.py [--help]`.
+Writes bench/results/convert.json (every figure, machine info) and bench/results/convert.md (tables), then exits
+1 if a target is missed or the checkpoints differ. Run with `make bench` or
+`.venv/bin/python bench/convert_bench.py [--help]`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from machine_info import machine_info
 from safetensors import safe_open
 from safetensors.torch import save_file
+from targets import Target, finish
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -505,7 +507,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL: {t['target']}: {t['value']} {t['unit']}")
     if not check["identical"]:
         print("FAIL: specbuild's rank0.safetensors differs from ModelOpt's")
-    return 0
+    return finish("convert_bench", judged(report))
+
+
+def judged(report: dict[str, Any]) -> list[Target]:
+    """The report's targets (informational ones included, never missed) and the rank0 equality check."""
+    targets = [Target(t["target"], t["pass"], f"{t['value']} {t['unit']}") for t in report["targets"]]
+    identical = bool(report["correctness"]["identical"])
+    return [*targets, Target("specbuild's rank0.safetensors equals ModelOpt's", identical)]
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ a like-for-like comparison, an unquantized row) use the same draft with its MLP 
 channels are exact zeros in gate, up and down, so the padded model computes the same function
 (`zero_pad_mlp`; checked here: both unquantized drafts propose and get accepted the same tokens).
 
-Writes bench/results/quantize.json (every figure, machine info) and bench/results/quantize.md (the table).
-Run with `.venv/bin/python bench/quantize_bench.py [--help]`.
+Writes bench/results/quantize.json (every figure, machine info) and bench/results/quantize.md (the table), then
+exits 1 if a target is missed. Run with `.venv/bin/python bench/quantize_bench.py [--help]`.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=32)
@@ -212,6 +212,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(BENCH))
     from machine_info import machine_info
+    from targets import Target, finish
 
     results = run(args)
     results["machine"] = machine_info(["torch", "transformers", "nvidia-modelopt"])
@@ -219,7 +220,8 @@ def main() -> None:
     (args.results / "quantize.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.results / "quantize.md").write_text(markdown(results))
     print(markdown(results))
+    return finish("quantize_bench", [Target(name, ok) for name, ok in results["checks"].items()])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

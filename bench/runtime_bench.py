@@ -9,7 +9,8 @@ tokens/s, tokens per target forward, accepted draft tokens per round, acceptance
 each speculative method's output equals plain greedy decoding token for token.
 
 Writes bench/results/speculative.json (every figure, machine info), bench/results/speculative.md (the table and
-the target checks) and bench/results/acceptance.png (acceptance rate by draft position).
+the target checks) and bench/results/acceptance.png (acceptance rate by draft position), then exits 1 if a target
+is missed, a method crashed or a speculative output differs from plain greedy decoding.
 Run with `.venv/bin/python bench/runtime_bench.py [--help]`.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 from machine_info import machine_info
+from targets import Target, finish
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -602,7 +604,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: {f['key']} crashed: {f['error']}")
     if not correctness["all_specbuild_equal_greedy"]:
         print("FAIL: a speculative method's output differs from plain greedy decoding")
-    return 0
+    return finish("runtime_bench", judged(report))
+
+
+def judged(report: dict[str, Any]) -> list[Target]:
+    """The report's targets, one per crashed method, and the greedy equality of specbuild's speculative rows."""
+    targets = [Target(t["target"], t["pass"], "not measured" if t["value"] is None else f"{t['value']} {t['unit']}")
+               for t in report["targets"]]
+    targets += [Target(f"{f['key']} runs", False, f["error"]) for f in report["failed"]]
+    equal = bool(report["correctness"]["all_specbuild_equal_greedy"])
+    return [*targets, Target("every speculative output equals plain greedy decoding", equal)]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ alike) and the median round by tokens/s is kept. Output tokens are counted with 
 
 Targets, each a ratio measured side by side in the same run: plain at concurrency 8 >= 3x its own tokens/s at
 concurrency 1 (in-flight batching); draft-target and Medusa >= 1.3x plain at concurrency 1 and >= 1.0x plain at
-8 and 16 (speculation never makes a loaded server slower). The script exits non-zero when one is missed.
+8 and 16 (speculation never makes a loaded server slower). The script exits 1 when one is missed or a deployment
+could not be deployed.
 
 Writes bench/results/serving.json (every figure, machine info), serving.md (the table), serving.png (tokens/s,
 TTFT and ITL by concurrency) and serving-curve.png (tokens/s against concurrency).
@@ -28,6 +29,7 @@ from typing import Any
 
 from machine_info import machine_info
 from rich.console import Console
+from targets import Target, finish
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -105,7 +107,8 @@ def main() -> int:
             failed[name] = str(err)
     if BASELINE not in repositories or len(repositories) < 2:
         console.print("nothing to compare: the plain deployment and at least one speculative one are needed")
-        return 1
+        nothing = Target("plain and a speculative deployment served", False)
+        return finish("serving_bench", [*undeployed(failed), nothing])
     tokenizer = repositories[BASELINE] / "preprocessing" / "tokenizer"
     counter = TokenCounter(tokenizer if tokenizer.is_dir() else None)
 
@@ -145,11 +148,22 @@ def main() -> int:
     plot(series, args.out / "serving.png", title)
     curve(series, args.out / "serving-curve.png", title)
     console.print(f"wrote {args.out / 'serving.json'}, serving.md, serving.png, serving-curve.png", highlight=False)
-    missed = [t["target"] for t in report["targets"] if not t["met"]]
     for target in report["targets"]:
         console.print(f"{'PASS' if target['met'] else 'FAIL'}: {target['target']} "
                       f"(measured {target['measured']})", highlight=False)
-    return 1 if missed or failed else 0
+    return finish("serving_bench", judged(report, failed))
+
+
+def undeployed(failed: dict[str, str]) -> list[Target]:
+    """A missed target per deployment that could not be deployed (its error's first line as the figure)."""
+    return [Target(f"{name} deployed", False, error.splitlines()[0] if error else "") for name, error in failed.items()]
+
+
+def judged(report: dict[str, Any], failed: dict[str, str]) -> list[Target]:
+    """The report's targets (one not measured is missed) and every deployment that could not be deployed."""
+    targets = [Target(t["target"], bool(t["met"]), "not measured" if t["measured"] is None else str(t["measured"]))
+               for t in report["targets"]]
+    return [*targets, *undeployed(failed)]
 
 
 def curve(series: dict[str, list[Summary]], path: Path, title: str) -> Path:

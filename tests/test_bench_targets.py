@@ -1,0 +1,110 @@
+"""The bench scripts' exit logic, without running a benchmark: a missed target gives exit status 1 and a verdict
+naming it, an informational figure never does, `make bench` (bench/run_all.py) runs every script and reports a
+script that crashed before judging as a failure, never as a pass. Judged on the committed bench/results figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+RESULTS = BENCH / "results"
+
+
+@pytest.fixture(scope="module")
+def bench() -> dict[str, ModuleType]:
+    """bench/*.py imported as the scripts import each other (bench/ first on sys.path)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return {name: importlib.import_module(name) for name in
+                ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench")}
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_a_missed_target_exits_1_and_is_named(bench: dict[str, ModuleType]) -> None:
+    t = bench["targets"]
+    met, info = t.Target("rss < 1 GiB", True, "812 MiB"), t.Target("ratio", None, "2.1x")
+    miss = t.Target("speedup >= 1.3", False, "1.05x")
+    assert t.exit_status([met, info]) == 0
+    assert t.verdict("x_bench", [met, info]) == "x_bench: all 1 targets met"
+    assert t.exit_status([met, info, miss]) == 1
+    assert t.missed([met, info, miss]) == [miss]
+    line = t.verdict("x_bench", [met, info, miss, t.Target("plain deployed", False)])
+    assert line == "x_bench: missed 2 of 3 targets: speedup >= 1.3 (1.05x); plain deployed"
+    assert t.says_missed(line) and not t.says_missed("x_bench: all 1 targets met")
+
+
+def test_finish_stores_the_verdict_and_returns_the_status(bench: dict[str, ModuleType], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    t = bench["targets"]
+    assert t.finish("x_bench", [t.Target("a", True), t.Target("b", False, "0.9")], verdicts=tmp_path) == 1
+    assert (tmp_path / "x_bench.txt").read_text() == "x_bench: missed 1 of 2 targets: b (0.9)\n"
+    assert capsys.readouterr().out == "x_bench: missed 1 of 2 targets: b (0.9)\n"
+    assert t.finish("x_bench", [t.Target("a", True)], verdicts=tmp_path) == 0
+
+
+def test_the_scripts_judge_their_committed_figures(bench: dict[str, ModuleType]) -> None:
+    """Each script's own `judged` on its figures in bench/results: it misses exactly what the report marks as
+    failed (serving.md records three misses when this was written), and a crash or an undeployed deployment is a
+    miss too."""
+    t = bench["targets"]
+    convert = json.loads((RESULTS / "convert.json").read_text())
+    judged = bench["convert_bench"].judged(convert)
+    assert any(x.met is None for x in judged)  # the informational ratio is carried, never missed
+    failed = [x["target"] for x in convert["targets"] if x["pass"] is False]
+    assert [x.name for x in t.missed(judged)] == failed + ([] if convert["correctness"]["identical"] else
+                                                           ["specbuild's rank0.safetensors equals ModelOpt's"])
+    runtime = json.loads((RESULTS / "speculative.json").read_text())
+    failed = [x["target"] for x in runtime["targets"] if not x["pass"]]
+    assert [x.name for x in t.missed(bench["runtime_bench"].judged(runtime))] == failed
+    crashed = {**runtime, "failed": [{"key": "specbuild_medusa_63", "error": "RuntimeError: boom"}]}
+    assert t.missed(bench["runtime_bench"].judged(crashed))[len(failed):] == [
+        t.Target("specbuild_medusa_63 runs", False, "RuntimeError: boom")]
+    serving = json.loads((RESULTS / "serving.json").read_text())
+    judged = bench["serving_bench"].judged(serving, {})
+    failed = [x["target"] for x in serving["targets"] if not x["met"]]
+    assert [x.name for x in t.missed(judged)] == failed
+    assert t.exit_status(judged) == (1 if failed else 0)
+    undeployed = bench["serving_bench"].judged(serving, {"medusa": "medusa.yaml: no engine\nmore"})
+    assert t.missed(undeployed)[-1] == t.Target("medusa deployed", False, "medusa.yaml: no engine")
+    assert t.exit_status(undeployed) == 1
+
+
+def test_make_bench_runs_every_script(bench: dict[str, ModuleType]) -> None:
+    assert sorted(bench["run_all"].SCRIPTS) == sorted(p.stem for p in BENCH.glob("*_bench.py"))
+    makefile = (BENCH.parent / "Makefile").read_text()
+    assert "bench/run_all.py" in makefile
+
+
+def test_the_summary_fails_on_a_miss_or_a_crash(bench: dict[str, ModuleType]) -> None:
+    r = bench["run_all"]
+    ok = r.Outcome("a_bench", 0, "a_bench: all 3 targets met")
+    assert r.summary([ok]) == (["a_bench: all 3 targets met"], 0)
+    miss = r.Outcome("b_bench", 1, "b_bench: missed 1 of 2 targets: x")
+    crash = r.Outcome("c_bench", 2, None)
+    odd = r.Outcome("d_bench", 1, "d_bench: all 2 targets met")
+    lines, status = r.summary([ok, miss, crash, odd])
+    assert status == 1
+    assert lines == ["a_bench: all 3 targets met", "b_bench: missed 1 of 2 targets: x",
+                     "c_bench: exited 2 before judging its targets (see its output above)",
+                     "d_bench: all 2 targets met (but exited 1)"]
+
+
+def test_a_stale_verdict_never_stands_for_a_crashed_run(bench: dict[str, ModuleType], tmp_path: Path) -> None:
+    r = bench["run_all"]
+    (tmp_path / "crash_bench.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "crash_bench.txt").write_text("crash_bench: all 4 targets met\n")  # left by an earlier run
+    assert r.run_script("crash_bench", bench=tmp_path, verdicts=tmp_path) == r.Outcome("crash_bench", 3, None)
+    (tmp_path / "miss_bench.py").write_text(
+        f"import sys, pathlib; sys.path.insert(0, {str(BENCH)!r}); from targets import Target, finish\n"
+        f"verdicts = pathlib.Path({str(tmp_path)!r})\n"
+        "sys.exit(finish('miss_bench', [Target('t', False, '0.5')], verdicts=verdicts))\n")
+    outcome = r.run_script("miss_bench", bench=tmp_path, verdicts=tmp_path)
+    assert outcome == r.Outcome("miss_bench", 1, "miss_bench: missed 1 of 1 targets: t (0.5)")
