@@ -1,10 +1,11 @@
 """The `trtllm-build` flags specbuild sets, with TensorRT-LLM 1.2's names, choices and defaults.
 
-Source: shared/reference/tensorrt-llm.md §4 (`tensorrt_llm/commands/build.py` and `plugin/plugin.py` of the 1.x
-line) and §3 (draft-target builds). `EXPLICIT` lists the flags passed even at their 1.2 default, because their
-default changed between versions (0.11-era: paged context FMHA and FP8 context FMHA off, 64 tokens per block,
-`--paged_kv_cache` instead of `--kv_cache_type`) or because an implicit default would hide a decision
-(`--gemm_plugin`, off unless given). Passing them makes a plan mean the same on every 1.2.x release.
+Source: NVIDIA/TensorRT-LLM `tensorrt_llm/commands/build.py` @65f1d153 and `tensorrt_llm/plugin/plugin.py`
+@c20322ff (1.x line), and `examples/draft_target_model/README.md` @567239fc (draft-target builds). `EXPLICIT`
+lists the flags passed even at their 1.2 default, because their default changed between versions (0.11-era:
+paged context FMHA and FP8 context FMHA off, 64 tokens per block, `--paged_kv_cache` instead of
+`--kv_cache_type`) or because an implicit default would hide a decision (`--gemm_plugin`, off unless given).
+Passing them makes a plan mean the same on every 1.2.x release.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ EXPLICIT: dict[str, str] = {
     "--tokens_per_block": "32",
 }
 """Flag -> value passed on every engine. Paged context FMHA is required for KV-cache reuse, which draft-target
-serving needs on both engines (§3, triton-backend.md §2.1)."""
+serving needs on both engines (examples/draft_target_model/README.md @567239fc)."""
 
 FP8_CONTEXT_FMHA = "--use_fp8_context_fmha"
 """enable only where the checkpoint is FP8, W4A8 AWQ or NVFP4 with an FP8 KV cache (plan.FP8_CONTEXT_FMHA_QUANT):

@@ -1,8 +1,9 @@
 """Every check that can be made before an engine build starts, reported together, one message per problem.
 
-Each rule is a mistake TensorRT-LLM users report finding only after a long build or at serving time
-(shared/reference/tensorrt-llm.md §2-§5, triton-backend.md §5), or a rule of TensorRT-LLM 1.2's own
-`trtllm-build` that refuses, or silently changes, a configuration specbuild can plan. Those are read from
+Each rule is a mistake TensorRT-LLM users report finding only after a long build or at serving time (in
+NVIDIA/TensorRT-LLM and triton-inference-server/tensorrtllm_backend GitHub issues, e.g. TensorRT-LLM#2789 and
+#1845, named at their rules), or a rule of TensorRT-LLM 1.2's own `trtllm-build` that refuses, or silently
+changes, a configuration specbuild can plan. Those are read from
 NVIDIA/TensorRT-LLM: `tensorrt_llm/builder.py` `build()` (the same lines at commits 73c0d691 and 008b2b8d and in
 the 1.x version without auto_parallel that 1.2's `tensorrt_llm/commands/build.py` @65f1d153 imports),
 `tensorrt_llm/_common.py` `check_max_num_tokens()` @0fccc5b9 and `tensorrt_llm/quantization/mode.py`
@@ -38,7 +39,8 @@ QUANT_MIN_CC: dict[str, tuple[float, str]] = {
     "NVFP4": (10.0, "Blackwell"),
 }
 SPECULATIVE_MIN_CC = 8.0
-"""Medusa and draft-target engines need compute capability >= 8.0 (tensorrt-llm.md §2.4, triton-backend.md §2.1)."""
+"""Medusa and draft-target engines need compute capability >= 8.0: the support matrices of NVIDIA/TensorRT-LLM
+examples/medusa/README.md (1.x) and examples/draft_target_model/README.md @567239fc."""
 
 # TensorRT-LLM 1.2's build() refuses integer quantization when `100 <= get_sm_version() < 120` (B100/B200/GB200,
 # B300/GB300; not SM 120-121, the RTX 50xx / RTX PRO Blackwell parts), raising RuntimeError in this order:
@@ -163,8 +165,9 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
 
 
 def _quantized_half(fact: CheckpointFacts, dtype: str) -> bool:
-    """ModelOpt exports quantized checkpoints in float16 or bfloat16 only (shared/reference/modelopt-medusa.md
-    §1.5), so `convert` writes a quantized draft of a float32 pipeline in float16: that is expected, not stale."""
+    """ModelOpt exports quantized checkpoints in float16 or bfloat16 only (ModelOpt 0.47.0,
+    NVIDIA/Model-Optimizer modelopt/torch/export/model_config_export.py; `dtypes.EXPORT_DTYPES`), so `convert`
+    writes a quantized draft of a float32 pipeline in float16: that is expected, not stale."""
     quantized = fact.quant_algo is not None or fact.kv_cache_quant_algo is not None
     return quantized and dtype == "float32" and fact.dtype in ("float16", "bfloat16")
 
@@ -292,8 +295,9 @@ def paged_context_fmha_lost(fact: CheckpointFacts) -> str | None:
 
 def paged_context_fmha_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts) -> Iterator[BuildProblem]:
     """Every plan passes `--use_paged_context_fmha enable` (trtllm_flags.EXPLICIT): KV-cache reuse, which
-    draft-target serving needs on both engines (examples/draft_target_model/README.md, triton-backend.md §2.1) and
-    deploy enables on every engine, and chunked context need it. trtllm-build only warns when it drops it."""
+    draft-target serving needs on both engines (NVIDIA/TensorRT-LLM examples/draft_target_model/README.md
+    @567239fc) and deploy enables on every engine, and chunked context need it. trtllm-build only warns when it
+    drops it."""
     reason = paged_context_fmha_lost(fact)
     if reason is None:
         return

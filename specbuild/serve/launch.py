@@ -2,7 +2,7 @@
 
 A TensorRT-LLM engine built with tp×pp > 1 needs tp×pp MPI ranks (TensorRT-LLM asserts `mpiSize == tp * pp`).
 We build the same command as the TensorRT-LLM backend's `scripts/launch_triton_server.py`
-(shared/reference/triton-backend.md §1.7): `mpirun --allow-run-as-root` followed by one
+(triton-inference-server/tensorrtllm_backend @c2e65b88): `mpirun --allow-run-as-root` followed by one
 `-n 1 tritonserver ... :` block per rank, each with its own python-backend shared-memory prefix `prefix{i}_`;
 ranks above 0 load only the tensorrtllm models (explicit model control), and never reach their endpoints
 because the backend keeps them in its worker loop, so all ranks may name the same ports.
@@ -233,7 +233,7 @@ def mpi_command(
     log_verbose: int = 0,
     mpirun: str = "mpirun",
 ) -> list[str]:
-    """`mpirun` with one tritonserver per rank, as the TensorRT-LLM launcher writes it (§1.7)."""
+    """`mpirun` with one tritonserver per rank, as the TensorRT-LLM launcher writes it (see the module docstring)."""
     cmd = [mpirun, "--allow-run-as-root"]
     for rank in range(world_size):
         cmd += ["-n", "1", str(binary), f"--model-repository={repository}"]

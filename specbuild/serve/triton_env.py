@@ -1,11 +1,14 @@
 """Which `tritonserver` to run and the environment it needs.
 
 Two installations are supported. Inside an NGC Triton container `tritonserver` is on PATH and brings its own
-backends (tensorrtllm, python). Elsewhere we run the binary bundled in `nvidia-pytriton`: its tree is copied
-once into a cache directory (the wheel's copy has no python backend stub, and the stub must match the running
-Python minor version), and it needs `LD_LIBRARY_PATH` to hold the wheel's `nvidia_pytriton.libs` and the
-interpreter's `LIBDIR` (for libpython), with this interpreter's `bin` first on PATH so that the stub's python
-models import this environment's packages (see shared/DESIGN.md, "Facts about this environment"). Setting
+backends (tensorrtllm, python). Elsewhere we run the binary bundled in `nvidia-pytriton`. The nvidia-pytriton
+0.7.0 wheel (Triton 2.51, python backend only) holds the tree `pytriton/tritonserver/` with `bin/tritonserver`,
+a `backends/python/` without a stub and one `python_backend_stubs/3.x/triton_python_backend_stub` per Python minor
+version, and the shared libraries in `site-packages/nvidia_pytriton.libs`. So the tree is copied once into a cache
+directory with the stub for the running Python minor version put into `backends/python/`, and it needs
+`LD_LIBRARY_PATH` to hold `nvidia_pytriton.libs` and the interpreter's `LIBDIR` (for libpython), with this
+interpreter's `bin` first on PATH so that the stub's python models import this environment's packages (with
+another python first, the stub runs it and fails on `import numpy`). Setting
 PYTHONUTF8 or a UTF-8 locale here would not make non-ASCII paths work: the stub's interpreter ignores both (see
 serve/launch.py, "Paths").
 """
