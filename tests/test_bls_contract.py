@@ -4,9 +4,11 @@ The BLS is in every repository (draft-target, Medusa, plain) and answers as NVID
 (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/model.py` @0ef1f21e,
 `lib/decode.py` @4db68284, `lib/triton_decoder.py` @07f3e442): its text is what postprocessing makes of the LLM's
 output_ids, so the prompt leads it unless excluded, exactly as the ensemble's text for the same request; every
-input of NVIDIA's BLS is accepted. Facts cite the contract document (/work/shared/reference/
-triton-backend-1.2-contract.md §). Expected texts come from the target's own greedy output in this run
-(`greedy_outputs`), never written down: the demo weights differ per machine.
+input of NVIDIA's BLS is accepted. A fact's "§n" / "contract §n" names the upstream file it was read from, as
+listed in tests/test_nvidia_clients.py's docstring (§1 the config.pbtxt templates, §2 the C++ backend's
+model_instance_state.cc, §3 the Python models, §4 NVIDIA's client scripts). Expected texts come from the
+target's own greedy output in this run (`greedy_outputs`), never written down: the demo weights differ per
+machine.
 """
 
 from __future__ import annotations

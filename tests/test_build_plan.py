@@ -1,9 +1,12 @@
 """Build plans render to the exact `trtllm-build` argument lists of TensorRT-LLM 1.2.
 
-Contract tests: the expected lists were written by hand from shared/reference/tensorrt-llm.md §2.3 (Medusa
-build), §3 (draft-target build: target with `--speculative_decoding_mode draft_tokens_external --max_draft_len K`,
-paged context FMHA on both, `--gather_generation_logits` on both with logits) and §4 (flag names/defaults), and
-every flag and value is checked against the 1.2 flag table in tests/trtllm_1_2_flags.py (same source).
+Contract tests: the expected lists were written by hand from NVIDIA/TensorRT-LLM (1.x line)
+`examples/medusa/README.md` and `tensorrt_llm/builder.py` `build()` @008b2b8d (Medusa build; with a speculative
+mode `max_seq_len` grows by `max_draft_len`), `examples/draft_target_model/README.md` @567239fc (draft-target
+build: target with `--speculative_decoding_mode draft_tokens_external --max_draft_len K`, paged context FMHA on
+both, `--gather_generation_logits` on both with logits) and `tensorrt_llm/commands/build.py` @65f1d153 with
+`tensorrt_llm/plugin/plugin.py` @c20322ff (flag names/defaults), and every flag and value is checked against the
+1.2 flag table in tests/trtllm_1_2_flags.py (same source).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The tensorrt backend's orchestration (parallel builds on their own GPUs, one log per engine, the engine's
 config.json checked against the plan, atomic swap, engine.json + manifest), driven through a stand-in
 `trtllm-build`: TensorRT-LLM cannot be installed here. The stand-in writes what TensorRT-LLM 1.2's builder
-writes per shared/reference/tensorrt-llm.md §2.3: `config.json` = {version, pretrained_config, build_config}
-with max_seq_len raised by max_draft_len under a speculative mode, and `rank{N}.engine`."""
+writes (NVIDIA/TensorRT-LLM `tensorrt_llm/builder.py` `build()` @008b2b8d, `examples/medusa/README.md`, 1.x):
+`config.json` = {version, pretrained_config, build_config} with max_seq_len raised by max_draft_len under a
+speculative mode, and `rank{N}.engine`."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 The expectations are generated from `specbuild.contracts.triton_backend`, the contract as data, whose rows were
 taken from NVIDIA's templates (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt`,
-commits named in that module). TensorRT-LLM cannot run here, so the tensorrt flavour (C++ `tensorrtllm` backend)
-is checked on rendered configs; the reference flavour on rendered configs and on the demo repositories as
-`specbuild deploy` writes them.
+commits named in that module; "contract document §1" below means these templates). TensorRT-LLM cannot run
+here, so the tensorrt flavour (C++ `tensorrtllm` backend) is checked on rendered configs; the reference flavour
+on rendered configs and on the demo repositories as `specbuild deploy` writes them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Medusa heads (FasterDecoding format) converted into a TensorRT-LLM MedusaForCausalLM checkpoint.
 
-Names, split dims and config fields follow shared/reference/tensorrt-llm.md §2.1-2.2; head counts come from the
-file's keys (modelopt-medusa.md §2.1: published configs disagree with their files)."""
+Names, split dims and config fields follow NVIDIA/TensorRT-LLM `examples/medusa/convert_checkpoint.py` @b93e14ca
+and `tensorrt_llm/models/medusa/` (`config.py` @084a8843, `weight.py`), 1.x line; head counts come from the
+file's keys, because published configs disagree with their files (FasterDecoding/Medusa @e2a5d20c
+`medusa/model/medusa_model.py` overrides `medusa_num_heads` with "TODO: fix the uploaded config", and
+TensorRT-LLM's `examples/medusa/README.md` says medusa-vicuna-7b-v1.3's config claims 2 heads where the file has 4)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,16 @@ Which server: unary infer (inflight_batcher_llm_client without --streaming, e2e_
 end_to_end_test, benchmark_core_model without --decoupled) needs non-decoupled models - the draft-target repository's
 tensorrt_llm, tensorrt_llm_draft and ensemble; streaming of the LLM itself needs a decoupled tensorrt_llm - the
 plain and Medusa repositories (the draft-target repository streams through its decoupled BLS).
+
+Sources: "Contract §n" in a docstring names the upstream file a fact was read from (paths under NVIDIA/TensorRT-LLM
+`triton_backend/` unless noted): §1 the model configs, `all_models/inflight_batcher_llm/<model>/config.pbtxt`
+(tensorrt_llm and ensemble @2a9abd95, preprocessing @808059da, postprocessing @89fd9b74, tensorrt_llm_bls
+@bff88ea8); §2 the C++ `tensorrtllm` backend, `inflight_batcher_llm/src/model_instance_state.cc` @0c8de69a and
+`utils.cc` @c8c6df08 (with `cpp/tensorrt_llm/batch_manager/llmRequest.cpp` @119c6e60 for length limits); §3 the
+Python models under `all_models/inflight_batcher_llm/`: §3.1 `preprocessing/1/model.py` @01259b15, §3.2
+`postprocessing/1/model.py` @2e2327b9, §3.3 `tensorrt_llm_bls/1/model.py` @0ef1f21e with `lib/decode.py`
+@4db68284, §3.4 the ensemble's config; §4 NVIDIA's client scripts, triton-inference-server/tensorrtllm_backend
+@c2e65b88 `inflight_batcher_llm/client/` and `tools/inflight_batcher_llm/`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """`trtllm-build` flags of TensorRT-LLM 1.2, kept apart from specbuild's code so that tests can check plans
 against it.
 
-Source: shared/reference/tensorrt-llm.md §4 "trtllm-build CLI (1.x)", which was read from NVIDIA/TensorRT-LLM
-`tensorrt_llm/commands/build.py` @65f1d153 and `tensorrt_llm/plugin/plugin.py` @c20322ff (1.x line), plus §3
-(draft-target build flags). Values: a set of allowed words, `int` for integers, `path` for a directory, and
-`None` for store_true flags that take no value. Flags that 1.x removed are listed in REMOVED: passing one is an
-argparse error there.
+Source: NVIDIA/TensorRT-LLM `tensorrt_llm/commands/build.py` @65f1d153 and `tensorrt_llm/plugin/plugin.py`
+@c20322ff (1.x line), plus `examples/draft_target_model/README.md` @567239fc (draft-target build flags).
+Values: a set of allowed words, `int` for integers, `path` for a directory, and `None` for store_true flags that
+take no value. Flags that 1.x removed are listed in REMOVED: passing one is an argparse error there.
 """
 
 from __future__ import annotations
