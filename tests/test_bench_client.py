@@ -117,14 +117,17 @@ def test_bench_cli_compares_two_endpoints_as_json_and_png(server: TritonServer, 
     prompts.write_text("one two\n\nthree\n")
     png = tmp_path / "plot.png"
     result = CliRunner().invoke(app, [
-        "bench", server.grpc_url, "--model", "tinyllm", "--num-draft-tokens", "4", "--max-tokens", "9",
-        "--compare", server.grpc_url, "--compare-model", "ensemble", "--prompts", str(prompts),
+        "bench", server.grpc_url, "--model-name", "tinyllm", "--num-draft-tokens", "4", "--max-tokens", "9",
+        "--compare", server.grpc_url, "--compare-model-name", "ensemble", "--prompts", str(prompts),
         "--concurrency", "1", "--concurrency", "2", "--json", "--png", str(png),
     ])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [s["concurrency"] for s in report["endpoint"]] == [1, 2]
     assert [s["model"] for s in report["compare"]] == ["ensemble", "ensemble"]
+    # tinyllm's repository has no preprocessing model, so no tokenizer: words, for both endpoints alike
+    assert report["unit"] == "words"
+    assert {s["tokens_counted_by"] for s in report["endpoint"] + report["compare"]} == {"words"}
     # tinyllm with K=4 sends 3 words per step, the ensemble (no num_draft_tokens input) one: about 3× the rate
     for ratio in report["ratios"]:
         assert 2.0 < ratio["output_tokens_per_s"] < 3.6
@@ -135,10 +138,46 @@ def test_bench_cli_compares_two_endpoints_as_json_and_png(server: TritonServer, 
 
 def test_bench_cli_table_and_unreachable_server(server: TritonServer) -> None:
     result = CliRunner().invoke(app, ["bench", server.http_url, "--protocol", "http", "--requests", "2",
-                                      "--max-tokens", "4", "--model", "tinyllm", "--num-draft-tokens", "2"])
+                                      "--max-tokens", "4", "--model-name", "tinyllm", "--num-draft-tokens", "2"])
     assert result.exit_code == 0, result.output
-    assert "output tokens/s" in result.stdout and "acceptance rate" in result.stdout
+    assert "output words/s" in result.stdout and "acceptance rate" in result.stdout
+    assert "tokens/s" not in result.stdout, "words are never called tokens"
     assert "0.500" in result.stdout  # 4 words at 2 per step: 1 of 2 drafts accepted in each of 2 steps
-    failed = CliRunner().invoke(app, ["bench", "127.0.0.1:1", "--model", "tinyllm"])
+    failed = CliRunner().invoke(app, ["bench", "127.0.0.1:1", "--model-name", "tinyllm"])
     assert failed.exit_code == 1
     assert "cannot reach" in failed.output
+
+
+def test_bench_counts_with_the_tokenizer_the_servers_preprocessing_model_names(tmp_path: Path) -> None:
+    """No --tokenizer, no --repository: the bench asks the server for preprocessing's tokenizer_dir (absolute here,
+    so it names a directory on this machine) and counts with it, for both endpoints."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.serve_fixtures import TINYLLM_CONFIG, TINYLLM_MODEL, _model
+
+    tokenizer_dir = tmp_path / "tokenizer"
+    tokenizer_dir.mkdir()
+    tokenizer = Tokenizer(models.WordPiece({"[UNK]": 0, "hello": 1, "##0": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tokenizer_dir / "tokenizer.json"))
+    repo = tinyllm_repository(tmp_path / "repo", step_delay_s=0.0)
+    config = TINYLLM_CONFIG.replace('"tinyllm"', '"preprocessing"').replace("STEP_DELAY", "0")
+    _model(repo, "preprocessing", config + f'parameters {{ key: "tokenizer_dir", value: {{ string_value: '
+                                           f'"{tokenizer_dir}" }} }}\n', TINYLLM_MODEL)
+    with TritonServer(repo, log_file=tmp_path / "server.log") as server:
+        for url, protocol in ((server.grpc_url, "grpc"), (server.http_url, "http")):
+            result = CliRunner().invoke(app, ["bench", url, "--protocol", protocol, "--model-name", "tinyllm",
+                                              "--max-tokens", "3", "--requests", "1", "--prompts",
+                                              str(_one_prompt(tmp_path)), "--json"])
+            assert result.exit_code == 0, result.output
+            report = json.loads(result.stdout)
+            assert report["unit"] == "tokens"
+            summary = report["endpoint"][0]
+            assert summary["tokens_counted_by"] == f"tokenizer {tokenizer_dir}"
+            assert summary["output_tokens"] == 4, "hello0 hello1 hello2: hello ##0, [UNK], [UNK]"
+
+
+def _one_prompt(tmp_path: Path) -> Path:
+    path = tmp_path / "prompt.txt"
+    path.write_text("hello\n")
+    return path

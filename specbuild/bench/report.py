@@ -1,4 +1,8 @@
-"""How benchmark summaries are shown: a rich table, one JSON object, and a PNG of the main figures."""
+"""How benchmark summaries are shown: a rich table, one JSON object, and a PNG of the main figures.
+
+Every label says what was counted: tokens (the deployment's tokenizer, or the model's num_output_tokens) or
+words (whitespace-separated, when no tokenizer was found), never words called tokens.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from specbuild.errors import SpecbuildError
 
 ROWS: tuple[tuple[str, str, bool], ...] = (
     # (label, field, compared against the baseline)
-    ("output tokens/s", "output_tokens_per_s", True),
-    ("tokens/s per request", "request_tokens_per_s", True),
+    # {unit} is "tokens" or "words" (see `unit`)
+    ("output {unit}/s", "output_tokens_per_s", True),
+    ("{unit}/s per request", "request_tokens_per_s", True),
     ("TTFT mean (ms)", "ttft_ms.mean", True),
     ("TTFT p90 (ms)", "ttft_ms.p90", True),
     ("ITL mean (ms)", "itl_ms.mean", True),
@@ -23,9 +28,25 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("acceptance rate", "acceptance_rate", False),
     ("accepted / draft tokens", "accepted_draft_tokens", False),
     ("requests (errors)", "requests", False),
-    ("output tokens", "output_tokens", False),
+    ("output {unit}", "output_tokens", False),
 )
 HIGHER_IS_BETTER = {"output_tokens_per_s", "request_tokens_per_s"}
+
+
+def unit(summary: Summary) -> str:
+    """What `output_tokens` counts in `summary`: tokens, words, or (a mix, per request) tokens or words."""
+    sources = {source.strip() for source in summary.tokens_counted_by.split(",")}
+    words = "words" in sources
+    if not words:
+        return "tokens"
+    return "words" if sources == {"words"} else "tokens or words"
+
+
+def counted_by(summary: Summary) -> str:
+    """The unit and how it was counted, for captions and titles."""
+    if summary.tokens_counted_by == "words":
+        return "words counted at whitespace (no tokenizer)"
+    return f"{unit(summary)} counted by {summary.tokens_counted_by}"
 
 
 def value(summary: Summary, path: str) -> Any:
@@ -54,15 +75,16 @@ def table(columns: dict[str, Summary], baseline: str | None = None, title: str |
     others = [label for label in columns if baseline is not None and label != baseline]
     for label in others:
         grid.add_column(f"{label} ÷ {baseline}", justify="right", style="bold")
+    first = next(iter(columns.values()))
+    counted = unit(first)
     for name, path, compared in ROWS:
         cells = [_cell(summary, path) for summary in columns.values()]
         for label in others:
             assert baseline is not None
             ratio = speedup(columns[label], columns[baseline], path) if compared else None
             cells.append(f"{ratio:.2f}×" if ratio is not None else "")
-        grid.add_row(name, *cells)
-    first = next(iter(columns.values()))
-    grid.caption = f"tokens counted by {first.tokens_counted_by}; ITL = (latency − TTFT) / (tokens − 1)"
+        grid.add_row(name.format(unit=counted), *cells)
+    grid.caption = f"{counted_by(first)}; ITL = (latency − TTFT) / ({counted} − 1)"
     return grid
 
 
@@ -79,8 +101,13 @@ def _cell(summary: Summary, path: str) -> str:
     return str(item)
 
 
+PANELS = (("output {unit}/s", "output_tokens_per_s"), ("TTFT mean (ms)", "ttft_ms.mean"),
+          ("ITL mean (ms)", "itl_ms.mean"), ("acceptance rate", "acceptance_rate"))
+
+
 def plot(series: dict[str, list[Summary]], path: Path, title: str) -> Path:
-    """Bars of tokens/s, TTFT and ITL per endpoint, grouped by concurrency. matplotlib is a dev dependency."""
+    """Bars of output rate, TTFT, ITL and acceptance per endpoint (named by its label: say URL and model there),
+    grouped by concurrency; the rate's unit is the summaries' (tokens or words). matplotlib is a dev dependency."""
     try:
         import matplotlib
 
@@ -92,21 +119,26 @@ def plot(series: dict[str, list[Summary]], path: Path, title: str) -> Path:
             hint="pip install matplotlib (or install specbuild[dev]); leave out --png to skip the plot",
         ) from None
     concurrencies = sorted({s.concurrency for runs in series.values() for s in runs})
-    figure, axes = plt.subplots(1, 3, figsize=(13, 4))
+    counted = unit(next(iter(series.values()))[0])
+    figure, axes = plt.subplots(1, len(PANELS), figsize=(17, 4.4))
     width = 0.8 / max(1, len(series))
-    for panel, (label, key) in zip(axes, (("output tokens/s", "output_tokens_per_s"), ("TTFT mean (ms)",
-                                   "ttft_ms.mean"), ("ITL mean (ms)", "itl_ms.mean")), strict=True):
+    for panel, (label, key) in zip(axes, PANELS, strict=True):
         for i, (name, runs) in enumerate(series.items()):
             by_c = {s.concurrency: value(s, key) for s in runs}
             xs = [c_index + (i - (len(series) - 1) / 2) * width for c_index in range(len(concurrencies))]
-            panel.bar(xs, [by_c.get(c, 0.0) for c in concurrencies], width, label=name)
+            heights = [by_c.get(c) for c in concurrencies]
+            bars = panel.bar(xs, [h if isinstance(h, int | float) and not math.isnan(h) else 0.0 for h in heights],
+                             width, label=name)
+            if key == "acceptance_rate":  # the figure speculation is about: its value on the bar, "–" when none
+                panel.bar_label(bars, [f"{h:.2f}" if isinstance(h, float) else "–" for h in heights], fontsize=8)
         panel.set_xticks(range(len(concurrencies)), [f"concurrency {c}" for c in concurrencies])
-        panel.set_title(label)
+        panel.set_title(label.format(unit=counted))
         panel.grid(axis="y", alpha=0.3)
+    axes[-1].set_ylim(0, 1.1)
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(series), fontsize=9, frameon=False)
     figure.suptitle(title)
-    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -1,4 +1,5 @@
-"""What `specbuild bench` does once the arguments are parsed: run the load, then print a table or JSON."""
+"""What `specbuild bench` does once the arguments are parsed: choose the tokenizer, run the load, then print a
+table or JSON (and plot a PNG)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from typing import Any
 from rich.console import Console
 
 from specbuild.bench.client import Protocol
-from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load
-from specbuild.bench.report import plot, speedup, table
+from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, run_load
+from specbuild.bench.report import counted_by, plot, speedup, table, unit
+from specbuild.bench.tokenizer_source import choose_tokenizer
 from specbuild.errors import SpecbuildError
 
 
 @dataclass(frozen=True)
 class BenchOptions:
     url: str
-    model: str | None = None
+    model_name: str | None = None
     protocol: Protocol = "grpc"
     concurrency: tuple[int, ...] = (1,)
     prompts_file: Path | None = None
@@ -27,8 +29,10 @@ class BenchOptions:
     stream: bool | None = None
     num_draft_tokens: int | None = None
     tokenizer: Path | None = None
+    repository: Path | None = None
+    """The deployed model repository: its preprocessing model names the tokenizer to count with."""
     compare: str | None = None
-    compare_model: str | None = None
+    compare_model_name: str | None = None
     png: Path | None = None
     json_output: bool = False
 
@@ -49,10 +53,14 @@ def read_prompts(path: Path | None) -> tuple[str, ...]:
 def run_bench(options: BenchOptions, console: Console, out: Console) -> dict[str, Any]:
     """Every concurrency against the URL (and the comparison URL); returns the JSON report it printed."""
     prompts = read_prompts(options.prompts_file)
-    counter = TokenCounter(options.tokenizer)
-    endpoints = {"endpoint": (options.url, options.model)}
+    choice = choose_tokenizer(options.url, options.protocol, tokenizer=options.tokenizer,
+                              repository=options.repository)
+    counter = choice.counter()  # one counter for both endpoints: their figures are in the same unit
+    if choice.directory is None:
+        console.print(f"counting words, not tokens: {choice.found_by}", highlight=False, soft_wrap=True)
+    endpoints = {"endpoint": (options.url, options.model_name)}
     if options.compare:
-        endpoints["compare"] = (options.compare, options.compare_model or options.model)
+        endpoints["compare"] = (options.compare, options.compare_model_name or options.model_name)
     runs: dict[str, list[Summary]] = {label: [] for label in endpoints}
     for concurrency in options.concurrency:
         load = Load(prompts=prompts, max_tokens=options.max_tokens, concurrency=concurrency,
@@ -62,8 +70,9 @@ def run_bench(options: BenchOptions, console: Console, out: Console) -> dict[str
                 runs[label].append(run_load(url, load, model=model, protocol=options.protocol, counter=counter))
     report = to_json(runs, baseline="compare" if options.compare else None)
     if options.png is not None:
-        plot({f"{label} ({runs[label][0].url})": items for label, items in runs.items()}, options.png,
-             f"specbuild bench, {options.protocol}, {options.max_tokens} new tokens")
+        first = next(iter(runs.values()))[0]
+        plot({f"{label}: {items[0].url} ({items[0].model})": items for label, items in runs.items()}, options.png,
+             f"specbuild bench, {options.protocol}, {options.max_tokens} new tokens; {counted_by(first)}")
         report["png"] = str(options.png)
     if options.json_output:
         out.file.write(json.dumps(report, indent=2) + "\n")  # plain: rich would wrap long strings
@@ -79,8 +88,10 @@ def run_bench(options: BenchOptions, console: Console, out: Console) -> dict[str
 
 
 def to_json(runs: dict[str, list[Summary]], baseline: str | None) -> dict[str, Any]:
-    """{label: [summary per concurrency]}, plus `ratios` (endpoint vs compare, >1 = endpoint better)."""
+    """{label: [summary per concurrency]}, `unit` (tokens or words: what `output_tokens` counts), plus `ratios`
+    (endpoint vs compare, >1 = endpoint better)."""
     report: dict[str, Any] = {label: [s.to_json() for s in items] for label, items in runs.items()}
+    report["unit"] = unit(next(iter(runs.values()))[0])
     if baseline is not None:
         report["ratios"] = [
             {

@@ -1,7 +1,7 @@
-"""`specbuild generate`: tokenizer + checkpoint(s) -> text and speculation statistics.
+"""Prompts in, text and speculation statistics out: tokenizer + checkpoint(s) through the reference runtime.
 
-Kept out of cli.py so the command stays a thin argument parser, and so tests and benchmarks can call the same
-code path without a subprocess.
+What `specbuild generate` runs, kept out of the CLI so the command stays a thin argument parser, and so tests and
+benchmarks can call the same code path without a subprocess.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from typing import Any
 import torch
 
 from specbuild.errors import SpecbuildError
+from specbuild.runtime.device import check_device
 from specbuild.runtime.generation import generate
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.sequence import GenerationResult, StopCriteria
+from specbuild.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -40,38 +42,12 @@ class GenerateOptions:
     threads: int | None = None  # torch CPU threads; None keeps torch's default
 
 
-def load_tokenizer(directory: Path) -> Any:
-    """A local Hugging Face tokenizer; never remote code, never a download."""
-    from transformers import AutoTokenizer
-
+def _tokenizer(directory: Path) -> Any:
+    """The checkpoint's tokenizer (local files only); a directory without tokenizer files is said as such, not as a
+    transformers error."""
     if not (directory / "tokenizer_config.json").is_file() and not (directory / "tokenizer.json").is_file():
         raise SpecbuildError(f"{directory}: no tokenizer files (tokenizer.json / tokenizer_config.json) here")
-    return AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
-
-
-def check_device(name: str) -> torch.device:
-    """The torch device `--device` names, or one clear error: an unknown name, CUDA asked of a torch built without
-    it or of a machine without a visible GPU, a GPU index past the last one."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise SpecbuildError(f"--device {name}: not a device name", hint="use cpu, cuda or cuda:N") from None
-    if device.type == "cpu":
-        return device
-    if device.type != "cuda":
-        raise SpecbuildError(f"--device {name}: the reference runtime runs on cpu or cuda, not {device.type}",
-                             hint="use cpu, cuda or cuda:N")
-    if torch.version.cuda is None:
-        raise SpecbuildError(f"--device {name}: this torch ({torch.__version__}) was built without CUDA",
-                             hint="use --device cpu, or install a CUDA build of torch")
-    if not torch.cuda.is_available():
-        raise SpecbuildError(f"--device {name}: torch {torch.__version__} sees no CUDA GPU on this machine "
-                             "(driver missing, or CUDA_VISIBLE_DEVICES hides them)", hint="use --device cpu")
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise SpecbuildError(f"--device {name}: this machine has {count} CUDA GPU(s), numbered 0-{count - 1}",
-                             hint="use --device cuda or a smaller index")
-    return device
+    return load_tokenizer(directory)
 
 
 def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params: SamplingParams,
@@ -98,7 +74,7 @@ def run_generate(options: GenerateOptions) -> dict[str, Any]:
     check_device(options.device)  # before loading anything: one message, not an assertion from deep in torch
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    tokenizer = load_tokenizer(options.tokenizer)
+    tokenizer = _tokenizer(options.tokenizer)
     try:
         params = SamplingParams(options.temperature, options.top_k, options.top_p, options.seed)
         model = CausalLM.from_checkpoint(options.checkpoint, device=options.device)

@@ -1,0 +1,41 @@
+"""The `specbuild` command line: the app and which module holds each command.
+
+Commands are thin: they parse arguments, call one stage function, and print what it did. Heavy imports
+(torch, transformers, ModelOpt) happen inside the commands so that `specbuild --help` and `specbuild init`
+answer at once.
+"""
+
+from __future__ import annotations
+
+from specbuild.cli import bench, build, convert, demo, deploy, generate, init, serve, tune
+from specbuild.cli.help import App
+from specbuild.cli.medusa import medusa_app
+
+app = App(
+    name="specbuild",
+    help=(
+        "Hugging Face checkpoints to a speculative-decoding service on Triton Inference Server.\n\n"
+        "Typical flow: `specbuild init pipeline.yaml` writes a commented spec; edit it; `specbuild validate` it; "
+        "then `convert` (TensorRT-LLM checkpoints: target, ModelOpt-quantized draft, Medusa heads), `build` "
+        "(engines, or reference bundles without a GPU), optionally `tune` (K or the Medusa tree), `deploy` "
+        "(the Triton model repository), `serve` (tritonserver) and `bench` (client-side figures). Each stage "
+        "checks everything first, writes atomically, and skips itself when its inputs are unchanged."
+    ),
+)
+
+# In the order a pipeline runs them (the order `specbuild --help` lists them in).
+app.command()(init.init)
+app.command()(build.validate)
+app.command("demo-models")(demo.demo_models)
+app.command()(convert.convert)
+app.command()(build.build)
+app.command()(tune.tune)
+app.command()(deploy.deploy)
+app.command()(serve.serve)
+app.command()(bench.bench)
+app.add_typer(medusa_app, name="medusa")
+app.command()(generate.generate)
+
+
+def main() -> None:  # pragma: no cover - console-script entry point
+    app()

@@ -1,0 +1,48 @@
+"""`specbuild deploy`: write the Triton model repository of a built pipeline, or check an existing one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from specbuild.cli.errors import console, handled_errors
+from specbuild.cli.options import DryRun, Force, OptionalSpec
+from specbuild.errors import SpecbuildError
+
+
+def deploy(
+    spec_path: OptionalSpec = None,
+    check: Annotated[
+        Path | None,
+        typer.Option("--check", help="Re-validate an existing model repository instead.", metavar="REPOSITORY"),
+    ] = None,
+    force: Force = False,
+    dry_run: DryRun = False,
+) -> None:
+    """Write the Triton model repository (preprocessing, tensorrt_llm[_draft], tensorrt_llm_bls, postprocessing,
+    ensemble) for a built pipeline, or check one with `--check REPOSITORY`."""
+    from specbuild.deploy.check import check_repository
+
+    out = Console(width=max(Console().width, 132))  # the wiring table is unreadable folded into 80 columns
+    with handled_errors():
+        if (spec_path is None) == (check is None):
+            raise SpecbuildError("give either a pipeline spec or --check REPO (not both, not neither)",
+                                 hint="`specbuild deploy pipeline.yaml` or `specbuild deploy --check REPO`")
+        if check is not None:
+            report = check_repository(check)
+            if report.models:
+                out.print(report.table())
+            report.raise_for_problems()
+            console.print(f"ok: {check} ({len(report.models)} models)", highlight=False, soft_wrap=True)
+            return
+        from specbuild.deploy.repository import deploy_repository
+        from specbuild.spec import load_spec
+
+        assert spec_path is not None
+        result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
+        if not dry_run:
+            out.print(check_repository(result.repository).table())
+        console.print(result.summary(), highlight=False, soft_wrap=True)

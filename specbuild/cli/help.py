@@ -1,0 +1,82 @@
+"""How `--help` reads to a new user; every command and group of the app uses these classes.
+
+Typer's rich help keeps a docstring's single line breaks after the first paragraph, so a docstring wrapped at the
+source's 120 columns printed sentences broken mid-line. Here a paragraph's lines are joined (a paragraph that
+starts with `\\b` keeps its lines, as in click), so help text reflows to the terminal. Flags get no type column
+(`--force`, not `--force <bool>`), and the usage line spells arguments as the argument table does: `SPEC` when
+required, `[SPEC]` when optional (typer writes `{SPEC}` and, for an optional metavar, `[[SPEC]]`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+
+def reflowed(text: str | None) -> str | None:
+    """`text` with each paragraph's line breaks turned into spaces, except in paragraphs marked with `\\b`."""
+    if not text:
+        return text
+    paragraphs = []
+    for paragraph in text.strip().split("\n\n"):
+        lines = [line.strip() for line in paragraph.strip().splitlines()]
+        if lines and lines[0] == "\b":
+            paragraphs.append("\n".join(lines[1:]))
+        else:
+            paragraphs.append(" ".join(line for line in lines if line))
+    return "\n\n".join(paragraphs)
+
+
+def _plain_flags(params: list[Any]) -> list[Any]:
+    """A flag takes no value, so it shows no type (`--help` included, which typer creates per command)."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+def _usage_name(argument: TyperArgument) -> str:
+    name = argument.metavar or argument.name.upper()
+    name = name if argument.required else f"[{name}]"
+    return name if argument.nargs == 1 else f"{name}..."
+
+
+class Command(TyperCommand):
+    """A command whose help reflows, whose flags show no type and whose usage line names arguments plainly."""
+
+    def __init__(self, *args: Any, help: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, help=reflowed(help), **kwargs)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        return pieces + [_usage_name(p) for p in self.get_params(ctx) if isinstance(p, TyperArgument)]
+
+
+class Group(TyperGroup):
+    """A command group with the same help conventions as `Command`."""
+
+    def __init__(self, *args: Any, help: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, help=reflowed(help), **kwargs)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class App(typer.Typer):
+    """A Typer app whose groups and commands are `Group` and `Command` unless told otherwise."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("cls", Group)
+        kwargs.setdefault("pretty_exceptions_enable", False)
+        kwargs.setdefault("add_completion", False)
+        kwargs.setdefault("no_args_is_help", True)
+        super().__init__(**kwargs)
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)

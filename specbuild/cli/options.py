@@ -1,0 +1,32 @@
+"""Arguments and options that several commands share, written once so that they read the same everywhere.
+
+One spelling per meaning: SPEC is a pipeline spec file, REPOSITORY a Triton model repository, URL a server
+address; `--model` is a Hugging Face directory (convert) and `--model-name` a Triton model (serve, bench).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Spec = Annotated[Path, typer.Argument(help="The pipeline spec (YAML).", metavar="SPEC")]
+OptionalSpec = Annotated[Path | None, typer.Argument(help="The pipeline spec (YAML).", metavar="SPEC")]
+Repository = Annotated[
+    Path, typer.Argument(help="Triton model repository (what `specbuild deploy` wrote).", metavar="REPOSITORY")
+]
+Force = Annotated[bool, typer.Option("--force", help="Do the work even if the manifest says up to date.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan; write nothing.")]
+ModelName = Annotated[
+    str | None,
+    typer.Option("--model-name", metavar="NAME", help="Triton model to send requests to (default: the repository's "
+                 "entry model: tensorrt_llm_bls when a draft is deployed, else ensemble)."),
+]
+NumDraftTokens = Annotated[
+    int | None,
+    typer.Option("--num-draft-tokens", min=0, help="Draft tokens per speculation round (0: the same deployment "
+                 "without speculating; default: the deployment's)."),
+]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per request at most.")]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables or text.")]

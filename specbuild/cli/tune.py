@@ -1,0 +1,58 @@
+"""`specbuild tune`: measure speculation on calibration text and write the best settings into the spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from specbuild.cli.errors import console, handled_errors
+
+
+def tune(
+    spec_path: Annotated[Path, typer.Argument(help="The pipeline spec (YAML); convert must have run.", metavar="SPEC")],
+    calib: Annotated[
+        Path | None,
+        typer.Option("--calib", metavar="FILE", help="UTF-8 calibration text file (default: held-out pydoc topics "
+                     "shipped with Python)."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", metavar="PATH", help="Write a new spec here instead of editing SPEC.")
+    ] = None,
+    prompts: Annotated[int, typer.Option("--prompts", min=1, help="Calibration prompts.")] = 8,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, help="Tokens per prompt.")] = 32,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", min=1, help="Tokens generated per prompt.")] = 64,
+    max_k: Annotated[int, typer.Option("--max-k", min=1, help="draft_target: largest K tried.")] = 8,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="draft_target: timed passes of the K sweep (fastest kept).")
+    ] = 2,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="medusa: tree node budget (default: the spec's tree size).")
+    ] = None,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=16, help="medusa: ranks measured per head.")] = 10,
+    inline: Annotated[
+        bool, typer.Option("--inline", help="medusa: write the tree into the spec, not medusa_choices/NAME-tuned.json.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads while measuring.")] = 1,
+    schedule: Annotated[
+        bool, typer.Option("--schedule/--no-schedule", help="Also measure and write speculative.draft_len_schedule: "
+                           "which length pays at which number of active sequences.")
+    ] = True,
+) -> None:
+    """Measure speculation on calibration text with the reference runtime and write the best settings into the
+    spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
+    ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
+    (next to mc_sim_7b_63), and the load-aware schedule (plain vs speculative at each batch size up to
+    build.max_batch_size).
+
+    Only the tuned values' text changes; comments and layout stay."""
+    from specbuild.tune.stage import TuneOptions, run_tune
+
+    with handled_errors():
+        options = TuneOptions(calib=calib, output=output, prompts=prompts, prompt_tokens=prompt_tokens,
+                              new_tokens=new_tokens, max_k=max_k, repeats=repeats, nodes=nodes, top_k=top_k,
+                              inline=inline, write=not dry_run, threads=threads, schedule=schedule)
+        run_tune(spec_path, options, console=console, out=Console())
