@@ -315,8 +315,8 @@ def test_tuned_tree_beats_the_mc_sim_prefix(converted: dict[str, Path]) -> None:
     assumed), so on other weights a published tree can tie or edge it on a few prompts (seen: 1.417 vs 1.420
     on unseen prompts with demo models trained from other seeds); a tuning that picks a poor tree still fails."""
     from specbuild.demo.models import heldout_texts
-    from specbuild.runtime.cli_generate import load_tokenizer
     from specbuild.runtime.model import CausalLM
+    from specbuild.tokenizer import load_tokenizer
 
     spec_path = converted["medusa"]
     spec = load_spec(spec_path)
