@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -134,7 +134,7 @@ def _holder_text(fd: int) -> str:
         return "its holder has not said who it is yet"
 
 
-def _acquire(path: Path, final: Path) -> int:
+def _acquire(path: Path, final: Path, *, wait: bool) -> int:
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -143,7 +143,7 @@ def _acquire(path: Path, final: Path) -> int:
                 raise no_space_error(path.parent) from err
             raise SpecbuildError(f"{path}: cannot create the output's lock file ({err.strerror})") from err
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder_text(fd)
             os.close(fd)
@@ -162,9 +162,12 @@ def _acquire(path: Path, final: Path) -> int:
 
 
 @contextmanager
-def output_lock(final: Path) -> Iterator[None]:
+def output_lock(final: Path, *, wait: bool = False) -> Iterator[None]:
     """Hold `final`'s lock for the block, first removing what dead runs left next to `final`; a nested call in the
-    same process (a stage that locks its outputs before atomic_directory locks each again) is a no-op."""
+    same process (a stage that locks its outputs before atomic_directory locks each again) is a no-op.
+
+    A held lock is an `OutputLocked` error at once, unless `wait`: then this waits for the holder to finish (the
+    demo models, where parallel test sessions should share one build rather than fail)."""
     path = Path(os.path.abspath(lock_path(final)))
     with _held_guard:
         if path in _held:
@@ -185,7 +188,7 @@ def output_lock(final: Path) -> Iterator[None]:
         if is_no_space(err):
             raise no_space_error(path.parent) from err
         raise SpecbuildError(f"{path.parent}: cannot create the output directory ({err.strerror})") from err
-    fd = _acquire(path, final)
+    fd = _acquire(path, final, wait=wait)
     try:  # who holds it, for the message a second run prints; best effort (a full disk must not stop the run)
         info = {"pid": os.getpid(), "started": psutil.Process().create_time(), "argv": sys.argv,
                 "host": socket.gethostname()}
@@ -275,14 +278,16 @@ def _sibling(final: Path, kind: str) -> Path:
 
 
 @contextmanager
-def atomic_directory(final: Path, *, needed_bytes: int | None = None) -> Iterator[Path]:
+def atomic_directory(final: Path, *, needed_bytes: int | None = None,
+                     replaceable: Callable[[Path], None] = check_replaceable) -> Iterator[Path]:
     """Yield a temporary directory that replaces `final` when the block finishes without error.
 
-    Holds `final`'s lock throughout, first removes what dead runs left next to it, and refuses before writing
-    when `needed_bytes` (what the caller will write, if it knows) are not free. A full filesystem while writing
-    ends in one `NoSpaceError`; either way the previous output is untouched and the temporary directory gone."""
+    Holds `final`'s lock throughout, first removes what dead runs left next to it, refuses to replace what
+    `replaceable` says is not ours (default: `check_replaceable`), and refuses before writing when `needed_bytes`
+    (what the caller will write, if it knows) are not free. A full filesystem while writing ends in one
+    `NoSpaceError`; either way the previous output is untouched and the temporary directory gone."""
     with output_lock(final):
-        check_replaceable(final)
+        replaceable(final)
         check_free_space(final.parent, needed_bytes)
         tmp = _sibling(final, "tmp")
         try:
@@ -312,6 +317,15 @@ def atomic_directory(final: Path, *, needed_bytes: int | None = None) -> Iterato
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def link_or_copy(source: Path, destination: Path) -> None:
+    """Hard-link (instant, no extra space; every stage replaces files rather than rewriting them, so a link never
+    sees a later change), else copy (another filesystem, or one without hard links)."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
 
 
 def stage_text(path: Path, text: str) -> Path:

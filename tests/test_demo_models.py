@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from specbuild.demo import models as dm
+from specbuild.demo import recipe as dr
+from specbuild.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from specbuild.errors import SpecbuildError
+from specbuild.tokenizer import load_tokenizer
 
 ROUND_TRIP_TEXTS = [
     "def f(x):\n    return x ** 2  # squares\n",
@@ -36,12 +39,12 @@ ROUND_TRIP_TEXTS = [
 MIN_TOP1_AGREEMENT = 0.55
 
 
-def tiny_recipe() -> dm.Recipe:
+def tiny_recipe() -> dr.Recipe:
     """Same code paths as the real recipe, shrunk so a build takes about a second."""
-    shape = dm.Shape(32, 1, 2, 1, 64)
-    training = dm.Training(steps=3, lr=1e-3, seed=1, batch_size=2, seq_len=16)
+    shape = dr.Shape(32, 1, 2, 1, 64)
+    training = dr.Training(steps=3, lr=1e-3, seed=1, batch_size=2, seq_len=16)
     return dataclasses.replace(
-        dm.RECIPE,
+        dr.RECIPE,
         vocab_size=300,
         target=shape,
         draft=shape,
@@ -49,7 +52,7 @@ def tiny_recipe() -> dm.Recipe:
         sliding_window=16,
         target_training=training,
         draft_training=dataclasses.replace(training, seed=2),
-        medusa=dm.MedusaHeads(num_heads=2, steps=3, batch_size=2, seq_len=16),
+        medusa=dr.MedusaHeads(num_heads=2, steps=3, batch_size=2, seq_len=16),
     )
 
 
@@ -57,7 +60,7 @@ def heldout_windows(tokenizer: object, seq_len: int = 128) -> torch.Tensor:
     """Held-out pydoc text as [N, seq_len + 1] token windows, encoded by the saved (transformers) tokenizer."""
     ids: list[int] = []
     for text in dm.heldout_texts():
-        ids += [dm.BOS_ID, *tokenizer(text, add_special_tokens=False).input_ids, dm.EOS_ID]
+        ids += [BOS_ID, *tokenizer(text, add_special_tokens=False).input_ids, EOS_ID]
     count = (len(ids) - 1) // seq_len
     return torch.tensor(ids[: count * seq_len + 1]).unfold(0, seq_len + 1, seq_len)
 
@@ -89,7 +92,7 @@ def target_and_draft(demo_models: dict[str, Path]) -> tuple[torch.nn.Module, tor
 
 @pytest.fixture(scope="module")
 def tokenizer(demo_models: dict[str, Path]) -> object:
-    return AutoTokenizer.from_pretrained(demo_models["tokenizer"])
+    return load_tokenizer(demo_models["tokenizer"])
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +107,7 @@ def test_layout_and_manifest(demo_models: dict[str, Path]) -> None:
     assert list(demo_models) == ["tokenizer", "target", "draft", "qwen2", "mistral", "gpt2", "medusa-heads"]
     root = demo_models["target"].parent
     manifest = json.loads((root / dm.MANIFEST_NAME).read_text())
-    assert manifest["recipe_hash"] == dm.recipe_hash(dm.recipe_from_environment())
+    assert manifest["recipe_hash"] == dr.recipe_hash(dr.recipe_from_environment())
     assert dm.is_complete(root, manifest["recipe_hash"])
     for name in dm.MODEL_NAMES:
         present = {p.name for p in demo_models[name].iterdir()}
@@ -123,17 +126,17 @@ def test_build_is_readable_by_other_users(demo_models: dict[str, Path]) -> None:
 @pytest.mark.parametrize("name", dm.MODEL_NAMES)
 def test_model_loads_and_predicts_over_the_vocab(demo_models: dict[str, Path], name: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(demo_models[name]).eval()
-    tokenizer = AutoTokenizer.from_pretrained(demo_models[name])
+    tokenizer = load_tokenizer(demo_models[name])
     ids = tokenizer("for x in range(10):", return_tensors="pt").input_ids
     with torch.inference_mode():
         logits = model(input_ids=ids).logits
-    assert logits.shape == (1, ids.shape[1], dm.RECIPE.vocab_size)
-    assert len(tokenizer) == model.config.vocab_size == dm.RECIPE.vocab_size
+    assert logits.shape == (1, ids.shape[1], dr.RECIPE.vocab_size)
+    assert len(tokenizer) == model.config.vocab_size == dr.RECIPE.vocab_size
     assert torch.isfinite(logits).all()
     assert all(p.dtype == torch.float32 for p in model.parameters())
     generation = json.loads((demo_models[name] / "generation_config.json").read_text())
-    assert (generation["eos_token_id"], generation["pad_token_id"]) == (dm.EOS_ID, dm.PAD_ID)
-    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (dm.EOS_ID, dm.PAD_ID)
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (EOS_ID, PAD_ID)
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (EOS_ID, PAD_ID)
 
 
 def test_architectures_cover_the_converter_paths(demo_models: dict[str, Path]) -> None:
@@ -143,7 +146,7 @@ def test_architectures_cover_the_converter_paths(demo_models: dict[str, Path]) -
     assert not config["target"].tie_word_embeddings
     assert config["draft"].hidden_size < config["target"].hidden_size
     assert config["qwen2"].tie_word_embeddings
-    assert config["mistral"].sliding_window == dm.RECIPE.sliding_window
+    assert config["mistral"].sliding_window == dr.RECIPE.sliding_window
     assert config["gpt2"].architectures == ["GPT2LMHeadModel"]
     qwen2 = AutoModelForCausalLM.from_pretrained(demo_models["qwen2"])
     layer = qwen2.model.layers[0].self_attn
@@ -153,7 +156,7 @@ def test_architectures_cover_the_converter_paths(demo_models: dict[str, Path]) -
 
 @pytest.mark.parametrize("name", dm.ALL_NAMES)
 def test_tokenizer_round_trips_any_text(demo_models: dict[str, Path], name: str) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(demo_models[name])
+    tokenizer = load_tokenizer(demo_models[name])
     for text in ROUND_TRIP_TEXTS:
         ids = tokenizer(text).input_ids
         assert tokenizer.unk_token_id not in ids
@@ -172,7 +175,7 @@ def test_target_learned_the_text(target_and_draft: tuple, windows: torch.Tensor,
     target_loss = next_token_loss(logits_on(target, windows), windows)
     untrained_loss = next_token_loss(logits_on(untrained, windows), windows)
 
-    vocab = dm.RECIPE.vocab_size
+    vocab = dr.RECIPE.vocab_size
     counts = Counter(t for text in dm.training_texts() for t in tokenizer(text).input_ids)
     total = sum(counts.values()) + vocab  # add-one smoothing
     labels = windows[:, 1:].flatten().tolist()
@@ -225,20 +228,20 @@ def test_a_copied_build_is_still_a_cache_hit(demo_models: dict[str, Path], tmp_p
 
 def test_seed_offset_from_the_environment_changes_every_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cross-machine check (`make test-variant`) builds other weights: every seed moves, and so does the key."""
-    monkeypatch.delenv(dm.SEED_OFFSET_ENV, raising=False)
-    monkeypatch.delenv(dm.TRAIN_THREADS_ENV, raising=False)
-    assert dm.recipe_from_environment() is dm.RECIPE
-    monkeypatch.setenv(dm.SEED_OFFSET_ENV, "5")
-    shifted = dm.recipe_from_environment()
+    monkeypatch.delenv(dr.SEED_OFFSET_ENV, raising=False)
+    monkeypatch.delenv(dr.TRAIN_THREADS_ENV, raising=False)
+    assert dr.recipe_from_environment() is dr.RECIPE
+    monkeypatch.setenv(dr.SEED_OFFSET_ENV, "5")
+    shifted = dr.recipe_from_environment()
     seeds = lambda r: (r.init_seed, r.target_training.seed, r.draft_training.seed, r.medusa.seed)  # noqa: E731
-    assert seeds(shifted) == tuple(s + 5 for s in seeds(dm.RECIPE))
-    assert dm.recipe_hash(shifted) != dm.recipe_hash(dm.RECIPE)
-    default_key = dm.recipe_hash(dm.RECIPE)
-    monkeypatch.setenv(dm.TRAIN_THREADS_ENV, "1")
-    assert dm.recipe_hash(dm.RECIPE) != default_key, "another thread count trains other weights: another key"
-    monkeypatch.setenv(dm.SEED_OFFSET_ENV, "five")
+    assert seeds(shifted) == tuple(s + 5 for s in seeds(dr.RECIPE))
+    assert dr.recipe_hash(shifted) != dr.recipe_hash(dr.RECIPE)
+    default_key = dr.recipe_hash(dr.RECIPE)
+    monkeypatch.setenv(dr.TRAIN_THREADS_ENV, "1")
+    assert dr.recipe_hash(dr.RECIPE) != default_key, "another thread count trains other weights: another key"
+    monkeypatch.setenv(dr.SEED_OFFSET_ENV, "five")
     with pytest.raises(SpecbuildError, match="SPECBUILD_DEMO_SEED_OFFSET='five' is not an integer"):
-        dm.recipe_from_environment()
+        dr.recipe_from_environment()
 
 
 # ---------------------------------------------------------------------------------------------- tiny recipe
@@ -261,12 +264,12 @@ def test_changed_recipe_rebuilds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     old_hash = json.loads((out / dm.MANIFEST_NAME).read_text())["recipe_hash"]
     before = mtimes(out)
 
-    monkeypatch.setattr(dm, "RECIPE_VERSION", dm.RECIPE_VERSION + 1)
+    monkeypatch.setattr(dr, "RECIPE_VERSION", dr.RECIPE_VERSION + 1)
     dm.build_demo_models(out, progress=False, recipe=recipe)
     new_hash = json.loads((out / dm.MANIFEST_NAME).read_text())["recipe_hash"]
-    assert new_hash != old_hash and new_hash == dm.recipe_hash(recipe)
+    assert new_hash != old_hash and new_hash == dr.recipe_hash(recipe)
     assert mtimes(out)["target/model.safetensors"] != before["target/model.safetensors"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".models.lock", "models"]  # no leftovers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]  # no leftovers, not even the lock file
 
 
 def test_incomplete_dir_is_rebuilt(tmp_path: Path) -> None:
@@ -276,13 +279,13 @@ def test_incomplete_dir_is_rebuilt(tmp_path: Path) -> None:
     weights = out / "draft" / "model.safetensors"
     expected = weights.read_bytes()
     weights.write_bytes(expected[:100])  # a truncated copy
-    assert not dm.is_complete(out, dm.recipe_hash(recipe))
+    assert not dm.is_complete(out, dr.recipe_hash(recipe))
     dm.build_demo_models(out, progress=False, recipe=recipe)
     assert weights.read_bytes() == expected
 
     (out / dm.MANIFEST_NAME).unlink()  # e.g. a copy interrupted before the manifest
     dm.build_demo_models(out, progress=False, recipe=recipe)
-    assert dm.is_complete(out, dm.recipe_hash(recipe))
+    assert dm.is_complete(out, dr.recipe_hash(recipe))
 
 
 def test_failed_build_keeps_the_old_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,12 +297,12 @@ def test_failed_build_keeps_the_old_dir(tmp_path: Path, monkeypatch: pytest.Monk
     def fail(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(dm, "_untrained_models", fail)
+    monkeypatch.setattr(dm, "untrained_models", fail)
     with pytest.raises(RuntimeError, match="disk full"):
         dm.build_demo_models(out, force=True, progress=False, recipe=recipe)
     assert (out / dm.MANIFEST_NAME).read_text() == manifest
-    assert dm.is_complete(out, dm.recipe_hash(recipe))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".models.lock", "models"]
+    assert dm.is_complete(out, dr.recipe_hash(recipe))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]
 
 
 def test_refuses_to_replace_a_foreign_dir(tmp_path: Path) -> None:
@@ -316,7 +319,7 @@ def test_cli_builds_and_lists_the_models(tmp_path: Path, monkeypatch: pytest.Mon
 
     from specbuild.cli import app
 
-    monkeypatch.setattr(dm, "RECIPE", tiny_recipe())
+    monkeypatch.setattr(dr, "RECIPE", tiny_recipe())
     result = CliRunner().invoke(app, ["demo-models", str(tmp_path / "models")])
     assert result.exit_code == 0, result.output
     for name in dm.ALL_NAMES:

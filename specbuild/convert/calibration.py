@@ -1,10 +1,10 @@
 """Calibration text for post-training quantization: where it comes from and how it becomes token batches.
 
 ModelOpt picks activation scales (and AWQ/SmoothQuant scales) from the activations this text produces, so the
-text should look like what the service will see. Three sources: `builtin` (the Python reference text the demo
-models are trained on, `pydoc_data.topics` minus the held-out topics, so evaluations stay held out), one UTF-8
-text file, or a directory whose `*.txt` files are read in name order. An empty or unreadable source is an
-error before anything is written: calibrating on nothing would silently give useless scales.
+text should look like what the service will see. Three sources: `builtin` (`specbuild.corpus`: the Python
+reference text the demo models are trained on, `pydoc_data.topics` minus the held-out topics, so evaluations stay
+held out), one UTF-8 text file, or a directory whose `*.txt` files are read in name order. An empty or unreadable
+source is an error before anything is written: calibrating on nothing would silently give useless scales.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _read_text(path: Path) -> str:
 def read_calibration(source: CalibSource) -> CalibrationText:
     """The texts of `source`; raises CalibrationError naming the path when there is no usable text."""
     if source == "builtin":
-        from specbuild.demo.models import training_texts
+        from specbuild.corpus import training_texts
 
         return CalibrationText(training_texts(), [], "builtin (pydoc_data.topics, demo training split)")
     path = Path(source)

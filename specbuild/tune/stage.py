@@ -209,7 +209,7 @@ def _checkpoint(spec: PipelineSpec, role: str) -> Path:
 
 def _calibration_texts(options: TuneOptions) -> list[str]:
     if options.calib is None:
-        from specbuild.demo.models import heldout_texts
+        from specbuild.corpus import heldout_texts
 
         return heldout_texts()
     try:
@@ -334,8 +334,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     """Load SPEC's converted checkpoints, measure, print the tables to `out`, and write the choices."""
     import torch
 
-    from specbuild.runtime.cli_generate import load_tokenizer
     from specbuild.runtime.model import CausalLM
+    from specbuild.tokenizer import load_tokenizer
 
     console = console or Console(stderr=True)
     out = out or Console()
