@@ -13,13 +13,19 @@ from typing import Any
 from specbuild.errors import SpecbuildError
 
 TOKENIZER_DIR = "tokenizer"
-TOKENIZER_FILES = (
+TOKENIZER_OWN_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
-    "chat_template.jinja", "chat_template.json", "generation_config.json", "config.json",
+    "chat_template.jinja", "chat_template.json",
 )
+"""The files of a tokenizer itself: what travels with it (the repository's copy, the Medusa heads directory)."""
+TOKENIZER_FILES = (*TOKENIZER_OWN_FILES, "generation_config.json", "config.json")
 """What AutoTokenizer may read; config.json (no weights) lets it pick the tokenizer class when
 tokenizer_config.json does not name one."""
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                    "vocab.txt")
+"""A tokenizer needs one of these (the vocabulary); tokenizer_config.json alone makes AutoTokenizer fall back to a
+slow sentencepiece tokenizer that then fails on the missing model file."""
 
 
 def copy_tokenizer(source: Path, destination: Path, *, trust_remote_code: bool) -> list[str]:

@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from specbuild.demo import models as dm
+from specbuild.demo.recipe import RECIPE
+from specbuild.demo.tokenizer import BOS_ID, EOS_ID
 from specbuild.errors import CheckpointError
 from specbuild.medusa.train import apply_heads, load_medusa_heads, train_medusa_heads
 from specbuild.medusa.tree import MedusaTree, accept_greedy, accept_typical, load_choices, preset_names
+from specbuild.tokenizer import load_tokenizer
 
 SMALL = [[1, 0], [0], [0, 1], [1], [0, 0]]  # deliberately unsorted
 PRESETS = {"mc_sim_7b_63": (63, 4), "mc_sim_7b_top24": (24, 3), "mc_sim_7b_top8": (8, 3), "chain_4": (4, 4)}
@@ -191,7 +194,7 @@ def test_invalid_trees_name_the_path(choices: list[list[int]], message: str) -> 
 def _heldout_stream(tokenizer: object) -> torch.Tensor:
     ids: list[int] = []
     for text in dm.heldout_texts():
-        ids += [dm.BOS_ID, *tokenizer(text, add_special_tokens=False, verbose=False).input_ids, dm.EOS_ID]
+        ids += [BOS_ID, *tokenizer(text, add_special_tokens=False, verbose=False).input_ids, EOS_ID]
     return torch.tensor(ids)
 
 
@@ -199,9 +202,9 @@ def test_demo_heads_beat_chance_on_heldout_text(demo_models: dict[str, Path]) ->
     """Recomputed here from the saved file with the plain-PyTorch reference, not taken from the training metrics."""
     heads_dir = demo_models["medusa-heads"]
     state_dict, num_heads, num_layers = load_medusa_heads(heads_dir)
-    assert (num_heads, num_layers) == (dm.RECIPE.medusa.num_heads, dm.RECIPE.medusa.num_layers)
+    assert (num_heads, num_layers) == (RECIPE.medusa.num_heads, RECIPE.medusa.num_layers)
     base = AutoModelForCausalLM.from_pretrained(demo_models["target"]).eval()
-    tokenizer = AutoTokenizer.from_pretrained(heads_dir)  # the heads directory carries the tokenizer
+    tokenizer = load_tokenizer(heads_dir)  # the heads directory carries the tokenizer
     ids = _heldout_stream(tokenizer)
     seq_len = 64
     windows = ids[: (ids.numel() - 2) // seq_len * seq_len + 2].unfold(0, seq_len + 2, seq_len)
@@ -228,7 +231,7 @@ def test_demo_heads_beat_chance_on_heldout_text(demo_models: dict[str, Path]) ->
 def test_demo_heads_files_follow_fasterdecoding(demo_models: dict[str, Path]) -> None:
     heads_dir = demo_models["medusa-heads"]
     tensors = load_file(heads_dir / "medusa_lm_head.safetensors")
-    hidden, vocab = 256, dm.RECIPE.vocab_size
+    hidden, vocab = 256, RECIPE.vocab_size
     expected = {}
     for h in range(4):
         expected[f"{h}.0.linear.weight"] = (hidden, hidden)

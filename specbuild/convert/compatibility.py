@@ -1,8 +1,9 @@
 """Can this draft speculate for this target? Checked before any conversion work starts.
 
 Draft-target decoding compares token ids, so the two models must share the vocabulary and the tokenizer
-(shared/reference/tensorrt-llm.md §3: a Qwen2.5 pair with different vocabulary sizes fails at run time with
-buffer errors), and a draft that is not smaller than its target cannot make decoding faster.
+(NVIDIA/TensorRT-LLM issue #2789: a Qwen2.5 pair with different vocabulary sizes fails at run time with buffer
+errors; `examples/draft_target_model/README.md` of the 1.x line), and a draft that is not smaller than its target
+cannot make decoding faster.
 """
 
 from __future__ import annotations
@@ -11,26 +12,19 @@ from pathlib import Path
 
 from specbuild.convert.architectures import REGISTRY
 from specbuild.convert.hf_checkpoint import HFCheckpoint
-from specbuild.errors import CheckpointError
-from specbuild.tokenizer import TOKENIZER_FILES as REPOSITORY_TOKENIZER_FILES
+from specbuild.errors import CheckpointError, SpecbuildError
+from specbuild.tokenizer import TOKENIZER_OWN_FILES, VOCABULARY_FILES, load_tokenizer
 
 # Words, digits, punctuation, accents and CJK: tokenizers that differ anywhere common tend to differ here.
 PROBE_TEXT = "Speculative decoding, 2024: naïve café — 東京 tokens {x: [1, 2.5]} // end."
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
-                    "vocab.txt")
-"""A tokenizer needs one of these (the vocabulary); tokenizer_config.json alone makes AutoTokenizer fall back to a
-slow sentencepiece tokenizer that then fails on the missing model file."""
 
 
 def tokenizer_problem(directory: Path, role: str = "target") -> tuple[str, str] | None:
     """(message, hint) when `directory` has no tokenizer `deploy` could copy into the repository, else None.
-    Looks for files only (no transformers import): the deploy stage's TOKENIZER_FILES."""
+    Looks for files only (no transformers import): the tokenizer files `deploy` copies (`TOKENIZER_OWN_FILES`)."""
     if any((directory / name).is_file() for name in VOCABULARY_FILES):
         return None
-    looked = [name for name in REPOSITORY_TOKENIZER_FILES if name not in ("config.json", "generation_config.json")]
+    looked = list(TOKENIZER_OWN_FILES)
     present = [name for name in looked if (directory / name).is_file()]
     found = f" (only {', '.join(present)})" if present else ""
     return (
@@ -54,13 +48,14 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _probe_ids(directory: Path) -> list[int] | None:
-    """The probe text's token ids, or None when the directory has no tokenizer files."""
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    """The probe text's token ids, or None when the directory has no tokenizer files (no vocabulary and no
+    tokenizer_config.json)."""
+    if not any((directory / name).is_file() for name in (*VOCABULARY_FILES, "tokenizer_config.json")):
         return None
-    from transformers import AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
+        tokenizer = load_tokenizer(directory)
+    except SpecbuildError as err:
+        raise CheckpointError(err.message, hint=err.hint) from None
     except Exception as err:  # transformers raises many types for unreadable tokenizers
         raise CheckpointError(f"{directory}: cannot load the tokenizer ({err})") from err
     return list(tokenizer.encode(PROBE_TEXT, add_special_tokens=False))

@@ -1,10 +1,10 @@
 """Medusa heads (FasterDecoding format) + a LLaMA-family base -> one TensorRT-LLM `MedusaForCausalLM` checkpoint.
 
-Facts from shared/reference/tensorrt-llm.md §2.1-2.2 and modelopt-medusa.md §2.1: the head file is the state
-dict of `medusa_head` with keys `{h}.{l}.linear.weight|bias` (ResBlocks) and `{h}.{L}.weight` (the head's own
-vocabulary projection); published configs disagree with their files, so heads and layers are counted from the
-keys. Output names are `medusa_heads.{h}.medusa_layers.{l}.linear.{weight,bias}` and
-`medusa_heads.{h}.lm_head.weight`, all split on dim 0 under tensor parallelism with no vocab padding.
+The head file is read as `specbuild.medusa.heads_format` describes (the FasterDecoding format; heads and layers
+counted from the keys). Output names, split dims and config fields follow NVIDIA/TensorRT-LLM 1.x
+`tensorrt_llm/models/medusa/weight.py` and `examples/medusa/convert_checkpoint.py` (@b93e14ca):
+`medusa_heads.{h}.medusa_layers.{l}.linear.{weight,bias}` and `medusa_heads.{h}.lm_head.weight`, all split on
+dim 0 under tensor parallelism with no vocab padding.
 
 The heads join the base checkpoint's tensors as sources named `medusa:<key>`, so the ordinary pull mapping,
 coverage check and streaming writer handle them; `MedusaArchitecture` wraps the base family's module.
@@ -20,24 +20,20 @@ from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import Rule, Shape
 from specbuild.convert.sharding import Rank, split
-from specbuild.errors import CheckpointError
-from specbuild.medusa.heads_format import MODULE_PREFIX, PICKLE_NAME, WEIGHTS_NAME, count_heads
+from specbuild.medusa.heads_format import MODULE_PREFIX, check_pickle_allowed, count_heads, heads_file, is_pickle
 
 PREFIX = "medusa:"
 
 
 def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: bool) -> tuple[int, int]:
-    """Add the head file's tensors to `checkpoint` as `medusa:` sources; return (heads, layers) counted
-    from the keys."""
-    safetensors, pickle = heads_dir / WEIGHTS_NAME, heads_dir / PICKLE_NAME
-    if safetensors.is_file():
-        names = checkpoint.include_safetensors(safetensors, PREFIX, strip=MODULE_PREFIX)
-    elif pickle.is_file():
-        names = checkpoint.include_pickle(pickle, PREFIX, strip=MODULE_PREFIX, allow_pickle=allow_pickle)
-    elif not heads_dir.is_dir():
-        raise CheckpointError(f"{heads_dir}: Medusa heads directory does not exist")
+    """Add the head file's tensors to `checkpoint` as `medusa:` sources (safetensors mapped lazily, like the base's
+    weights); return (heads, layers) counted from the keys."""
+    path = heads_file(heads_dir)
+    if is_pickle(path):
+        check_pickle_allowed(path, allow_pickle=allow_pickle)
+        names = checkpoint.include_pickle(path, PREFIX, strip=MODULE_PREFIX, allow_pickle=allow_pickle)
     else:
-        raise CheckpointError(f"{heads_dir}: no {WEIGHTS_NAME} (or {PICKLE_NAME}) here")
+        names = checkpoint.include_safetensors(path, PREFIX, strip=MODULE_PREFIX)
     return count_heads(names, heads_dir)
 
 

@@ -1,22 +1,85 @@
-"""The FasterDecoding Medusa head file format, shared by the converter and the trainer.
+"""The FasterDecoding Medusa head file format, shared by the converter and the trainer: which file, whether a pickle
+may be read, and what the keys say.
 
 A head file is the state dict of Medusa's `medusa_head` ModuleList: per head h, ResBlocks `{h}.{l}.linear.weight`
-and `{h}.{l}.linear.bias`, then the head's vocabulary projection `{h}.{L}.weight` (shared/reference/
-modelopt-medusa.md §2.1). Published configs disagree with their files, so counts always come from the keys.
+and `{h}.{l}.linear.bias`, then the head's vocabulary projection `{h}.{L}.weight` (FasterDecoding/Medusa
+`medusa/model/medusa_model.py` and `medusa/train/train_legacy.py`, which writes `medusa_lm_head.safetensors`;
+published Medusa-1 heads ship `medusa_lm_head.pt`). Published configs disagree with their files (NVIDIA/TensorRT-LLM
+`examples/medusa/README.md`: medusa-vicuna-7b-v1.3 says 2 heads, its file has 4), so counts always come from the
+keys.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specbuild.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS_NAME = "medusa_lm_head.safetensors"
 PICKLE_NAME = "medusa_lm_head.pt"
 MODULE_PREFIX = "medusa_head."  # some exports keep the module's attribute name; readers strip it
 KEY_RE = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+def heads_file(path: Path) -> Path:
+    """The head file of a heads directory (`WEIGHTS_NAME`, else `PICKLE_NAME`), or `path` when it is that file."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: Medusa heads directory does not exist")
+    for name in (WEIGHTS_NAME, PICKLE_NAME):
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(f"{path}: no {WEIGHTS_NAME} (or {PICKLE_NAME}) here",
+                          hint="is this a Medusa heads directory?")
+
+
+def is_pickle(path: Path) -> bool:
+    return path.suffix in (".pt", ".pth", ".bin")
+
+
+def check_pickle_allowed(path: Path, *, allow_pickle: bool) -> None:
+    """The opt-in every reader of a pickled head file asks for: unpickling can run arbitrary code."""
+    if is_pickle(path) and not allow_pickle:
+        raise CheckpointError(
+            f"{path}: is a pickle file; loading pickle can run arbitrary code, so it is off by default",
+            hint=f"convert it to {WEIGHTS_NAME}, or, if you trust its source, allow pickle (--allow-pickle, "
+            "allow_pickle=True) to load it with torch.load(weights_only=True)",
+        )
+
+
+def read_heads(path: Path, *, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict (keys without `MODULE_PREFIX`) of the head file `heads_file(path)` finds; a pickle only with
+    the opt-in, and then read with `torch.load(weights_only=True)`."""
+    import torch
+
+    path = heads_file(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            state_dict = load_file(str(path))
+        except Exception as err:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"{path}: cannot read safetensors file ({err})") from err
+    elif is_pickle(path):
+        check_pickle_allowed(path, allow_pickle=allow_pickle)
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # weights_only unpickling raises UnpicklingError and friends
+            raise CheckpointError(f"{path}: cannot load as a weights-only torch file ({err})") from err
+        if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+            raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
+        state_dict = dict(loaded)
+    else:
+        raise CheckpointError(f"{path}: unknown Medusa heads file type (expected {WEIGHTS_NAME} or {PICKLE_NAME})")
+    return {key.removeprefix(MODULE_PREFIX): value for key, value in state_dict.items()}
 
 
 def count_heads(names: Iterable[str], path: Path) -> tuple[int, int]:

@@ -27,9 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specbuild import corpus
 from specbuild.atomic import atomic_directory
 from specbuild.errors import CheckpointError
-from specbuild.medusa.heads_format import MODULE_PREFIX, PICKLE_NAME, WEIGHTS_NAME, count_heads
+from specbuild.medusa.heads_format import PICKLE_NAME, WEIGHTS_NAME, count_heads, heads_file, read_heads
+from specbuild.tokenizer import TOKENIZER_OWN_FILES, load_tokenizer
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -52,18 +54,6 @@ LOSS_DECAY = 0.8
 """Head k's loss weight is LOSS_DECAY**k (Medusa-1 paper; ModelOpt `medusa_decay_coefficient`)."""
 WARMUP_FRACTION = 0.1  # FasterDecoding's legacy recipe: cosine schedule with 10% warmup, no weight decay
 TOP_K_EVAL = 5
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 
 class ResBlock(nn.Module):
@@ -116,42 +106,10 @@ def load_medusa_heads(directory: Path, *, allow_pickle: bool = False) -> tuple[d
     """(state_dict, num_heads, num_layers) of a FasterDecoding heads checkpoint (a directory or the file itself).
 
     Counts come from the tensor keys, not config.json, which is wrong in published checkpoints. A `.pt` file is
-    a pickle, which can run code when loaded: it is refused unless `allow_pickle`, and then read with
-    `torch.load(weights_only=True)`.
+    a pickle, which can run code when loaded: it is refused unless `allow_pickle` (`heads_format.read_heads`).
     """
-    path = Path(directory)
-    if path.is_dir():
-        safetensors_path, pickle_path = path / WEIGHTS_NAME, path / PICKLE_NAME
-        path = safetensors_path if safetensors_path.is_file() else pickle_path
-        if not path.is_file():
-            raise CheckpointError(
-                f"{directory}: no {WEIGHTS_NAME} or {PICKLE_NAME}", hint="is this a Medusa heads directory?"
-            )
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such Medusa heads file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            state_dict = load_file(str(path))
-        except Exception as err:  # safetensors raises its own error types for corrupt headers
-            raise CheckpointError(f"{path}: cannot read safetensors file ({err})") from err
-    elif path.suffix in (".pt", ".pth", ".bin"):
-        if not allow_pickle:
-            raise CheckpointError(
-                f"{path} is a pickle file, which can run arbitrary code when loaded; refusing to load it",
-                hint=f"convert it to {WEIGHTS_NAME}, or pass allow_pickle=True if you trust its source",
-            )
-        try:
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # weights_only unpickling raises UnpicklingError and friends
-            raise CheckpointError(f"{path}: cannot load as a weights-only torch file ({err})") from err
-        if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-            raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
-        state_dict = dict(loaded)
-    else:
-        raise CheckpointError(f"{path}: unknown Medusa heads file type (expected {WEIGHTS_NAME} or {PICKLE_NAME})")
-    state_dict = {key.removeprefix(MODULE_PREFIX): value for key, value in state_dict.items()}
+    path = heads_file(directory)
+    state_dict = read_heads(path, allow_pickle=allow_pickle)
     num_heads, num_layers = _count_heads(state_dict, path)
     return state_dict, num_heads, num_layers
 
@@ -193,29 +151,27 @@ def train_medusa_heads(
 ) -> dict[str, float]:
     """Train Medusa-1 heads on the frozen model in `base_dir` and save them atomically to `output_dir`.
 
-    `texts` defaults to the demo corpus, `eval_texts` to its held-out part. `base_model_name_or_path` is what
-    config.json records (default: `base_dir`'s absolute path; the demo build records the target relative to the
-    heads, so its directory can be moved).
+    `texts` defaults to the built-in corpus's training part (`specbuild.corpus`), `eval_texts` to its held-out
+    part. `base_model_name_or_path` is what config.json records (default: `base_dir`'s absolute path; the demo
+    build records the target relative to the heads, so its directory can be moved).
     `progress` may also be a running rich Progress to add a bar to. Seeded: the same inputs and thread count
     give the same bytes. Returns held-out `head{k}_top1` / `head{k}_top5` accuracies, two chance levels for
     head 0 (`base_top1_at_t2`: the base's next-token guess scored against t+2; `unigram_top1`: always the most
     frequent training token), `base_top1` (the base's own next-token accuracy), `final_loss` and `train_seconds`.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specbuild.demo import models as demo_models
+    from transformers import AutoModelForCausalLM
 
     for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("steps", steps),
                         ("seq_len", seq_len), ("batch_size", batch_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
     base_dir = Path(base_dir)
-    train_texts = list(texts) if texts is not None else demo_models.training_texts()
-    held_texts = list(eval_texts) if eval_texts is not None else demo_models.heldout_texts()
+    train_texts = list(texts) if texts is not None else corpus.training_texts()
+    held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
 
     with torch.random.fork_rng(devices=[]), _no_transformers_bars():
         torch.manual_seed(seed)
-        tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True, trust_remote_code=False)
+        tokenizer = load_tokenizer(base_dir)
         model = AutoModelForCausalLM.from_pretrained(
             base_dir, local_files_only=True, trust_remote_code=False, dtype=torch.float32
         ).eval()
@@ -421,7 +377,7 @@ def _save(
     with atomic_directory(output_dir) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         _write_json(tmp / CONFIG_NAME, config)
-        for name in _TOKENIZER_FILES:
+        for name in TOKENIZER_OWN_FILES:
             if (base_dir / name).is_file():
                 shutil.copy2(base_dir / name, tmp / name)
         _write_json(tmp / "manifest.json", {"producer": "specbuild.medusa.train", "settings": dict(settings),
