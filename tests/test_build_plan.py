@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from specbuild.build.checkpoints import CheckpointFacts
 from specbuild.build.plan import BuildPlan, default_max_num_tokens, plan_pipeline
+from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.spec import PipelineSpec, parse_spec
 from tests.trtllm_1_2_flags import flag_problems
 

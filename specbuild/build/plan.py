@@ -2,9 +2,8 @@
 
 The plan is computed from the spec and the checkpoint's config only; the same plan drives the tensorrt
 backend, `--dry-run`'s build.sh, the reference bundle's `engine.json`, and the manifest that decides whether an
-engine is up to date. Sizes follow TensorRT-LLM 1.2's builder (shared/reference/tensorrt-llm.md §2.3): with a
-speculative mode it adds `max_draft_len` to `--max_seq_len` itself, so the plan passes prompt + output and
-records the engine's resulting limit separately.
+engine is up to date. Its limits are the spec's (`specbuild.contracts.engine_limits`, which `deploy` checks
+engine.json against); the plan adds what only `trtllm-build` needs (paths, FP8 context FMHA, workers).
 """
 
 from __future__ import annotations
@@ -13,13 +12,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbuild.build.checkpoints import CheckpointFacts
 from specbuild.build.trtllm_flags import DEFAULT_MAX_NUM_TOKENS, EXPLICIT, FP8_CONTEXT_FMHA
+from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles
+from specbuild.contracts.engine_limits import DEFAULT_MAX_NUM_TOKENS as CONTRACT_MAX_NUM_TOKENS
+from specbuild.contracts.engine_limits import SPEC_FORMAT_ALGOS as SPEC_FORMAT_ALGOS  # re-exported: build.validate
+from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK as TOKENS_PER_BLOCK  # re-exported: build.validate
+from specbuild.contracts.engine_limits import attention_window, engine_limits, engine_max_seq_len
+from specbuild.contracts.engine_limits import default_max_num_tokens as default_max_num_tokens  # re-exported: tests
 from specbuild.spec import PipelineSpec
 
-SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
-TOKENS_PER_BLOCK = int(EXPLICIT["--tokens_per_block"])
+if EXPLICIT["--tokens_per_block"] != str(TOKENS_PER_BLOCK) or DEFAULT_MAX_NUM_TOKENS != CONTRACT_MAX_NUM_TOKENS:
+    raise RuntimeError("build/trtllm_flags.py and contracts/engine_limits.py disagree on --tokens_per_block or the "
+                       "--max_num_tokens default: engine.json limits would not be what trtllm-build builds")
+
 FP8_CONTEXT_FMHA_QUANT = ("FP8", "W4A8_AWQ", "NVFP4")
 """quant_algo values whose engines may use FP8 context FMHA. With paged context FMHA on (always, here),
 TensorRT-LLM 1.2's `build()` turns `use_fp8_context_fmha` on for these exactly when the KV cache is FP8 ("FP8
@@ -51,8 +57,8 @@ class BuildPlan:
 
     @property
     def engine_max_seq_len(self) -> int:
-        """The engine's own limit: 1.2's builder adds max_draft_len under any speculative mode (§2.3)."""
-        return self.max_seq_len + (self.max_draft_len if self.speculative_decoding_mode != "none" else 0)
+        """The engine's own limit: 1.2's builder adds max_draft_len under any speculative mode."""
+        return engine_max_seq_len(self.max_seq_len, self.speculative_decoding_mode, self.max_draft_len)
 
     def args(self, *, output_dir: Path | None = None) -> list[str]:
         """The `trtllm-build` arguments (TensorRT-LLM 1.2 names), in a stable order."""
@@ -106,112 +112,30 @@ class BuildPlan:
             gather_context_logits=self.gather_context_logits,
             quant_algo=facts.quant_algo,
             kv_cache_quant_algo=facts.kv_cache_quant_algo,
-            max_attention_window_size=attention_window(self, facts),
+            max_attention_window_size=attention_window(self.engine_max_seq_len, facts),
         )
 
 
-def attention_window(plan: BuildPlan, facts: CheckpointFacts) -> int | None:
-    """The window the runtime must apply: the checkpoint's sliding window where it is shorter than the engine's
-    sequences. trtllm-build has no window flag; TensorRT-LLM applies it at run time as max_attention_window_size,
-    which "regulates both sliding window attention in the context phase and rolling buffer cache in the generation
-    phase" (NVIDIA/TensorRT-LLM examples/models/core/llama/README.md, Mistral v0.1, @076efc2b)."""
-    window = facts.sliding_window
-    return window if window is not None and window < plan.engine_max_seq_len else None
-
-
-SPEC_FORMAT_ALGOS = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_awq": "W4A16_AWQ",
-                     "w4a8_awq": "W4A8_AWQ"}
-"""draft.quantization.format -> the quant_algo its checkpoint carries (specbuild/convert/quantize.py FORMATS)."""
-
-
-def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
-                          facts: CheckpointFacts | None = None) -> list[str]:
-    """Where a built engine (its engine.json) is not what the spec asks for now: every setting the engine's build
-    depends on that the spec decides, and, given the converted checkpoint's `facts`, the attention window it
-    carries. Empty when the engine is current."""
-    plan = plan_engine(spec, role, facts)
-    build = spec.build
-    want: list[tuple[str, object, object]] = [
-        ("build.tp_size", info.tp_size, build.tp_size),
-        ("build.pp_size", info.pp_size, build.pp_size),
-        ("build.max_batch_size", info.max_batch_size, plan.max_batch_size),
-        ("max_input_len (build.max_input_len)", info.max_input_len, plan.max_input_len),
-        ("max_seq_len (build.max_input_len + max_output_len + draft length)", info.max_seq_len,
-         plan.engine_max_seq_len),
-        ("build.max_num_tokens", info.max_num_tokens, plan.max_num_tokens),
-        ("speculative decoding mode (speculative.mode)", info.speculative_decoding_mode,
-         plan.speculative_decoding_mode),
-        ("max_draft_len (speculative.max_draft_len / num_draft_tokens / the Medusa tree)", info.max_draft_len,
-         plan.max_draft_len),
-        ("medusa.choices", info.medusa_choices, plan.medusa_choices),
-        ("gather_generation_logits (speculative.use_draft_logits)", info.gather_generation_logits,
-         plan.gather_generation_logits),
-        ("build.gather_context_logits", info.gather_context_logits, plan.gather_context_logits),
-    ]
-    # Not the backend: `specbuild build --backend` overrides build.backend, and engines built elsewhere are fine.
-    if build.dtype != "auto" and info.dtype != build.dtype:
-        quantized_half = (info.quant_algo or info.kv_cache_quant_algo) and build.dtype == "float32" and (
-            info.dtype in ("float16", "bfloat16"))  # ModelOpt exports half precision only
-        if not quantized_half:
-            want.append(("build.dtype", info.dtype, build.dtype))
-    if role == "draft" and spec.draft is not None:
-        quant = spec.draft.quantization
-        want.append(("draft.quantization.format", info.quant_algo, SPEC_FORMAT_ALGOS.get(quant.format)))
-        want.append(("draft.quantization.kv_cache", info.kv_cache_quant_algo,
-                     "FP8" if quant.kv_cache == "fp8" else None))
-    problems = [f"{name}: the engine was built with {_show(old)}, the spec now says {_show(new)}"
-                for name, old, new in want if old != new]
-    if facts is not None and info.max_attention_window_size != attention_window(plan, facts):
-        problems.append(f"max_attention_window_size: the engine says {_show(info.max_attention_window_size)}, the "
-                        f"checkpoint's sliding_window makes it {_show(attention_window(plan, facts))}")
-    return problems
-
-
-def _show(value: object) -> str:
-    if isinstance(value, list) and len(value) > 6:
-        return f"a {len(value)}-node tree"
-    return "none" if value is None else str(value)
-
-
-def engine_max_draft_len(spec: PipelineSpec) -> int:
-    """The draft tokens the engine can verify per step: `speculative.max_draft_len`, else K or the tree size."""
-    return spec.speculative.max_draft_len or spec.max_draft_len
-
-
-def default_max_num_tokens(batch: int, input_len: int, draft_len: int) -> int:
-    """Room for a whole prompt (no chunked context needed) and for batch x (draft + 1) verification tokens,
-    capped at trtllm-build's own default of 8192 unless those two need more; never below tokens_per_block,
-    which TensorRT-LLM 1.2 raises it to anyway (`check_max_num_tokens`, tensorrt_llm/_common.py @0fccc5b9)."""
-    return max(min(batch * input_len, DEFAULT_MAX_NUM_TOKENS), input_len, batch * (draft_len + 1), TOKENS_PER_BLOCK)
-
-
 def plan_engine(spec: PipelineSpec, role: str, facts: CheckpointFacts | None) -> BuildPlan:
-    """The plan for one engine of `spec`; `facts` (the converted checkpoint) decide the FP8 context FMHA."""
-    build, speculative = spec.build, spec.speculative
-    draft_len = engine_max_draft_len(spec) if role in ("target", "medusa") and speculative.mode != "none" else 0
-    input_len, seq_len = build.max_input_len, build.max_seq_len
-    if speculative.mode == "draft_target":
-        # Triton's BLS sends the whole sequence so far (prompt + accepted tokens) to both engines every round
-        # (triton-backend.md §2.1), so either engine's "prompt" can grow to all but the last token.
-        input_len = seq_len - 1
-    max_num_tokens = build.max_num_tokens or default_max_num_tokens(build.max_batch_size, input_len, draft_len)
+    """The plan for one engine of `spec`: the spec's limits (`engine_limits`); `facts` (the converted checkpoint)
+    decide the FP8 context FMHA."""
+    limits = engine_limits(spec, role)
     fp8 = facts is not None and facts.quant_algo in FP8_CONTEXT_FMHA_QUANT and facts.kv_cache_quant_algo == "FP8"
-    medusa_choices = spec.medusa.resolved_choices() if role == "medusa" and spec.medusa is not None else None
     return BuildPlan(
         role=role,
         checkpoint_dir=spec.checkpoint_dir(role),
         output_dir=engine_dir(spec, role),
-        max_batch_size=build.max_batch_size,
-        max_input_len=input_len,
-        max_seq_len=seq_len,
-        max_num_tokens=max_num_tokens,
-        speculative_decoding_mode=SPECULATIVE_MODE[speculative.mode] if draft_len else "none",
-        max_draft_len=draft_len,
-        gather_generation_logits=speculative.mode == "draft_target" and speculative.use_draft_logits,
-        gather_context_logits=build.gather_context_logits,
+        max_batch_size=limits.max_batch_size,
+        max_input_len=limits.max_input_len,
+        max_seq_len=limits.max_seq_len,
+        max_num_tokens=limits.max_num_tokens,
+        speculative_decoding_mode=limits.speculative_decoding_mode,
+        max_draft_len=limits.max_draft_len,
+        gather_generation_logits=limits.gather_generation_logits,
+        gather_context_logits=limits.gather_context_logits,
         fp8_context_fmha=fp8,
-        workers=build.world_size,
-        medusa_choices=medusa_choices,
+        workers=spec.build.world_size,
+        medusa_choices=limits.medusa_choices,
     )
 
 

@@ -7,12 +7,11 @@ rather than when Triton loads the model.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
-from specbuild.build.checkpoints import CheckpointFacts
+from specbuild.atomic import link_or_copy
 from specbuild.build.plan import BuildPlan
+from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import REFERENCE_CHECKPOINT, write_engine_info
 from specbuild.errors import SpecbuildError
 
@@ -28,14 +27,6 @@ def check_loadable(plan: BuildPlan) -> None:
             f"{plan.role} checkpoint: the reference runtime cannot load it: {err.message}",
             hint=err.hint or "re-run `specbuild convert SPEC`",
         ) from None
-
-
-def link_or_copy(source: Path, destination: Path) -> None:
-    """Hard-link (instant, no extra space; convert replaces files rather than rewriting them), else copy."""
-    try:
-        os.link(source, destination)
-    except OSError:
-        shutil.copy2(source, destination)
 
 
 def write_reference_bundle(plan: BuildPlan, facts: CheckpointFacts, directory: Path) -> None:

@@ -1,7 +1,8 @@
 """`--dry-run`'s standalone `build.sh`: one engine's build, runnable unchanged in the TensorRT-LLM 1.2 container.
 
 It does what `specbuild build --backend tensorrt` does for that engine, without specbuild installed: checks the
-TensorRT-LLM version (engines only load in the runtime of the version that built them, triton-backend.md §5.3),
+TensorRT-LLM version (engines only load in the runtime of the version that built them: triton-inference-server/
+tensorrtllm_backend issues #330, #337, #194),
 runs `trtllm-build` with the plan's arguments into a temporary directory with a log, writes the `engine.json`
 deploy reads and a manifest, and swaps the result into place only when everything succeeded.
 """

@@ -22,15 +22,16 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from specbuild.atomic import atomic_directory, check_replaceable, output_lock
 from specbuild.build.backend import TensorrtStatus, resolve_backend
-from specbuild.build.checkpoints import CheckpointFacts, read_checkpoint_facts
 from specbuild.build.gpu import Gpu, parse_gpu
-from specbuild.build.plan import BuildPlan, attention_window, plan_pipeline
+from specbuild.build.plan import BuildPlan, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
 from specbuild.build.script import script_path, write_build_script
 from specbuild.build.tensorrt import build_engine, gpu_slices
 from specbuild.build.trtllm_flags import TRTLLM_VERSION
 from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
+from specbuild.contracts.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
 from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
+from specbuild.contracts.engine_limits import attention_window
 from specbuild.manifest import (
     fingerprint_files,
     is_fresh,
@@ -205,7 +206,7 @@ def window_warnings(plans: list[BuildPlan], facts: dict[str, CheckpointFacts]) -
     found = []
     for plan in plans:
         fact = facts.get(plan.role)
-        window = attention_window(plan, fact) if fact is not None else None
+        window = attention_window(plan.engine_max_seq_len, fact) if fact is not None else None
         if window is not None and plan.max_draft_len:
             found.append(BuildProblem("warning", (
                 f"{plan.role} engine: attention window {window} (sliding_window) is shorter than its sequences "

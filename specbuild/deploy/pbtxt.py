@@ -1,7 +1,8 @@
 """config.pbtxt text: filling the packaged templates, and reading configs back as Triton's `ModelConfig`.
 
 Why strict: Triton reports an unfilled `${...}` in a number field as an opaque protobuf error at load time, and
-one left in a string parameter is silently taken literally (reference §1.6, §5.1). So a template variable
+one left in a string parameter is silently taken literally (triton-inference-server/tensorrtllm_backend
+`docs/model_config.md` @c2e65b8; issues #210, #250). So a template variable
 without a value is an error here, and every written config is parsed with the protobuf message Triton uses.
 """
 

@@ -17,11 +17,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.atomic import atomic_directory, output_lock
-from specbuild.build.checkpoints import read_checkpoint_facts
-from specbuild.build.plan import stale_engine_problems
-from specbuild.build.reference import link_or_copy
+from specbuild.atomic import atomic_directory, link_or_copy, output_lock
+from specbuild.contracts.checkpoint_facts import read_checkpoint_facts
 from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir
+from specbuild.contracts.engine_limits import stale_engine_problems
 from specbuild.deploy.check import check_repository
 from specbuild.deploy.layout import (
     POSTPROCESSING,
@@ -35,6 +34,7 @@ from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
     HASH,
+    Status,
     bytes_hash,
     fingerprint_files,
     is_fresh,
@@ -52,7 +52,7 @@ MODEL_VERSION = "1"
 @dataclass
 class DeployResult:
     repository: Path
-    status: str  # written | up to date | planned
+    status: Status
     plan: RepositoryPlan
 
     def summary(self) -> str:

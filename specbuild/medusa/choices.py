@@ -12,7 +12,8 @@ from importlib import resources
 from pathlib import Path
 
 MAX_MEDUSA_DEPTH = 16
-"""TensorRT-LLM packs a tree path into 16 levels (medusa_choices constraint, reference §2.4)."""
+"""TensorRT-LLM packs a tree path into 16 levels (NVIDIA/TensorRT-LLM
+`cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp` @b4f2086d)."""
 
 _PRESET_PACKAGE = "specbuild"
 _PRESET_DIR = ("data", "medusa_choices")

@@ -1,7 +1,8 @@
 """Incremental detokenisation without state: each streamed chunk carries a few tokens that came before it.
 
 Decoding each chunk on its own drops the spaces that a tokenizer attaches to a neighbour and cuts multi-byte
-characters in half (the Triton TensorRT-LLM backend's known streaming bug, reference §3.2/§5.5). Here a
+characters in half (the Triton TensorRT-LLM backend's known streaming bug: triton-inference-server/
+tensorrtllm_backend issues #34, #112, #332, #606). Here a
 chunk's text is decode(preceding + chunk) minus decode(preceding), where a trailing incomplete character
 (U+FFFD from a partial UTF-8 sequence) is held back until the chunk that completes it; the last chunk keeps
 everything. Concatenated chunks then equal decoding the whole sequence at once.

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from specbuild.medusa.choices import MAX_MEDUSA_DEPTH
 
 MAX_TOP_K = 16
-"""TensorRT-LLM packs each level's top-k index into 4 bits (reference §2.4): ranks 0..15."""
+"""TensorRT-LLM packs each level's top-k index into 4 bits (NVIDIA/TensorRT-LLM
+`cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp` @b4f2086d): ranks 0..15."""
 
 Path = tuple[int, ...]
 

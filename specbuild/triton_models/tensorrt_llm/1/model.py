@@ -15,7 +15,7 @@ import json
 import threading
 from typing import Any
 
-from specbuild.contracts.engine_info import read_engine_info, reference_checkpoint
+from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info, reference_checkpoint
 from specbuild.deploy.pbtxt import parse_choices
 from specbuild.python_models import triton_io as io
 from specbuild.python_models.llm_backend import Backend, BackendConfig, ModelLoadError, Response
@@ -26,7 +26,7 @@ DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        from specbuild.runtime.checkpoint import DTYPES
+        from specbuild.dtypes import torch_dtype
         from specbuild.runtime.model import CausalLM
         from specbuild.runtime.schedule import DraftSchedule
         from specbuild.runtime.serving import ServingEngine
@@ -57,8 +57,8 @@ class TritonPythonModel:
             steps = {int(k): int(v) for k, v in json.loads(params.get("draft_len_schedule") or "{}").items()}
             schedule = DraftSchedule(steps, len(choices) if choices else info.max_draft_len,
                                      int(params["max_concurrency"]) if params.get("max_concurrency") else None)
-        model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=DTYPES.get(info.dtype,
-                                                                                          DTYPES["float32"]))
+        dtype = torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype")  # unknown: an error, not float32
+        model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=dtype)
         self.engine = ServingEngine(model, max_batch=info.max_batch_size, max_seq_len=info.max_seq_len,
                                     max_draft_len=info.max_draft_len, medusa_choices=choices,
                                     kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule)

@@ -1,8 +1,11 @@
-"""What `build` needs to know about a converted checkpoint, read from its `config.json` alone.
+"""What later stages need to know about a converted checkpoint, read from its `config.json` alone.
 
-Plans and validation read only the config (and the rank files' sizes), never tensors, so that `--dry-run` and
+This is the contract between `convert` and `build`/`deploy`: `convert` writes a TensorRT-LLM checkpoint
+(`config.json` + `rank{N}.safetensors`), and `build` plans and validates from these facts, `deploy` checks its
+engines against them. Only the config (and the rank files' sizes) is read, never tensors, so that `--dry-run` and
 every check answer in well under a second even for a 70B checkpoint, and without importing torch.
-Field names follow shared/reference/tensorrt-llm.md §1.2 (`mapping`, `quantization.quant_algo`, ...).
+Field names follow TensorRT-LLM 1.x's `PretrainedConfig` (NVIDIA/TensorRT-LLM
+`tensorrt_llm/models/modeling_utils.py`: `mapping`, `quantization.quant_algo`, ...).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from specbuild import dtypes
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,10 @@ class CheckpointFacts:
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per token over all layers and ranks (K and V, each kv_heads x head_size)."""
-        element = 1 if self.kv_cache_quant_algo in ("FP8", "INT8") else DTYPE_BYTES.get(self.dtype, 2)
+        if self.kv_cache_quant_algo in ("FP8", "INT8"):
+            element = 1
+        else:
+            element = dtypes.dtype(self.dtype, where=f"{self.directory / 'config.json'}: dtype").itemsize
         return 2 * self.num_layers * self.num_kv_heads * self.head_size * element
 
 
