@@ -1,11 +1,13 @@
-"""Pull-style weight mapping and its coverage check.
+"""Pull-style weight mapping, each TensorRT-LLM tensor declared once, and its coverage check.
 
-Every TensorRT-LLM output tensor declares the Hugging Face tensors it is made from and a pure function that
-combines them (the shape of mlc-llm's ExternMapping). Before anything is read, `plan_conversion` checks the
-mapping in both directions against the checkpoint and the architecture's own model definition:
-every HF tensor is used or explicitly ignored, every expected TensorRT-LLM tensor is produced, and the
-shapes the functions produce (evaluated on `meta` tensors, so no data is touched) are the shapes the model
-definition expects.
+An architecture declares every TensorRT-LLM tensor of a rank once, in one loop: its name and shape, the Hugging
+Face tensors it is made from (with the full shapes config.json implies) and a pure function that combines them,
+identity by default. This is the shape of mlc-llm's `ExternMapping.add_mapping(name, [sources], func)`
+(mlc-ai/mlc-llm, python/mlc_llm/loader/mapping.py, commit 79d603f0). The HF tensor list, the model definition and
+the rules are read off that one list (`TensorMapping`). Before anything is read, `plan_conversion` checks it in
+both directions against the checkpoint: every HF tensor is used or explicitly ignored, every expected
+TensorRT-LLM tensor is produced, and the shapes the functions produce (evaluated on `meta` tensors, so no data
+is touched) are the declared shapes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from specbuild.convert.sharding import Rank, RowBlocks
 from specbuild.errors import CheckpointError
 
 Shape = tuple[int, ...]
+Combine = Callable[..., torch.Tensor | RowBlocks]
 
 
 def identity(tensor: torch.Tensor) -> torch.Tensor:
@@ -31,7 +34,57 @@ class Rule:
     """One output tensor: its HF sources, in argument order, and the pure function that combines them."""
 
     sources: tuple[str, ...]
-    combine: Callable[..., torch.Tensor | RowBlocks] = identity
+    combine: Combine = identity
+
+
+@dataclass(frozen=True)
+class Target:
+    """One TensorRT-LLM tensor of one rank: its shape there, its HF sources (name -> full shape, in argument
+    order) and the function that makes it from them."""
+
+    name: str
+    shape: Shape
+    sources: dict[str, Shape]
+    combine: Combine = identity
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(tuple(self.sources), self.combine)
+
+
+class TensorMapping:
+    """Every TensorRT-LLM tensor of one rank, in write order, each declared once with its sources."""
+
+    def __init__(self) -> None:
+        self.targets: dict[str, Target] = {}
+
+    def add(self, name: str, shape: Shape, sources: dict[str, Shape], combine: Combine = identity) -> None:
+        """Declare `name` (of `shape` on this rank) as `combine(*sources)`."""
+        if name in self.targets:  # a bug in an architecture module, not a user error
+            raise RuntimeError(f"{name} is mapped twice")
+        self.targets[name] = Target(name, tuple(shape), dict(sources), combine)
+
+    def copy(self, name: str, source: str, shape: Shape) -> None:
+        """Declare `name` as the whole of `source`, unchanged (norms, embeddings, replicated biases)."""
+        self.add(name, shape, {source: shape})
+
+    def rules(self) -> dict[str, Rule]:
+        return {name: target.rule for name, target in self.targets.items()}
+
+    def target_shapes(self) -> dict[str, Shape]:
+        return {name: target.shape for name, target in self.targets.items()}
+
+    def source_shapes(self) -> dict[str, Shape]:
+        """Every HF tensor the targets use, with its shape, grouped by HF module (a module's weight beside its
+        bias) in the order the targets first use each module: the order checkpoint problems are listed in."""
+        modules: dict[str, dict[str, Shape]] = {}
+        seen: dict[str, Shape] = {}
+        for target in self.targets.values():
+            for name, shape in target.sources.items():
+                if seen.setdefault(name, shape) != shape:
+                    raise RuntimeError(f"{name} is declared as {list(seen[name])} and as {list(shape)}")
+                modules.setdefault(name.rpartition(".")[0], {})[name] = shape
+        return {name: shape for module in modules.values() for name, shape in module.items()}
 
 
 @dataclass

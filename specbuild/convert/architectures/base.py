@@ -1,21 +1,24 @@
 """The contract every architecture module fulfils, and the registry that finds it.
 
-An architecture reads the HF `config.json`, says which HF tensors (with shapes) the checkpoint must hold,
-which TensorRT-LLM tensors (with shapes) each rank must get, how each output is pulled from its sources,
-and what the TensorRT-LLM `config.json` contains. The shared driver in `specbuild.convert.pipeline` does the
-rest; a new family is one small module with a `@register`ed class.
+An architecture reads the HF `config.json`, declares each rank's TensorRT-LLM tensors once, in one loop
+(`mapping`: name, shape, HF sources with their shapes, combine function), and says what the TensorRT-LLM
+`config.json` contains. The HF tensors a checkpoint must hold, each rank's model definition and its rules are
+read off that mapping; the shared driver in `specbuild.convert.pipeline` does the rest. A new family is one
+small module with a `@register`ed class; its exceptions (a tied head, transposed weights, biases, the padded
+vocabulary, repeated KV heads) are hooks and combine functions, not a second list of names.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specbuild import __version__
-from specbuild.convert.mapping import Rule, Shape
-from specbuild.convert.sharding import Rank
+from specbuild.convert.mapping import Rule, Shape, TensorMapping
+from specbuild.convert.sharding import Rank, padded_vocab, split_padded
 from specbuild.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -112,20 +115,34 @@ class Architecture:
             problems.append(f"pp_size {pp_size} exceeds num_hidden_layers {self.num_layers}")
         return problems
 
-    def source_shapes(self) -> dict[str, Shape]:
-        """Every HF tensor the config implies, with its shape."""
+    def mapping(self, rank: Rank) -> TensorMapping:
+        """Every TensorRT-LLM tensor `rank` holds, in write order, each with its HF sources (full shapes) and
+        the function that makes it from them."""
         raise NotImplementedError
+
+    def source_shapes(self) -> dict[str, Shape]:
+        """Every HF tensor the config implies, with its shape: the sources of the unsharded (tp=1, pp=1) mapping,
+        which holds every layer."""
+        return self.mapping(Rank(0, 1, 1, self.num_layers)).source_shapes()
 
     def target_shapes(self, rank: Rank) -> dict[str, Shape]:
         """The TensorRT-LLM model definition: every tensor one rank must hold, in write order."""
-        raise NotImplementedError
+        return self.mapping(rank).target_shapes()
 
     def rules(self, rank: Rank) -> dict[str, Rule]:
         """How each of this rank's tensors is pulled from HF tensors."""
-        raise NotImplementedError
+        return self.mapping(rank).rules()
+
+    @staticmethod
+    def add_lm_head(mapping: TensorMapping, rank: Rank, source: str, vocab: int, hidden: int) -> None:
+        """The lm_head: `source` (vocab, hidden) zero-padded to a multiple of tp rows, this rank's dim-0 part."""
+        rows = padded_vocab(vocab, rank.tp_size)
+        mapping.add("lm_head.weight", (rows // rank.tp_size, hidden), {source: (vocab, hidden)},
+                    partial(split_padded, rank=rank, rows=rows))
 
     def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
-        """The TensorRT-LLM `config.json` (fields per shared/reference/tensorrt-llm.md §1.2)."""
+        """The TensorRT-LLM `config.json`: the keyword arguments of `PretrainedConfig` and the family's config class
+        (NVIDIA/TensorRT-LLM 1.x, tensorrt_llm/models/modeling_utils.py and models/<family>/config.py)."""
         raise NotImplementedError
 
     # -- shared config pieces --------------------------------------------------------------------------------
@@ -137,7 +154,8 @@ class Architecture:
             "dtype": dtype,
             "logits_dtype": "float32",
             "runtime_defaults": None,
-            # A 1.x Mapping accepts only constructor kwargs; this minimal set is always safe (§1.2).
+            # A 1.x Mapping accepts only constructor kwargs (`Mapping.from_dict` is `Mapping(**d)`,
+            # NVIDIA/TensorRT-LLM 1.x tensorrt_llm/mapping.py); this minimal set is always safe.
             "mapping": {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size},
             "quantization": {
                 "quant_algo": None,

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import torch
 
 from specbuild.convert.architectures.base import Architecture, register
-from specbuild.convert.mapping import Rule, Shape
-from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, padded_vocab, split, split_padded
+from specbuild.convert.mapping import TensorMapping
+from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, split
 
 
 def transposed(tensor: torch.Tensor, rank: Rank, dim: int | None) -> torch.Tensor:
@@ -76,79 +76,35 @@ class GPT2(Architecture):
             problems.append(f"tp_size {tp_size} does not divide the MLP size {self.inner}")
         return problems
 
-    def source_shapes(self) -> dict[str, Shape]:
-        h, p = self.hidden, self.prefix
-        shapes: dict[str, Shape] = {p + "wte.weight": (self.vocab, h), p + "wpe.weight": (self.positions, h)}
-        for layer in range(self.layers):
-            b = f"{p}h.{layer}."
-            for norm in ("ln_1", "ln_2"):
-                shapes[b + f"{norm}.weight"] = (h,)
-                shapes[b + f"{norm}.bias"] = (h,)
-            for name, (rows, cols) in (("attn.c_attn", (h, 3 * h)), ("attn.c_proj", (h, h)),
-                                       ("mlp.c_fc", (h, self.inner)), ("mlp.c_proj", (self.inner, h))):
-                shapes[b + f"{name}.weight"] = (rows, cols)
-                shapes[b + f"{name}.bias"] = (cols,)
-        shapes[p + "ln_f.weight"] = (h,)
-        shapes[p + "ln_f.bias"] = (h,)
-        return shapes
-
-    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
-        tp, h = rank.tp_size, self.hidden
-        shapes: dict[str, Shape] = {}
-        if rank.is_first_stage:
-            shapes["transformer.vocab_embedding.weight"] = (self.vocab, h)
-            shapes["transformer.position_embedding.weight"] = (self.positions, h)
-        for i in range(len(rank.layers)):
-            b = f"transformer.layers.{i}."
-            for norm in ("input_layernorm", "post_layernorm"):
-                shapes[b + f"{norm}.weight"] = (h,)
-                shapes[b + f"{norm}.bias"] = (h,)
-            shapes[b + "attention.qkv.weight"] = (3 * h // tp, h)
-            shapes[b + "attention.qkv.bias"] = (3 * h // tp,)
-            shapes[b + "attention.dense.weight"] = (h, h // tp)
-            shapes[b + "attention.dense.bias"] = (h,)
-            shapes[b + "mlp.fc.weight"] = (self.inner // tp, h)
-            shapes[b + "mlp.fc.bias"] = (self.inner // tp,)
-            shapes[b + "mlp.proj.weight"] = (h, self.inner // tp)
-            shapes[b + "mlp.proj.bias"] = (h,)
-        if rank.is_last_stage:
-            shapes["transformer.ln_f.weight"] = (h,)
-            shapes["transformer.ln_f.bias"] = (h,)
-            shapes["lm_head.weight"] = (padded_vocab(self.vocab, tp) // tp, h)
-        return shapes
-
-    def rules(self, rank: Rank) -> dict[str, Rule]:
-        p = self.prefix
-        qkv = partial(conv1d_qkv, rank=rank, hidden=self.hidden, heads=self.heads)
+    def mapping(self, rank: Rank) -> TensorMapping:
+        tp, h, inner, p = rank.tp_size, self.hidden, self.inner, self.prefix
+        qkv = partial(conv1d_qkv, rank=rank, hidden=h, heads=self.heads)
         column = partial(split, rank=rank, dim=0)
-        rules: dict[str, Rule] = {}
+        # Conv1D weights are stored (in, out): transposed to Linear's (out, in), then split.
+        column_t = partial(transposed, rank=rank, dim=0)
+        row_t = partial(transposed, rank=rank, dim=1)
+        m = TensorMapping()
         if rank.is_first_stage:
-            rules["transformer.vocab_embedding.weight"] = Rule((p + "wte.weight",))
-            rules["transformer.position_embedding.weight"] = Rule((p + "wpe.weight",))
+            m.copy("transformer.vocab_embedding.weight", p + "wte.weight", (self.vocab, h))
+            m.copy("transformer.position_embedding.weight", p + "wpe.weight", (self.positions, h))
         for i, layer in enumerate(rank.layers):
             src, dst = f"{p}h.{layer}.", f"transformer.layers.{i}."
             for hf, trt in (("ln_1", "input_layernorm"), ("ln_2", "post_layernorm")):
-                rules[dst + f"{trt}.weight"] = Rule((src + f"{hf}.weight",))
-                rules[dst + f"{trt}.bias"] = Rule((src + f"{hf}.bias",))
-            rules[dst + "attention.qkv.weight"] = Rule((src + "attn.c_attn.weight",), qkv)
-            rules[dst + "attention.qkv.bias"] = Rule((src + "attn.c_attn.bias",), qkv)
-            rules[dst + "attention.dense.weight"] = Rule(
-                (src + "attn.c_proj.weight",), partial(transposed, rank=rank, dim=1)
-            )
-            rules[dst + "attention.dense.bias"] = Rule((src + "attn.c_proj.bias",))
-            rules[dst + "mlp.fc.weight"] = Rule((src + "mlp.c_fc.weight",), partial(transposed, rank=rank, dim=0))
-            rules[dst + "mlp.fc.bias"] = Rule((src + "mlp.c_fc.bias",), column)
-            rules[dst + "mlp.proj.weight"] = Rule(
-                (src + "mlp.c_proj.weight",), partial(transposed, rank=rank, dim=1)
-            )
-            rules[dst + "mlp.proj.bias"] = Rule((src + "mlp.c_proj.bias",))
+                m.copy(dst + f"{trt}.weight", src + f"{hf}.weight", (h,))
+                m.copy(dst + f"{trt}.bias", src + f"{hf}.bias", (h,))
+            m.add(dst + "attention.qkv.weight", (3 * h // tp, h), {src + "attn.c_attn.weight": (h, 3 * h)}, qkv)
+            m.add(dst + "attention.qkv.bias", (3 * h // tp,), {src + "attn.c_attn.bias": (3 * h,)}, qkv)
+            m.add(dst + "attention.dense.weight", (h, h // tp), {src + "attn.c_proj.weight": (h, h)}, row_t)
+            m.copy(dst + "attention.dense.bias", src + "attn.c_proj.bias", (h,))  # row-parallel: not split
+            m.add(dst + "mlp.fc.weight", (inner // tp, h), {src + "mlp.c_fc.weight": (h, inner)}, column_t)
+            m.add(dst + "mlp.fc.bias", (inner // tp,), {src + "mlp.c_fc.bias": (inner,)}, column)
+            m.add(dst + "mlp.proj.weight", (h, inner // tp), {src + "mlp.c_proj.weight": (inner, h)}, row_t)
+            m.copy(dst + "mlp.proj.bias", src + "mlp.c_proj.bias", (h,))  # row-parallel: not split
         if rank.is_last_stage:
-            rules["transformer.ln_f.weight"] = Rule((p + "ln_f.weight",))
-            rules["transformer.ln_f.bias"] = Rule((p + "ln_f.bias",))
-            rules["lm_head.weight"] = Rule(
-                (p + "wte.weight",), partial(split_padded, rank=rank, rows=padded_vocab(self.vocab, rank.tp_size))
-            )
-        return rules
+            m.copy("transformer.ln_f.weight", p + "ln_f.weight", (h,))
+            m.copy("transformer.ln_f.bias", p + "ln_f.bias", (h,))
+            self.add_lm_head(m, rank, p + "wte.weight", self.vocab, h)  # always the tied embedding
+        return m
 
     def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
         return {

@@ -11,8 +11,8 @@ from functools import partial
 from typing import Any, ClassVar
 
 from specbuild.convert.architectures.base import Architecture, register
-from specbuild.convert.mapping import Rule, Shape, identity
-from specbuild.convert.sharding import Rank, fuse_qkv, padded_vocab, split, split_padded
+from specbuild.convert.mapping import TensorMapping
+from specbuild.convert.sharding import Rank, fuse_qkv, split
 from specbuild.errors import CheckpointError
 
 
@@ -89,29 +89,6 @@ class Llama(Architecture):
             problems.append(f"tp_size {tp_size} does not divide intermediate_size {self.intermediate}")
         return problems
 
-    def source_shapes(self) -> dict[str, Shape]:
-        h, q, kv, inter = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        shapes: dict[str, Shape] = {"model.embed_tokens.weight": (self.vocab, h)}
-        for layer in range(self.layers):
-            p = f"model.layers.{layer}."
-            shapes[p + "input_layernorm.weight"] = (h,)
-            for proj, rows in (("q", q), ("k", kv), ("v", kv)):
-                shapes[p + f"self_attn.{proj}_proj.weight"] = (rows, h)
-                if self.qkv_bias:
-                    shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
-            shapes[p + "self_attn.o_proj.weight"] = (h, q)
-            if self.dense_bias:
-                shapes[p + "self_attn.o_proj.bias"] = (h,)
-            shapes[p + "post_attention_layernorm.weight"] = (h,)
-            for proj, shape in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter))):
-                shapes[p + f"mlp.{proj}_proj.weight"] = shape
-                if self.mlp_bias:
-                    shapes[p + f"mlp.{proj}_proj.bias"] = shape[:1]
-        shapes["model.norm.weight"] = (h,)
-        if not self.tied:
-            shapes["lm_head.weight"] = (self.vocab, h)
-        return shapes
-
     def is_ignored(self, name: str) -> bool:
         # A tied checkpoint may still carry a copy of the embedding as lm_head; the embedding is used (after
         # check_source_values has made sure it is a copy).
@@ -126,62 +103,41 @@ class Llama(Architecture):
                 "(save the model with tied weights)",
             )
 
-    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
-        tp, h = rank.tp_size, self.hidden
-        kv_heads = max(self.kv_heads, tp)  # after repeating KV heads for kv < tp
-        qkv_rows = (self.heads + 2 * kv_heads) * self.head_dim // tp
-        inter = self.intermediate // tp
-        shapes: dict[str, Shape] = {}
-        if rank.is_first_stage:
-            shapes["transformer.vocab_embedding.weight"] = (self.vocab, h)
-        for i in range(len(rank.layers)):
-            p = f"transformer.layers.{i}."
-            shapes[p + "input_layernorm.weight"] = (h,)
-            shapes[p + "attention.qkv.weight"] = (qkv_rows, h)
-            if self.qkv_bias:
-                shapes[p + "attention.qkv.bias"] = (qkv_rows,)
-            shapes[p + "attention.dense.weight"] = (h, self.heads * self.head_dim // tp)
-            if self.dense_bias:
-                shapes[p + "attention.dense.bias"] = (h,)
-            shapes[p + "post_layernorm.weight"] = (h,)
-            for name, shape in (("fc", (inter, h)), ("gate", (inter, h)), ("proj", (h, inter))):
-                shapes[p + f"mlp.{name}.weight"] = shape
-                if self.mlp_bias:
-                    shapes[p + f"mlp.{name}.bias"] = shape[:1]
-        if rank.is_last_stage:
-            shapes["transformer.ln_f.weight"] = (h,)
-            shapes["lm_head.weight"] = (padded_vocab(self.vocab, tp) // tp, h)
-        return shapes
-
-    def rules(self, rank: Rank) -> dict[str, Rule]:
+    def mapping(self, rank: Rank) -> TensorMapping:
+        tp, h, inter = rank.tp_size, self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        # Per rank the fused QKV holds heads/tp query heads and max(kv, tp)/tp KV heads (repeated when kv < tp).
+        qkv_rows = (self.heads + 2 * max(self.kv_heads, tp)) * self.head_dim // tp
+        projections = {"q": q, "k": kv, "v": kv}
         column = partial(split, rank=rank, dim=0)
         row = partial(split, rank=rank, dim=1)
         qkv = partial(fuse_qkv, rank=rank, num_kv_heads=self.kv_heads)
-        rules: dict[str, Rule] = {}
+        m = TensorMapping()
         if rank.is_first_stage:
-            rules["transformer.vocab_embedding.weight"] = Rule(("model.embed_tokens.weight",))
+            m.copy("transformer.vocab_embedding.weight", "model.embed_tokens.weight", (self.vocab, h))
         for i, layer in enumerate(rank.layers):
             src, dst = f"model.layers.{layer}.", f"transformer.layers.{i}."
-            rules[dst + "input_layernorm.weight"] = Rule((src + "input_layernorm.weight",))
-            rules[dst + "attention.qkv.weight"] = Rule(tuple(src + f"self_attn.{p}_proj.weight" for p in "qkv"), qkv)
+            m.copy(dst + "input_layernorm.weight", src + "input_layernorm.weight", (h,))
+            m.add(dst + "attention.qkv.weight", (qkv_rows, h),
+                  {src + f"self_attn.{p}_proj.weight": (rows, h) for p, rows in projections.items()}, qkv)
             if self.qkv_bias:
-                rules[dst + "attention.qkv.bias"] = Rule(tuple(src + f"self_attn.{p}_proj.bias" for p in "qkv"), qkv)
-            rules[dst + "attention.dense.weight"] = Rule((src + "self_attn.o_proj.weight",), row)
+                m.add(dst + "attention.qkv.bias", (qkv_rows,),
+                      {src + f"self_attn.{p}_proj.bias": (rows,) for p, rows in projections.items()}, qkv)
+            m.add(dst + "attention.dense.weight", (h, q // tp), {src + "self_attn.o_proj.weight": (h, q)}, row)
             if self.dense_bias:  # row-parallel bias: added once after the all-reduce, so not split
-                rules[dst + "attention.dense.bias"] = Rule((src + "self_attn.o_proj.bias",), identity)
-            rules[dst + "post_layernorm.weight"] = Rule((src + "post_attention_layernorm.weight",))
-            for trt, hf, fn, bias_fn in (("fc", "gate", column, column), ("gate", "up", column, column),
-                                         ("proj", "down", row, identity)):
-                rules[dst + f"mlp.{trt}.weight"] = Rule((src + f"mlp.{hf}_proj.weight",), fn)
+                m.copy(dst + "attention.dense.bias", src + "self_attn.o_proj.bias", (h,))
+            m.copy(dst + "post_layernorm.weight", src + "post_attention_layernorm.weight", (h,))
+            for trt, hf in (("fc", "gate"), ("gate", "up")):  # column-parallel, bias too
+                m.add(dst + f"mlp.{trt}.weight", (inter // tp, h), {src + f"mlp.{hf}_proj.weight": (inter, h)}, column)
                 if self.mlp_bias:
-                    rules[dst + f"mlp.{trt}.bias"] = Rule((src + f"mlp.{hf}_proj.bias",), bias_fn)
+                    m.add(dst + f"mlp.{trt}.bias", (inter // tp,), {src + f"mlp.{hf}_proj.bias": (inter,)}, column)
+            m.add(dst + "mlp.proj.weight", (h, inter // tp), {src + "mlp.down_proj.weight": (h, inter)}, row)
+            if self.mlp_bias:  # row-parallel: not split
+                m.copy(dst + "mlp.proj.bias", src + "mlp.down_proj.bias", (h,))
         if rank.is_last_stage:
-            rules["transformer.ln_f.weight"] = Rule(("model.norm.weight",))
-            head = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
-            rules["lm_head.weight"] = Rule(
-                (head,), partial(split_padded, rank=rank, rows=padded_vocab(self.vocab, rank.tp_size))
-            )
-        return rules
+            m.copy("transformer.ln_f.weight", "model.norm.weight", (h,))
+            self.add_lm_head(m, rank, "model.embed_tokens.weight" if self.tied else "lm_head.weight", self.vocab, h)
+        return m
 
     # -- config.json -------------------------------------------------------------------------------------------
     def rope(self) -> tuple[float, dict[str, Any] | None]:
