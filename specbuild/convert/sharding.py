@@ -1,9 +1,10 @@
 """Tensor- and pipeline-parallel sharding, as TensorRT-LLM 1.x lays it out.
 
-Facts from shared/reference/tensorrt-llm.md §1.2 and §1.4 (TensorRT-LLM `mapping.py`, `convert_utils.py`,
-`llama/convert.py`): rank = pp_rank * tp_size + tp_rank; PP layers split with `torch.tensor_split`; TP splits
-are contiguous equal `torch.chunk`s; Q, K and V are split separately and then concatenated; K/V heads are
-repeated when there are fewer KV heads than TP ranks; the lm_head is zero-padded to a multiple of tp.
+Facts from NVIDIA/TensorRT-LLM 1.x: tensorrt_llm/mapping.py, tensorrt_llm/models/convert_utils.py
+(`dup_kv_weight`) and tensorrt_llm/models/llama/convert.py (commit 04a2cacb): rank = pp_rank * tp_size + tp_rank;
+PP layers split with `torch.tensor_split`; TP splits are contiguous equal `torch.chunk`s; Q, K and V are split
+separately and then concatenated; K/V heads are repeated when there are fewer KV heads than TP ranks; the lm_head
+is zero-padded to a multiple of tp.
 All functions here are pure and work on `meta` tensors too, which is how output shapes are planned.
 """
 

@@ -1,9 +1,9 @@
 """GPT-2: HF `GPT2LMHeadModel` -> TensorRT-LLM `GPTForCausalLM` (gpt_variant gpt2).
 
-Mapping per shared/reference/tensorrt-llm.md §1.6 (TensorRT-LLM `gpt/convert.py`): HF GPT-2 uses Conv1D
-layers whose weights are stored (in, out), so every linear weight is transposed; the fused `c_attn` is
-split into Q, K, V rows which are TP-split separately; row-parallel biases are not split; learned position
-embeddings; the lm_head is always the (tied) token embedding.
+Mapping as NVIDIA/TensorRT-LLM's GPT converter writes it (tensorrt_llm/models/gpt/convert.py, commit f59aed07,
+1.x): HF GPT-2 uses Conv1D layers whose weights are stored (in, out), so every linear weight is transposed; the
+fused `c_attn` is split into Q, K, V rows which are TP-split separately; row-parallel biases are not split;
+learned position embeddings; the lm_head is always the (tied) token embedding.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class GPT2(Architecture):
         self.prefix = "transformer."
 
     def check_source_values(self, checkpoint: Any) -> None:
-        # TensorRT-LLM's GPT converter always takes the LM head from wte (§1.6); a different lm_head is refused.
+        # TensorRT-LLM's GPT converter always takes the LM head from wte (models/gpt/convert.py); a different
+        # lm_head is refused.
         self.check_tied_head(
             checkpoint, f"{self.prefix}wte.weight", "lm_head.weight",
             "GPT-2's LM head is its token embedding (TensorRT-LLM's GPT converter takes lm_head from wte)",

@@ -1,8 +1,10 @@
 """LLaMA-family decoders (Llama, Mistral; Qwen2 subclasses this): HF -> TensorRT-LLM `LLaMAForCausalLM`.
 
-Mapping per shared/reference/tensorrt-llm.md §1.4 (TensorRT-LLM `llama/convert.py` and the 1.x unified
-loader): note `mlp.fc` <- `gate_proj` (the activated branch) and `mlp.gate` <- `up_proj`; `attention.dense`
-and `mlp.proj` are row-parallel (split on dim 1); the lm_head is vocab-padded then split on dim 0.
+Mapping as NVIDIA/TensorRT-LLM writes it: the legacy converter's `get_prefix_and_param_name_map()`
+(tensorrt_llm/models/llama/convert.py, commit 04a2cacb) and the 1.x unified loader's default map
+(tensorrt_llm/models/model_weights_loader.py, 1.x): note `mlp.fc` <- `gate_proj` (the activated branch) and
+`mlp.gate` <- `up_proj`; `attention.dense` and `mlp.proj` are row-parallel (split on dim 1); the lm_head is
+vocab-padded then split on dim 0.
 """
 
 from __future__ import annotations
@@ -186,7 +188,8 @@ class Llama(Architecture):
 
 @register
 class Mistral(Llama):
-    """Mistral shares the LLaMA model class and tensor names in TensorRT-LLM (§1.3); every layer attends to the
+    """Mistral shares the LLaMA model class and tensor names in TensorRT-LLM (`MODEL_MAP`,
+    tensorrt_llm/models/__init__.py, commit 02267d3d); every layer attends to the
     last `sliding_window` tokens (HF MistralAttention; `sliding_window: null` is full attention, as Mistral v0.2+)."""
 
     hf_architectures: ClassVar[tuple[str, ...]] = ("MistralForCausalLM",)

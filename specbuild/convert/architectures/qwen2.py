@@ -1,8 +1,10 @@
 """Qwen2: LLaMA tensor names plus Q/K/V biases, under TensorRT-LLM's `QWenForCausalLM` class.
 
-Facts (shared/reference/tensorrt-llm.md §1.2, §1.5): the checkpoint keeps `architecture: Qwen2ForCausalLM`
-with `qwen_type: qwen2`, `attn_bias: true` (q/k/v only; `attention.dense` has no bias), `mlp_bias: false`,
-and `rotary_base` from `rope_theta` (default 1e6 in HF Qwen2 configs).
+Facts from NVIDIA/TensorRT-LLM (`QWenConfig`, tensorrt_llm/models/qwen/config.py, commit 373970a8; the
+decoder layer's `Attention(..., bias=config.attn_bias, dense_bias=False)` in models/qwen/model.py, 1.x): the
+checkpoint keeps `architecture: Qwen2ForCausalLM` with `qwen_type: qwen2`, `attn_bias: true` (q/k/v only;
+`attention.dense` has no bias), `mlp_bias: false`, and `rotary_base` from `rope_theta` (default 1e6 in HF Qwen2
+configs).
 """
 
 from __future__ import annotations
