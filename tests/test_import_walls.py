@@ -42,7 +42,7 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     "convert": {},
     "build": {},
     "tune": {},  # runtime, medusa and spec are neutral; it writes the spec that build then reads
-    "deploy": {"build": ("specbuild.build.plan", "specbuild.build.checkpoints")},  # refuses engines built stale
+    "deploy": {},  # what build wrote, and what a spec asks of an engine, come from contracts/
     "serve": {"deploy": ("specbuild.deploy.pbtxt",),  # reads back the config.pbtxt deploy wrote
               "bench": ("specbuild.bench.client",)},  # asks the served repository its prompts
     "bench": {},
