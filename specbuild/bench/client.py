@@ -77,7 +77,7 @@ def entry_model(names: list[str]) -> str:
     if len(names) == 1:
         return names[0]
     raise SpecbuildError(
-        f"cannot tell which model to call among {sorted(names)}", hint="name it with --model"
+        f"cannot tell which model to call among {sorted(names)}", hint="name it with --model-name"
     )
 
 
