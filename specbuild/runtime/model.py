@@ -1,7 +1,8 @@
 """The reference runtime's models: TensorRT-LLM checkpoints run in plain PyTorch.
 
-Written against TensorRT-LLM's tensor names and module semantics (shared/reference/tensorrt-llm.md §1, §2.2),
-not by mapping back to transformers: LLaMA-family decoders (Llama, Mistral, Qwen2; RMSNorm, GPT-NeoX RoPE,
+Written against TensorRT-LLM's tensor names and module semantics (NVIDIA/TensorRT-LLM 1.x,
+tensorrt_llm/models/llama/model.py, models/gpt/model.py, models/medusa/model.py at commit 02499765), not by
+mapping back to transformers: LLaMA-family decoders (Llama, Mistral, Qwen2; RMSNorm, GPT-NeoX RoPE,
 fused QKV, gated MLP `proj(act(fc(x)) * gate(x))`), GPT-2 (LayerNorm, learned positions, `proj(act(fc(x)))`)
 and Medusa (a LLaMA-family base plus heads `x + act(W x + b)` per ResBlock, then the head's own lm_head, all
 reading the final normalised hidden state).
@@ -20,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbuild.runtime.checkpoint import ModelConfig, RuntimeCheckpointError, load_checkpoint
+from specbuild.runtime.checkpoint import load_checkpoint
+from specbuild.runtime.config import ModelConfig, RuntimeCheckpointError
 from specbuild.runtime.dequantize import (
     QuantizedCheckpointError,
     fp8_qdq,
