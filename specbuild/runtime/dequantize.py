@@ -1,7 +1,8 @@
 """Quantized TensorRT-LLM checkpoints in the reference runtime: weights dequantized at load, activations and the
 KV cache quantized-dequantized at run time, so the runtime computes what TensorRT-LLM computes.
 
-Written from the checkpoint format (shared/reference/modelopt-medusa.md §1.5, as ModelOpt 0.47 writes it), not
+Written from the checkpoint format as ModelOpt 0.47.0 writes it (`export_tensorrt_llm_checkpoint`,
+NVIDIA/Model-Optimizer, modelopt/torch/export/model_config_export.py; checked on its exports of a 2-layer Llama), not
 from specbuild.convert. Per quantized linear `<p>.weight`:
 
 | quant_algo | weight | weights_scaling_factor | other | activations |

@@ -1,7 +1,8 @@
 """Rotary position embeddings, GPT-NeoX style (rotate halves), with the `rotary_scaling` types the converter
 passes through from Hugging Face configs.
 
-TensorRT-LLM's LLaMA config carries HF's `rope_scaling` dict unchanged as `rotary_scaling` (reference §1.2), so
+TensorRT-LLM's LLaMA config carries HF's `rope_scaling` dict unchanged as `rotary_scaling` (`LLaMAConfig`,
+NVIDIA/TensorRT-LLM tensorrt_llm/models/llama/config.py, commit 89fd9b74), so
 the frequencies follow the HF formulas: "linear" (factor), "llama3" (factor, low/high_freq_factor,
 original_max_position_embeddings), "dynamic" (NTK, recomputed when positions pass max_position_embeddings) and
 "yarn" (with its cos/sin attention factor). Anything else is refused rather than silently run unscaled.
