@@ -81,7 +81,8 @@ def test_sharded_input_equals_single_file_input(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_config_json_fields(tmp_path: Path, family: str) -> None:
-    """The fields TensorRT-LLM 1.2's PretrainedConfig requires, plus the family's own (reference §1.2)."""
+    """The fields TensorRT-LLM 1.2's PretrainedConfig requires, plus the family's own (NVIDIA/TensorRT-LLM 1.x,
+    tensorrt_llm/models/modeling_utils.py and models/<family>/config.py)."""
     src = make_checkpoint(tmp_path / "m", family)
     convert(src, tmp_path / "out", "--tp-size", "2")
     cfg = json.loads((tmp_path / "out/config.json").read_text())

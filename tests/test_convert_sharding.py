@@ -1,6 +1,7 @@
 """TP/PP sharding: the rank files, put back together along the documented split dims, reproduce tp=1.
 
-The merge below is written from shared/reference/tensorrt-llm.md §1.4/§1.6 (not from the converter): Q, K, V
+The merge below is written from TensorRT-LLM's converters (NVIDIA/TensorRT-LLM tensorrt_llm/models/llama/convert.py
+at commit 04a2cacb, models/convert_utils.py, models/gpt/convert.py at commit f59aed07), not from ours: Q, K, V
 are split separately and concatenated per rank; K/V heads are repeated tp/num_kv times when kv < tp;
 `attention.dense` and `mlp.proj` split on dim 1, `mlp.fc`/`mlp.gate` (and their biases) on dim 0; the
 lm_head is zero-padded to a multiple of tp then split on dim 0; PP stages hold contiguous layer ranges

@@ -1,6 +1,7 @@
 """The reference runtime's reading of quantized TensorRT-LLM checkpoints, checked without ModelOpt's export.
 
-Checkpoints here are quantized by hand from the documented layout (shared/reference/modelopt-medusa.md §1.5),
+Checkpoints here are quantized by hand from the layout ModelOpt 0.47.0's `export_tensorrt_llm_checkpoint` writes
+(NVIDIA/Model-Optimizer, modelopt/torch/export/model_config_export.py),
 so a bug shared by ModelOpt's export and the runtime's reader could not hide; the low-level grids are compared
 with ModelOpt's own kernels (its CPU fallbacks), which TensorRT-LLM's checkpoints are made with.
 """

@@ -93,7 +93,8 @@ def edit_trt_config(directory: Path, **changes: Any) -> None:
 
 def add_medusa_heads(directory: Path, num_heads: int, num_layers: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Turn a converted LLaMA checkpoint into a MedusaForCausalLM one: random (seeded) head tensors, split on dim 0
-    over the last pipeline stage's TP ranks as TensorRT-LLM lays them out (reference §2.2). Returns the full heads."""
+    over the last pipeline stage's TP ranks as TensorRT-LLM lays them out (dim 0, no vocab padding: NVIDIA/TensorRT-LLM
+    tensorrt_llm/models/medusa/weight.py, 1.x). Returns the full heads."""
     config = json.loads((directory / "config.json").read_text())
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     tp, pp = config["mapping"]["tp_size"], config["mapping"]["pp_size"]
@@ -212,7 +213,8 @@ def test_sharded_checkpoints_equal_tp1(build: Builder, family: str, tp: int, pp:
 
 @pytest.mark.parametrize("sharding_dim", [0, 1])
 def test_parallel_embedding_is_merged(build: Builder, tmp_path: Path, sharding_dim: int) -> None:
-    """use_parallel_embedding splits the embedding over TP ranks on embedding_sharding_dim (reference §1.4)."""
+    """use_parallel_embedding splits the embedding over TP ranks on embedding_sharding_dim (NVIDIA/TensorRT-LLM
+    tensorrt_llm/models/llama/convert.py, commit 04a2cacb)."""
     _, single = build("llama")
     ckpt = copy_checkpoint(build("llama", tp=2)[1], tmp_path / "c")
     for t in range(2):
