@@ -95,6 +95,8 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Rank, num_
 
 
 def padded_vocab(vocab_size: int, tp_size: int) -> int:
+    """The lm_head's row count: the vocabulary rounded up to a multiple of tp (TensorRT-LLM's `pad_vocab_size`);
+    the one place the converter computes it (the architectures and the ModelOpt repair use it)."""
     return -(-vocab_size // tp_size) * tp_size
 
 
