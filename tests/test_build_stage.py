@@ -41,8 +41,8 @@ def test_reference_bundles_hold_the_checkpoint_and_the_resolved_limits(tmp_path:
     spec = write_pipeline(tmp_path, models, speculative={"num_draft_tokens": 3, "use_draft_logits": True})
     place_all(spec, models)
     results = build_pipeline(spec, backend="reference", console=QUIET)
-    assert [(r.role, r.backend, r.status) for r in results] == [("target", "reference", "built"),
-                                                                ("draft", "reference", "built")]
+    assert [(r.role, r.backend, r.status) for r in results] == [("target", "reference", "written"),
+                                                                ("draft", "reference", "written")]
     target = read_engine_info(engine_dir(spec, "target"))
     draft = read_engine_info(engine_dir(spec, "draft"))
     assert (target.architecture, target.dtype, target.vocab_size, target.tp_size, target.pp_size) == (
@@ -78,17 +78,17 @@ def test_medusa_bundle_carries_its_tree(tmp_path: Path, models: dict[str, Path])
 def test_unchanged_inputs_skip_and_changes_rebuild(tmp_path: Path, models: dict[str, Path]) -> None:
     spec = write_pipeline(tmp_path, models, mode="none")
     place_all(spec, models)
-    assert build_pipeline(spec, console=QUIET)[0].status == "built"
+    assert build_pipeline(spec, console=QUIET)[0].status == "written"
     assert build_pipeline(spec, console=QUIET)[0].status == "up to date"
-    assert build_pipeline(spec, console=QUIET, force=True)[0].status == "built"
+    assert build_pipeline(spec, console=QUIET, force=True)[0].status == "written"
     bigger = write_pipeline(tmp_path, models, mode="none", build={"max_batch_size": 3})  # a new plan
-    assert build_pipeline(bigger, console=QUIET)[0].status == "built"
+    assert build_pipeline(bigger, console=QUIET)[0].status == "written"
     assert read_engine_info(engine_dir(bigger, "target")).max_batch_size == 3
     rank = bigger.checkpoint_dir("target") / "rank0.safetensors"  # a re-converted checkpoint: new content
     data = rank.read_bytes()
     rank.unlink()
     rank.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    assert build_pipeline(bigger, console=QUIET)[0].status == "built"
+    assert build_pipeline(bigger, console=QUIET)[0].status == "written"
 
 
 def test_a_failed_build_leaves_the_previous_engine_as_it_was(tmp_path: Path, models: dict[str, Path]) -> None:

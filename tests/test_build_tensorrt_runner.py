@@ -68,8 +68,8 @@ def test_engines_build_in_parallel_on_their_own_gpus_and_are_checked(tmp_path: P
     spec = write_pipeline(tmp_path / "p", models)
     place_all(spec, models)
     results = build_pipeline(spec, backend="tensorrt", jobs=2, console=Console(file=io.StringIO()))
-    assert [(r.role, r.backend, r.status) for r in results] == [("target", "tensorrt", "built"),
-                                                                ("draft", "tensorrt", "built")]
+    assert [(r.role, r.backend, r.status) for r in results] == [("target", "tensorrt", "written"),
+                                                                ("draft", "tensorrt", "written")]
     devices = set()
     for role in ("target", "draft"):
         directory = engine_dir(spec, role)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,6 +33,7 @@ from specbuild.contracts.checkpoint_facts import CheckpointFacts, read_checkpoin
 from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.contracts.engine_limits import attention_window
 from specbuild.manifest import (
+    Status,
     fingerprint_files,
     is_fresh,
     output_sizes,
@@ -42,7 +43,8 @@ from specbuild.manifest import (
 )
 from specbuild.spec import PipelineSpec
 
-Status = Literal["built", "up to date", "planned"]
+_WORDS: dict[Status, str] = {"written": "built", "up to date": "up to date", "planned": "planned"}
+"""How the progress line says what happened to an engine (an engine is built, not written)."""
 
 
 @dataclass
@@ -146,7 +148,7 @@ def _build_locked(job: _Job, backend: str, gpus: list[int] | None, force: bool, 
             "stage": "build", "role": plan.role, "settings": job.settings, "tools": tools,
             "inputs": inputs, "outputs": output_sizes(tmp),
         })
-    return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "built", time.perf_counter() - start)
+    return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "written", time.perf_counter() - start)
 
 
 def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force: bool, tools: dict[str, Any],
@@ -165,7 +167,7 @@ def _run_tensorrt(jobs: list[_Job], status: TensorrtStatus, parallel: int, force
                 gpus = ",".join(map(str, gpu_sets[slot]))
                 progress.reset(task, description=f"{job.plan.role} engine building on GPU {gpus}")
                 result = _build_one(job, "tensorrt", gpu_sets[slot], force, tools)
-                progress.update(task, completed=1, description=f"{job.plan.role} engine {result.status}")
+                progress.update(task, completed=1, description=f"{job.plan.role} engine {_WORDS[result.status]}")
                 return result
             finally:
                 free.put(slot)
