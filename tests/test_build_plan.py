@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from specbuild.build.plan import BuildPlan, default_max_num_tokens, plan_pipeline
+from specbuild.build.plan import BuildPlan, plan_pipeline
 from specbuild.contracts.checkpoint_facts import CheckpointFacts
+from specbuild.contracts.engine_limits import default_max_num_tokens
 from specbuild.spec import PipelineSpec, parse_spec
 from tests.trtllm_1_2_flags import flag_problems
 

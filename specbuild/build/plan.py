@@ -12,19 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbuild.build.trtllm_flags import DEFAULT_MAX_NUM_TOKENS, EXPLICIT, FP8_CONTEXT_FMHA
+from specbuild.build.trtllm_flags import EXPLICIT, FP8_CONTEXT_FMHA
 from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles
-from specbuild.contracts.engine_limits import DEFAULT_MAX_NUM_TOKENS as CONTRACT_MAX_NUM_TOKENS
-from specbuild.contracts.engine_limits import SPEC_FORMAT_ALGOS as SPEC_FORMAT_ALGOS  # re-exported: build.validate
-from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK as TOKENS_PER_BLOCK  # re-exported: build.validate
 from specbuild.contracts.engine_limits import attention_window, engine_limits, engine_max_seq_len
-from specbuild.contracts.engine_limits import default_max_num_tokens as default_max_num_tokens  # re-exported: tests
 from specbuild.spec import PipelineSpec
-
-if EXPLICIT["--tokens_per_block"] != str(TOKENS_PER_BLOCK) or DEFAULT_MAX_NUM_TOKENS != CONTRACT_MAX_NUM_TOKENS:
-    raise RuntimeError("build/trtllm_flags.py and contracts/engine_limits.py disagree on --tokens_per_block or the "
-                       "--max_num_tokens default: engine.json limits would not be what trtllm-build builds")
 
 FP8_CONTEXT_FMHA_QUANT = ("FP8", "W4A8_AWQ", "NVFP4")
 """quant_algo values whose engines may use FP8 context FMHA. With paged context FMHA on (always, here),

@@ -10,6 +10,8 @@ Passing them makes a plan mean the same on every 1.2.x release.
 
 from __future__ import annotations
 
+from specbuild.contracts.engine_limits import DEFAULT_MAX_NUM_TOKENS, TOKENS_PER_BLOCK
+
 TRTLLM_VERSION = "1.2"
 """The TensorRT-LLM release line whose `trtllm-build` the plans are written for (the last one with engines)."""
 CONTAINER = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
@@ -24,7 +26,7 @@ EXPLICIT: dict[str, str] = {
     "--context_fmha": "enable",
     "--remove_input_padding": "enable",
     "--use_paged_context_fmha": "enable",
-    "--tokens_per_block": "32",
+    "--tokens_per_block": str(TOKENS_PER_BLOCK),
 }
 """Flag -> value passed on every engine. Paged context FMHA is required for KV-cache reuse, which draft-target
 serving needs on both engines (examples/draft_target_model/README.md @567239fc)."""
@@ -33,5 +35,5 @@ FP8_CONTEXT_FMHA = "--use_fp8_context_fmha"
 """enable only where the checkpoint is FP8, W4A8 AWQ or NVFP4 with an FP8 KV cache (plan.FP8_CONTEXT_FMHA_QUANT):
 1.2 turns it on there and off elsewhere, whatever the flag says."""
 
-DEFAULT_MAX_NUM_TOKENS = 8192
-"""`--max_num_tokens` default of trtllm-build; specbuild's own default stays at or below it where it can."""
+__all__ = ["CONTAINER", "DEFAULT_MAX_NUM_TOKENS", "EXPLICIT", "FP8_CONTEXT_FMHA", "TRTLLM_VERSION"]
+"""DEFAULT_MAX_NUM_TOKENS and TOKENS_PER_BLOCK live in the engine-limits contract, which deploy checks too."""

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from specbuild.build.gpu import Gpu, parse_gpu
-from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, SPEC_FORMAT_ALGOS, TOKENS_PER_BLOCK, BuildPlan
+from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, BuildPlan
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, facts_from_config
+from specbuild.contracts.engine_limits import SPEC_FORMAT_ALGOS, TOKENS_PER_BLOCK
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec import PipelineSpec

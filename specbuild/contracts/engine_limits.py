@@ -20,8 +20,8 @@ from specbuild.spec import PipelineSpec
 
 SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
 TOKENS_PER_BLOCK = 32
-"""The KV-cache block size every engine is built with (`--tokens_per_block`, which `build.plan` checks its
-`trtllm_flags.EXPLICIT` passes): the floor TensorRT-LLM 1.2 raises max_num_tokens to."""
+"""The KV-cache block size every engine is built with (`build.trtllm_flags.EXPLICIT` passes it as
+`--tokens_per_block`): the floor TensorRT-LLM 1.2 raises max_num_tokens to."""
 DEFAULT_MAX_NUM_TOKENS = 8192
 """`--max_num_tokens` default of trtllm-build 1.2 (NVIDIA/TensorRT-LLM `tensorrt_llm/commands/build.py`);
 specbuild's own default stays at or below it where it can."""
