@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from specbuild.convert.quantize import FORMATS, QuantizeSettings
+from specbuild.convert.quantize.settings import FORMATS, QuantizeSettings
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

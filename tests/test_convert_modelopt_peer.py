@@ -1,9 +1,11 @@
 """The converter against a real peer: ModelOpt 0.47's `export_tensorrt_llm_checkpoint`.
 
 ModelOpt writes the same TensorRT-LLM checkpoint format from an in-memory transformers model, so for an
-unquantized model at tp=1 both must hold the same tensors, bit for bit. Where shared/reference says
-ModelOpt deviates from TensorRT-LLM (it names Qwen2 `QWenForCausalLM`; it drops `rotary_base` and
-`rotary_scaling` under transformers 5) specbuild follows TensorRT-LLM, and the tests pin the difference.
+unquantized model at tp=1 both must hold the same tensors, bit for bit. Where ModelOpt deviates from
+TensorRT-LLM (it names Qwen2 `QWenForCausalLM`; it drops `rotary_base` and `rotary_scaling` under transformers 5)
+specbuild follows TensorRT-LLM, and the tests pin the difference. Sources: NVIDIA/Model-Optimizer 0.47.0,
+`modelopt/torch/export/model_config_export.py`; NVIDIA/TensorRT-LLM 1.x, `tensorrt_llm/models/modeling_utils.py`
+(`PretrainedConfig`), `tensorrt_llm/models/gpt/convert.py` @f59aed07, `tensorrt_llm/models/qwen/config.py` @373970a8.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def modelopt_export(model: torch.nn.Module, decoder_type: str, out: Path) -> Pat
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # inference_tensor_parallel=0 (the default) divides by zero on one CPU process (reference §1.4).
+        # inference_tensor_parallel=0 (the default) divides by zero on one CPU process (model_config_export.py).
         export_tensorrt_llm_checkpoint(
             model, decoder_type, dtype=torch.float16, export_dir=out, inference_tensor_parallel=1
         )
@@ -57,7 +59,7 @@ def test_tensors_equal_modelopt_export(tmp_path: Path, family: str) -> None:
         assert our_cfg[key] == their_cfg[key], key
     if family == "gpt2":
         # TensorRT-LLM's GPT config passes HF's `activation_function` through verbatim and uses learned
-        # absolute positions (reference §1.2, §1.6); ModelOpt writes `gelu` and `rope_gpt_neox`.
+        # absolute positions (PretrainedConfig, gpt/convert.py); ModelOpt writes `gelu` and `rope_gpt_neox`.
         assert (our_cfg["hidden_act"], their_cfg["hidden_act"]) == ("gelu_new", "gelu")
         assert our_cfg["position_embedding_type"] == "learned_absolute" != their_cfg["position_embedding_type"]
     else:
@@ -68,7 +70,7 @@ def test_tensors_equal_modelopt_export(tmp_path: Path, family: str) -> None:
 
 def test_qwen2_architecture_name_follows_tensorrt_llm(tmp_path: Path) -> None:
     """TensorRT-LLM's own converter keeps `Qwen2ForCausalLM` with `qwen_type: qwen2` and `attn_bias: true`
-    (reference §1.5). ModelOpt writes `QWenForCausalLM` when the model's config lacks `architectures`
+    (qwen/config.py). ModelOpt writes `QWenForCausalLM` when the model's config lacks `architectures`
     (an in-memory model; observed here) — specbuild always follows TensorRT-LLM."""
     model = make_model("qwen2")
     hf_dir = save_model(model, tmp_path / "hf")
@@ -85,7 +87,7 @@ def test_qwen2_architecture_name_follows_tensorrt_llm(tmp_path: Path) -> None:
 
 def test_rope_settings_survive_where_modelopt_drops_them(tmp_path: Path) -> None:
     """rope_theta 500000 with llama3 scaling (Llama 3.1): ModelOpt under transformers 5 loses both
-    (reference §1.4); specbuild writes `rotary_base` and passes the scaling dict through unchanged."""
+    (model_config_export.py); specbuild writes `rotary_base` and passes the scaling dict through unchanged."""
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
     model = make_model("llama", rope_parameters={"rope_theta": 500000.0, **scaling})

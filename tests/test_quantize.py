@@ -31,19 +31,16 @@ from bench.quantize_bench import zero_pad_mlp
 from specbuild.convert.calibration import CalibrationError, CalibrationText, calibration_batches
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, plan_conversion, requests_from_spec
-from specbuild.convert.quantize import (
-    FORMATS,
-    QuantizeSettings,
-    QuantPlan,
-    coverage_problems,
-    expected_tensors,
+from specbuild.convert.quantize.modelopt_calls import (
     export_modelopt,
     load_model,
     match_export,
     modelopt_config,
-    plan_quantization,
     quantize_model,
 )
+from specbuild.convert.quantize.plan import QuantPlan, plan_quantization
+from specbuild.convert.quantize.repair import coverage_problems, expected_tensors
+from specbuild.convert.quantize.settings import FORMATS, QuantizeSettings
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.model import CausalLM
 from specbuild.spec import SpecValidationError, parse_spec
@@ -199,9 +196,10 @@ WEIGHT_DTYPES = {"fp8": torch.float8_e4m3fn, "int8_sq": torch.int8, "int8_wo": t
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_checkpoint_layout(fmt: str, exports: dict[str, Path]) -> None:
-    """What TensorRT-LLM reads (reference §1.5): the quant_algo strings, quantized weight dtypes, each linear's
-    scale tensors, float16 elsewhere, the vocabulary the target has (not ModelOpt's padded one), and the
-    converter's own config fields (rotary_base) next to ModelOpt's quantization block."""
+    """What TensorRT-LLM reads (NVIDIA/TensorRT-LLM, docs/source/legacy/architecture/checkpoint.md): the quant_algo
+    strings, quantized weight dtypes, each linear's scale tensors, float16 elsewhere, the vocabulary the target has
+    (not ModelOpt's padded one), and the converter's own config fields (rotary_base) next to ModelOpt's
+    quantization block."""
     config = json.loads((exports[fmt] / "config.json").read_text())
     assert (config["quantization"]["quant_algo"], config["quantization"]["kv_cache_quant_algo"]) == EXPECTED_ALGOS[fmt]
     assert config["quantization"]["group_size"] == 128
@@ -254,16 +252,16 @@ def test_coverage_check_names_what_is_wrong(fmt: str, sources: dict[str, Path], 
 def test_unchanged_rerun_is_a_no_op_and_dry_run_writes_nothing(sources: dict[str, Path], tmp_path: Path) -> None:
     request = ConvertRequest("draft", sources["draft"], tmp_path / "out", "float32", quantization=settings("int8_wo"))
     dry = convert_checkpoint(request, dry_run=True, console=QUIET)
-    assert dry.dry_run and not (tmp_path / "out").exists()
+    assert dry.status == "planned" and not (tmp_path / "out").exists()
     first = convert_checkpoint(request, console=QUIET)
-    assert not first.skipped and first.dtype == "float16"
+    assert first.status == "written" and first.dtype == "float16"
     manifest = json.loads((tmp_path / "out/manifest.json").read_text())
     assert manifest["settings"]["quantization"]["quant_algo"] == "W8A16"
     assert manifest["tools"]["nvidia-modelopt"] == "0.47.0"
-    assert convert_checkpoint(request, console=QUIET).skipped
+    assert convert_checkpoint(request, console=QUIET).status == "up to date"
     changed = ConvertRequest("draft", sources["draft"], tmp_path / "out", "float32",
                              quantization=QuantizeSettings("int8_wo", "none", "builtin", 8, 128))
-    assert not convert_checkpoint(changed, console=QUIET).skipped
+    assert convert_checkpoint(changed, console=QUIET).status == "written"
 
 
 def test_calibration_from_a_directory_of_text_files(sources: dict[str, Path], tmp_path: Path) -> None:
@@ -281,9 +279,9 @@ def test_calibration_from_a_directory_of_text_files(sources: dict[str, Path], tm
     manifest = json.loads((tmp_path / "out/manifest.json").read_text())
     assert sorted(Path(p).name for p in manifest["inputs"] if p.endswith(".txt")) == [f"{i:02d}.txt" for i in range(6)]
     assert manifest["settings"]["quantization"]["calib_samples"] == 4
-    assert convert_checkpoint(request, console=QUIET).skipped
+    assert convert_checkpoint(request, console=QUIET).status == "up to date"
     (calib / "03.txt").write_text("different text entirely, " * 50)
-    assert not convert_checkpoint(request, console=QUIET).skipped
+    assert convert_checkpoint(request, console=QUIET).status == "written"
 
 
 @pytest.mark.parametrize(("fmt", "tp", "pp"), [("int8_sq", 2, 1), ("fp8", 2, 2)])
@@ -394,7 +392,7 @@ def _refused(request: ConvertRequest, match: str) -> None:
 
 def test_unknown_format_is_refused(sources: dict[str, Path], tmp_path: Path, demo_spec_text: str) -> None:
     _refused(ConvertRequest("draft", sources["draft"], tmp_path / "out",
-                            quantization=QuantizeSettings("int3_magic", **CALIB)),
+                            quantization=QuantizeSettings("int3_magic", "none", **CALIB)),
              r"draft\.quantization\.format: unknown quantization format 'int3_magic'")
     with pytest.raises(SpecValidationError, match=r"draft\.quantization\.format"):
         parse_spec(yaml.safe_load(demo_spec_text.replace("format: int8_sq", "format: int3_magic")),

@@ -24,18 +24,22 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from specbuild.atomic import atomic_directory, check_replaceable, output_lock
-from specbuild.convert import quantize
 from specbuild.convert.architectures import Architecture, architecture_for
 from specbuild.convert.architectures.llama import Llama
 from specbuild.convert.compatibility import check_draft_target, tokenizer_problem
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
 from specbuild.convert.medusa import MedusaArchitecture, attach_heads
-from specbuild.convert.quantize import QuantizeSettings, QuantPlan
+from specbuild.convert.quantize.plan import QuantPlan, plan_quantization
+from specbuild.convert.quantize.settings import QuantizeSettings
+from specbuild.convert.quantize.write import write_quantized
+from specbuild.convert.request import ConversionPlan, ConvertRequest
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
 from specbuild.convert.sharding import RowBlocks, ranks
+from specbuild.dtypes import DTYPES, dtype_name, torch_dtype
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import (
+    Status,
     fingerprint_files,
     is_fresh,
     output_sizes,
@@ -47,33 +51,16 @@ from specbuild.manifest import (
 if TYPE_CHECKING:
     from specbuild.spec import PipelineSpec
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class ConvertRequest:
-    """One HF checkpoint to convert, and how."""
-
-    name: str
-    source: Path
-    output: Path
-    dtype: str = "auto"
-    tp_size: int = 1
-    pp_size: int = 1
-    allow_pickle: bool = False
-    medusa_heads: Path | None = None  # FasterDecoding head directory: write a MedusaForCausalLM checkpoint
-    max_draft_len: int = 63  # Medusa: the tree's node count (TensorRT-LLM's default tree has 63)
-    quantization: QuantizeSettings | None = None  # ModelOpt quantization (the draft); None or "none": unquantized
-    needs_tokenizer: bool = False  # a spec's target: deploy copies its tokenizer into the repository
-
 
 @dataclass
 class ConvertResult:
+    """What one conversion did: `status` says whether it wrote the output, found it up to date, or only
+    planned it (`--dry-run`)."""
+
     request: ConvertRequest
     architecture: str
     dtype: str
-    skipped: bool = False
-    dry_run: bool = False
+    status: Status = "written"
     seconds: float = 0.0
     files: dict[str, int] = field(default_factory=dict)
 
@@ -82,10 +69,10 @@ class ConvertResult:
         what = f"{r.name}: {self.architecture} {self.dtype} tp={r.tp_size} pp={r.pp_size}"
         if r.quantization is not None and r.quantization.enabled:
             what += f" quantized {r.quantization.format}, kv cache {r.quantization.kv_cache}"
-        if self.skipped:
+        if self.status == "up to date":
             return (f"{what} -> {r.output} is up to date (inputs, settings and tool versions unchanged; --force "
                     "redoes it)")
-        if self.dry_run:
+        if self.status == "planned":
             return f"{what} -> {r.output} (dry run: nothing written)"
         size = sum(self.files.values()) / 1e6
         return f"{what} -> wrote {r.output} ({len(self.files)} files, {size:.1f} MB) in {self.seconds:.1f} s"
@@ -94,22 +81,14 @@ class ConvertResult:
 def resolve_dtype(requested: str, arch: Architecture, checkpoint: HFCheckpoint) -> str:
     """`auto` keeps the checkpoint's dtype, float32 becoming float16 (TensorRT-LLM converters' default)."""
     if requested != "auto":
-        if requested not in DTYPES:
+        if requested not in DTYPES:  # the spec's schema allows only known names; --dtype is checked here
             raise SpecbuildError(f"unknown dtype {requested!r}", hint=f"use auto or one of {', '.join(DTYPES)}")
         return requested
     declared = arch.source_dtype_name()
     if declared not in DTYPES:
         first = next(iter(checkpoint.infos.values()))
-        declared = next((k for k, v in DTYPES.items() if v == first.dtype), "float16")
+        declared = dtype_name(first.dtype) or "float16"
     return "float16" if declared == "float32" else declared
-
-
-@dataclass
-class ConversionPlan:
-    arch: Architecture
-    dtype: str
-    config: dict[str, Any]
-    rank_plans: list[RankPlan]
 
 
 def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint, *, read_values: bool = True) -> ConversionPlan:
@@ -231,7 +210,7 @@ def prepare_conversion(request: ConvertRequest) -> PreparedConversion:
                 raise CheckpointError(problem[0], hint=problem[1])
         quantized = request.quantization is not None and request.quantization.enabled
         # Everything a quantized conversion needs is checked here; ModelOpt is imported only when it runs.
-        qplan = quantize.plan_quantization(request, plan) if quantized else None
+        qplan = plan_quantization(request, plan) if quantized else None
         result = ConvertResult(request, plan.config["architecture"], qplan.dtype if qplan else plan.dtype)
         check_replaceable(request.output)
         settings = _settings(request, plan)
@@ -255,7 +234,7 @@ def write_conversion(prepared: PreparedConversion, *, force: bool = False, dry_r
         console.print(_plan_table(request, plan))
         if qplan is not None:
             console.print(f"{request.name}: quantize with ModelOpt: {qplan.describe()}")
-        result.dry_run = True
+        result.status = "planned"
         return result
     tools = tool_versions()
     with output_lock(request.output):
@@ -264,7 +243,7 @@ def write_conversion(prepared: PreparedConversion, *, force: bool = False, dry_r
         if previous and not force and previous.get("settings") == prepared.settings and previous.get("tools") == tools:
             inputs = fingerprint_files(prepared.input_files, known)
             if is_fresh(previous, settings=prepared.settings, tools=tools, inputs=inputs, directory=request.output):
-                result.skipped = True
+                result.status = "up to date"
                 return result
             known = inputs  # already hashed: the write below must not hash them again
         start = time.perf_counter()
@@ -273,7 +252,7 @@ def write_conversion(prepared: PreparedConversion, *, force: bool = False, dry_r
             hashing = pool.submit(fingerprint_files, prepared.input_files, known)
             with atomic_directory(request.output, needed_bytes=prepared.output_bytes) as tmp:
                 if qplan is not None:
-                    quantize.write_quantized(request, plan, qplan, tmp, console)
+                    write_quantized(request, plan, qplan, tmp, console)
                 else:
                     (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
                     with Progress(
@@ -281,7 +260,7 @@ def write_conversion(prepared: PreparedConversion, *, force: bool = False, dry_r
                         TimeRemainingColumn(), console=console, transient=True,
                     ) as progress:
                         for rank_plan in plan.rank_plans:
-                            _write_rank(prepared.checkpoint, rank_plan, DTYPES[plan.dtype],
+                            _write_rank(prepared.checkpoint, rank_plan, torch_dtype(plan.dtype),
                                         tmp / rank_plan.filename, progress)
                 result.files = output_sizes(tmp)
                 write_manifest(

@@ -18,8 +18,11 @@ import torch
 from specbuild.convert.calibration import CalibrationError, read_calibration
 from specbuild.convert.compatibility import tokenizer_problem
 from specbuild.convert.hf_checkpoint import HFCheckpoint
-from specbuild.convert.pipeline import DTYPES, ConversionPlan, ConvertRequest, plan_conversion, spec_requests
-from specbuild.convert.quantize import awq_group_size, check_format, quantized_bytes, tokenizer_files_problem
+from specbuild.convert.pipeline import plan_conversion, spec_requests
+from specbuild.convert.quantize.plan import awq_group_size, export_dtype, quantized_bytes, tokenizer_files_problem
+from specbuild.convert.quantize.settings import Format, check_format
+from specbuild.convert.request import ConversionPlan, ConvertRequest
+from specbuild.dtypes import DTYPES
 from specbuild.errors import SpecbuildError
 
 if TYPE_CHECKING:
@@ -34,17 +37,18 @@ def _model_field(role: str) -> Loc:
     return ("target", "model") if role in ("target", "medusa") else ("draft", "model")
 
 
-def _planned_bytes(plan: ConversionPlan, quant_format: Any) -> int:
+def _planned_bytes(plan: ConversionPlan, quant_format: Format | None) -> int:
     itemsize = DTYPES[plan.dtype].itemsize
     if quant_format is not None:
-        return sum(quantized_bytes(rp.shapes, quant_format, 2) for rp in plan.rank_plans)
+        export_itemsize = DTYPES[export_dtype(plan.dtype)].itemsize
+        return sum(quantized_bytes(rp.shapes, quant_format, export_itemsize) for rp in plan.rank_plans)
     return sum(torch.Size(s).numel() * itemsize for rp in plan.rank_plans for s in rp.shapes.values())
 
 
 def _check_quantization(request: ConvertRequest, plan: ConversionPlan, findings: list[Finding]
-                        ) -> dict[str, Any] | None:
-    """The draft's quantization checks, each located at its field; the config's `quantization` block, or None
-    when the format itself is unusable."""
+                        ) -> tuple[Format | None, dict[str, Any]] | None:
+    """The draft's quantization checks, each located at its field; the format and the config's `quantization`
+    fields convert would set over the converter's defaults, or None when the format itself is unusable."""
     settings = request.quantization
     assert settings is not None
     try:
@@ -65,8 +69,10 @@ def _check_quantization(request: ConvertRequest, plan: ConversionPlan, findings:
     problem = tokenizer_files_problem(request.source)
     if problem is not None:
         findings.append(("error", ("draft", "model"), problem.message))
-    return {"quant_algo": fmt.quant_algo if fmt else None, "kv_cache_quant_algo": kv, "group_size": group or 128,
-            "_format": fmt}
+    fields: dict[str, Any] = {"quant_algo": fmt.quant_algo if fmt else None, "kv_cache_quant_algo": kv}
+    if group is not None:
+        fields["group_size"] = group
+    return fmt, fields
 
 
 def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dict[str, Any], int]]]:
@@ -105,11 +111,11 @@ def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dic
         config = dict(plan.config)
         quant_format = None
         if request.quantization is not None and request.quantization.enabled:
-            quant = _check_quantization(request, plan, findings)
-            if quant is None:
+            checked = _check_quantization(request, plan, findings)
+            if checked is None:
                 continue
-            quant_format = quant.pop("_format")
-            config["quantization"] = {**config["quantization"], **quant}
-            config["dtype"] = plan.dtype if plan.dtype in ("float16", "bfloat16") else "float16"
+            quant_format, fields = checked
+            config["quantization"] = {**config["quantization"], **fields}
+            config["dtype"] = export_dtype(plan.dtype)
         configs[request.name] = (config, _planned_bytes(plan, quant_format))
     return findings, configs

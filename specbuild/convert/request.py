@@ -1,0 +1,42 @@
+"""What one conversion is asked to do (`ConvertRequest`) and what planning decided (`ConversionPlan`).
+
+Both the convert driver (`specbuild.convert.pipeline`) and the quantization path (`specbuild.convert.quantize`)
+read these; they live here, below both, so that neither imports the other back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.convert.architectures.base import Architecture
+from specbuild.convert.mapping import RankPlan
+from specbuild.convert.quantize.settings import QuantizeSettings
+
+
+@dataclass(frozen=True)
+class ConvertRequest:
+    """One HF checkpoint to convert, and how."""
+
+    name: str
+    source: Path
+    output: Path
+    dtype: str = "auto"
+    tp_size: int = 1
+    pp_size: int = 1
+    allow_pickle: bool = False
+    medusa_heads: Path | None = None  # FasterDecoding head directory: write a MedusaForCausalLM checkpoint
+    max_draft_len: int = 63  # Medusa: the tree's node count (TensorRT-LLM's default tree has 63)
+    quantization: QuantizeSettings | None = None  # ModelOpt quantization (the draft); None or "none": unquantized
+    needs_tokenizer: bool = False  # a spec's target: deploy copies its tokenizer into the repository
+
+
+@dataclass
+class ConversionPlan:
+    """The checked plan of one unquantized conversion: architecture, resolved dtype, config.json, rank files."""
+
+    arch: Architecture
+    dtype: str
+    config: dict[str, Any]
+    rank_plans: list[RankPlan]
