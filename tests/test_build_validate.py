@@ -1,10 +1,11 @@
 """Every build check fails a spec that breaks it, with its own message, and several problems come back together,
 before any engine directory is written.
 
-The rules are the build-time mistakes in shared/reference/tensorrt-llm.md §2-§5 and triton-backend.md §5: vocab
-mismatch (#2789), K above the engine's max_draft_len (tensorrtllm_backend#473), Medusa tree limits
-(speculativeChoicesUtils.cpp: index <= 16, depth <= 16, depth <= heads, nodes <= max_draft_len),
-max_num_tokens below batch x (draft + 1), gather_context_logits with a draft length, fp8 before Ada/Hopper.
+The rules are the build-time mistakes TensorRT-LLM users report in GitHub issues: vocab mismatch
+(NVIDIA/TensorRT-LLM#2789), K above the engine's max_draft_len (triton-inference-server/tensorrtllm_backend#473),
+Medusa tree limits (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp @b4f2086d:
+index <= 16, depth <= 16, depth <= heads, nodes <= max_draft_len), max_num_tokens below batch x (draft + 1),
+gather_context_logits with a draft length, fp8 before Ada/Hopper.
 Then TensorRT-LLM 1.2's own build-time rules (NVIDIA/TensorRT-LLM tensorrt_llm/builder.py `build()`,
 tensorrt_llm/_common.py `check_max_num_tokens()`): integer quantization refused on SM 100-119, paged context
 FMHA dropped for an FP8 KV cache without FP8 context FMHA (or an INT8 one), max_num_tokens clamped to
@@ -166,7 +167,7 @@ def test_memory_estimate_warns_and_builds(tmp_path: Path, models: dict[str, Path
     place_all(spec, models)
     out = io.StringIO()
     results = build_pipeline(spec, backend="reference", console=Console(file=out, width=400))
-    assert [r.status for r in results] == ["built", "built"]
+    assert [r.status for r in results] == ["written", "written"]
     text = out.getvalue()
     assert "warning:" in text and "more than 90% of the GPU's 0.001 GiB" in text
     assert "target: weights" in text and "draft: weights" in text
@@ -207,7 +208,7 @@ def test_sequences_longer_than_rope_training_only_warn(tmp_path: Path, models: d
     place_all(spec, models)
     out = io.StringIO()
     [result] = build_pipeline(spec, console=Console(file=out, width=400))
-    assert result.status == "built"
+    assert result.status == "written"
     assert "warning: target engine: sequences of up to 266 tokens, but the model has 256 positions" in out.getvalue()
 
 
@@ -381,6 +382,6 @@ def test_default_max_num_tokens_is_never_below_tokens_per_block(tmp_path: Path, 
 
 def test_spec_formats_named_in_messages_match_the_converter() -> None:
     from specbuild.build.validate import SPEC_FORMAT
-    from specbuild.convert.quantize import FORMATS
+    from specbuild.convert.quantize.settings import FORMATS
 
     assert {fmt.quant_algo: name for name, fmt in FORMATS.items()} == SPEC_FORMAT

@@ -69,7 +69,7 @@ SM100_REFUSED: dict[tuple[str, str], str] = {
 
 SPEC_FORMAT = {"FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8_sq", "W8A16": "int8_wo", "W4A16_AWQ": "int4_awq",
                "W4A8_AWQ": "w4a8_awq"}
-"""quant_algo -> the `draft.quantization.format` that exports it (specbuild/convert/quantize.py FORMATS)."""
+"""quant_algo -> the `draft.quantization.format` that exports it (specbuild/convert/quantize/settings.py FORMATS)."""
 
 Severity = Literal["error", "warning"]
 
