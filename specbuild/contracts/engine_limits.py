@@ -27,7 +27,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192
 specbuild's own default stays at or below it where it can."""
 SPEC_FORMAT_ALGOS = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_awq": "W4A16_AWQ",
                      "w4a8_awq": "W4A8_AWQ"}
-"""draft.quantization.format -> the quant_algo its checkpoint carries (specbuild/convert/quantize/settings.py FORMATS)."""
+"""draft.quantization.format -> the quant_algo its checkpoint carries (convert/quantize/settings.py FORMATS)."""
 
 
 def engine_max_seq_len(max_seq_len: int, speculative_decoding_mode: str, max_draft_len: int) -> int:
