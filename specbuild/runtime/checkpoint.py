@@ -23,14 +23,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from specbuild import dtypes
 from specbuild.runtime.config import ModelConfig, RuntimeCheckpointError, read_config
 from specbuild.runtime.dequantize import QuantizedCheckpointError, dequantize_rank
-
-DTYPES: dict[str, torch.dtype] = {name: dtypes.torch_dtype(name) for name in dtypes.DTYPES}
-"""Config dtype name -> torch dtype, read off `specbuild.dtypes` (use `dtypes.torch_dtype(name)` in new code); kept
-under this name for the reference backend's `tensorrt_llm/1/model.py`, in this package and in repositories already
-deployed, which import it from here."""
 
 
 # -- expected tensors ----------------------------------------------------------------------------------------------
