@@ -18,7 +18,7 @@ from typing import Any
 
 from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.hf_checkpoint import HFCheckpoint
-from specbuild.convert.mapping import Rule, Shape
+from specbuild.convert.mapping import Shape, TensorMapping
 from specbuild.convert.sharding import Rank, split
 from specbuild.medusa.heads_format import MODULE_PREFIX, check_pickle_allowed, count_heads, heads_file, is_pickle
 
@@ -83,23 +83,14 @@ class MedusaArchitecture(Architecture):
             problems.append(f"tp_size {tp_size} does not divide hidden_size {self.hidden}")
         return problems
 
-    def source_shapes(self) -> dict[str, Shape]:
-        return {**self.base.source_shapes(), **{src: shape for src, _, shape in self._heads()}}
-
-    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
-        shapes = self.base.target_shapes(rank)
-        if rank.is_last_stage:
-            for _, dst, shape in self._heads():
-                shapes[dst] = (shape[0] // rank.tp_size, *shape[1:])
-        return shapes
-
-    def rules(self, rank: Rank) -> dict[str, Rule]:
-        rules = self.base.rules(rank)
+    def mapping(self, rank: Rank) -> TensorMapping:
+        """The base's tensors, then (on the last pipeline stage) every head tensor split on dim 0."""
+        mapping = self.base.mapping(rank)
         if rank.is_last_stage:
             column = partial(split, rank=rank, dim=0)
-            for src, dst, _ in self._heads():
-                rules[dst] = Rule((src,), column)
-        return rules
+            for src, dst, shape in self._heads():
+                mapping.add(dst, (shape[0] // rank.tp_size, *shape[1:]), {src: shape}, column)
+        return mapping
 
     def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
         config = self.base.trtllm_config(dtype, tp_size, pp_size)
