@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.deploy_fixtures"]
+"""The deployed demo pipelines and the servers on them (`deployed`, `dt_server`, ...), for every test module."""
+
 DEMO_MODELS_DIR = Path(os.environ.get("SPECBUILD_TEST_DEMO_MODELS") or
                        Path(__file__).resolve().parents[1] / "demo" / "models")
 """Where the session's demo models are built (cached). `make test-variant` points this at a second directory

@@ -2,8 +2,8 @@
 plain target) converted, built (reference backend) and deployed once per session into a temporary directory,
 and tritonservers started on them by the tests that need one.
 
-Import the fixtures explicitly, by their function names (the fixtures keep the short names):
-`from tests.deploy_fixtures import deployed_fixture, dt_server_fixture  # noqa: F401` gives `deployed`, `dt_server`.
+tests/conftest.py registers this module as a plugin, so every test can ask for `deployed`, `dt_server`, ... by
+name; import only the helpers (`Deployed`, `PROMPTS`, `write_spec`, ...).
 """
 
 from __future__ import annotations

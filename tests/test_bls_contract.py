@@ -24,19 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tests.deploy_fixtures import (  # noqa: F401 - fixtures
-    MAX_TOKENS,
-    PROMPTS,
-    Deployed,
-    Greedy,
-    deployed_fixture,
-    dt_server_fixture,
-    greedy_outputs_fixture,
-    greedy_reference_fixture,
-    medusa_server_fixture,
-    plain_server_fixture,
-    stop_phrase,
-)
+from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, Deployed, Greedy, stop_phrase
 
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 

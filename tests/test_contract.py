@@ -32,7 +32,7 @@ from specbuild.deploy.check import check_repository, contract_of
 from specbuild.deploy.layout import ModelPlan, plan_repository
 from specbuild.deploy.pbtxt import parameter, parse_config, read_config
 from specbuild.deploy.repository import render_config
-from tests.deploy_fixtures import Deployed, deployed_fixture, pipeline_data, write_spec  # noqa: F401 - fixture
+from tests.deploy_fixtures import Deployed, pipeline_data, write_spec
 
 MODES = ("draft_target", "medusa", "none")
 SPEC_DECIDES = {

@@ -16,7 +16,7 @@ from specbuild.deploy.check import check_repository
 from specbuild.deploy.pbtxt import format_choices, parameter, parse_choices, read_config
 from specbuild.deploy.repository import deploy_repository
 from specbuild.errors import SpecbuildError
-from tests.deploy_fixtures import Deployed, deployed_fixture  # noqa: F401 - the `deployed` fixture
+from tests.deploy_fixtures import Deployed
 
 DT_MODELS = {"preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble"}
 

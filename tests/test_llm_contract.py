@@ -21,17 +21,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from specbuild.contracts.engine_info import engine_dir, read_engine_info
 from specbuild.contracts.triton_backend import PERF_METRICS, TENSORRT_LLM
-from tests.deploy_fixtures import (  # noqa: F401 - fixtures
-    MAX_TOKENS,
-    PROMPTS,
-    Deployed,
-    Greedy,
-    deployed_fixture,
-    dt_server_fixture,
-    greedy_outputs_fixture,
-    medusa_server_fixture,
-    plain_server_fixture,
-)
+from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, Deployed, Greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 

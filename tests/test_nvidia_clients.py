@@ -37,19 +37,7 @@ import numpy as np
 import pytest
 
 from tests import nvidia_clients as nv
-from tests.deploy_fixtures import (  # noqa: F401 - fixtures
-    MAX_TOKENS,
-    PROMPTS,
-    Deployed,
-    Greedy,
-    deployed_fixture,
-    dt_server_fixture,
-    greedy_outputs_fixture,
-    greedy_reference_fixture,
-    medusa_server_fixture,
-    plain_server_fixture,
-    stop_phrase,
-)
+from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, Deployed, Greedy, stop_phrase
 
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 
