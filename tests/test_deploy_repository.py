@@ -94,6 +94,37 @@ def test_rerun_is_a_no_op_and_dry_run_writes_nothing(deployed: Deployed, tmp_pat
     assert deploy_repository(spec, force=True).status == "written"
 
 
+def test_deploy_checks_the_repository_once_and_the_cli_shows_that_check(deployed: Deployed,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check deploy runs before the swap is the one `specbuild deploy` prints, under the repository's final
+    name (not its temporary one); an up-to-date re-run checks what it found, also once."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli.app import app
+    from specbuild.deploy import check
+    from specbuild.deploy import repository as repository_module
+
+    spec = deployed.specs["none"]
+    repository = spec.deploy.model_repository
+    result = deploy_repository(spec, force=True)
+    assert result.report is not None and result.report.problems == []
+    assert result.report.repository == repository
+    assert all(model.directory.parent == repository and model.directory.is_dir()
+               for model in result.report.models.values())
+    assert deploy_repository(spec, dry_run=True).report is None
+    calls: list[Path] = []
+    real = check.check_repository
+    counted = lambda path: calls.append(path) or real(path)  # noqa: E731
+    monkeypatch.setattr(check, "check_repository", counted)
+    monkeypatch.setattr(repository_module, "check_repository", counted)
+    for args, status in ((["--force"], "written"), ([], "up to date")):
+        calls.clear()
+        run = CliRunner().invoke(app, ["deploy", str(spec.path), *args])
+        assert run.exit_code == 0, run.output
+        assert len(calls) == 1, calls
+        assert "tensorrt_llm_bls" in run.output and status in run.output
+
+
 def _specbuild(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "specbuild.cli", *args], capture_output=True, text=True,
                           timeout=120)

@@ -43,6 +43,6 @@ def deploy(
 
         assert spec_path is not None
         result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
-        if not dry_run:
-            out.print(check_repository(result.repository).table())
+        if result.report is not None:  # the check deploy ran on what it wrote (None for a dry run)
+            out.print(result.report.table())
         console.print(result.summary(), highlight=False, soft_wrap=True)

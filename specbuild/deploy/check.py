@@ -8,7 +8,7 @@ decoupled modes, end/pad ids, tokenizer and engine paths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,13 @@ class RepositoryReport:
             lines = "\n".join(f"  {problem}" for problem in self.problems)
             raise SpecbuildError(f"{self.repository}: {len(self.problems)} problem(s) in the model repository:\n"
                                  f"{lines}", hint="re-run `specbuild deploy SPEC` to rewrite it")
+
+    def moved_to(self, repository: Path) -> RepositoryReport:
+        """The same report for the same files after their directory was renamed to `repository`: deploy checks
+        its temporary directory before the swap and shows the check under the name it now has."""
+        models = {name: replace(model, directory=repository / model.directory.relative_to(self.repository))
+                  for name, model in self.models.items()}
+        return replace(self, repository=repository, models=models)
 
     def table(self) -> Table:
         table = Table(title=f"{self.repository}", header_style="bold", title_justify="left")

@@ -21,7 +21,7 @@ from specbuild.atomic import atomic_directory, link_or_copy, output_lock
 from specbuild.contracts.checkpoint_facts import read_checkpoint_facts
 from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir
 from specbuild.contracts.engine_limits import stale_engine_problems
-from specbuild.deploy.check import check_repository
+from specbuild.deploy.check import RepositoryReport, check_repository
 from specbuild.deploy.layout import (
     POSTPROCESSING,
     PREPROCESSING,
@@ -54,6 +54,9 @@ class DeployResult:
     repository: Path
     status: Status
     plan: RepositoryPlan
+    report: RepositoryReport | None = None
+    """The check of the repository as written (or as found, when up to date), so no caller checks it again;
+    None for a dry run."""
 
     def summary(self) -> str:
         names = ", ".join(m.name for m in self.plan.models)
@@ -116,7 +119,7 @@ def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[st
     inputs, settings = _inputs(spec, plan, (known or {}).get("inputs")), _settings(plan, configs)
     tools = tool_versions()
     if not force and is_fresh(known, settings=settings, tools=tools, inputs=inputs, directory=repository):
-        return DeployResult(repository, "up to date", plan)
+        return DeployResult(repository, "up to date", plan, check_repository(repository))
     tokenizer_bytes = sum((spec.target.model / name).stat().st_size for name in TOKENIZER_FILES
                           if (spec.target.model / name).is_file())
     with atomic_directory(repository, needed_bytes=tokenizer_bytes) as tmp:  # the second copy is a hard link
@@ -128,14 +131,15 @@ def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[st
                 for name, data in _package_files(model.template).items():
                     (directory / name).write_bytes(data)
         _place_tokenizer(spec, tmp)
-        check_repository(tmp).raise_for_problems()
+        report = check_repository(tmp)
+        report.raise_for_problems()
         outputs = output_sizes(tmp)
         write_manifest(tmp, {
             "stage": "deploy", "spec": str(spec.path), "inputs": inputs, "settings": settings,
             "tools": tools, "outputs": outputs,
             "engines": {role: str(engine_dir(spec, role).resolve()) for role in plan.engines},
         })
-    return DeployResult(repository, "written", plan)
+    return DeployResult(repository, "written", plan, report.moved_to(repository))
 
 
 def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) -> None:
