@@ -1,10 +1,11 @@
 """The CLI's face as a new user meets it: every command's `--help`, walked from the app (no command listed by hand),
 and the bench's choice of tokenizer.
 
-Help: exits 0; no type column on flags (`<bool>`) or `<list[...]>` on repeatable options; every option and argument
-says what it is for; the usage line spells arguments as the table does (SPEC or [SPEC], never {SPEC} or [[SPEC]]);
-no sentence is broken mid-line by a docstring's wrapping. Bench: with --repository the output is counted with the
-tokenizer the repository's preprocessing model names; with no tokenizer found, the figures say words.
+Help: exits 0; no type column on flags (`<bool>`) or arguments, no `<list[...]>`, option values named in words
+(TEXT, not `<str>`); every option and argument says what it is for; the usage line spells arguments as the table
+does (SPEC or [SPEC], never {SPEC} or [[SPEC]]); no sentence is broken mid-line by a docstring's wrapping. Bench:
+with --repository the output is counted with the tokenizer the repository's preprocessing model names; with no
+tokenizer found, the figures say words.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def test_help_has_no_type_noise_and_one_argument_spelling(path: list[str]) -> No
     text = _help(path)
     assert "<bool>" not in text
     assert "<list[" not in text
+    assert not re.search(r"<(str|int|float|path|file|dir)\b", text), "a value named by its Python type, not in words"
     usage = next(line for line in text.splitlines() if "Usage:" in line)
     assert "{" not in usage and "[[" not in usage, usage
     for word in re.findall(r"(?<![\[\w])([A-Za-z_]+)(?=\s|$)", usage.split("[OPTIONS]", 1)[-1]):

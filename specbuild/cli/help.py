@@ -29,11 +29,29 @@ def reflowed(text: str | None) -> str | None:
     return "\n\n".join(paragraphs)
 
 
-def _plain_flags(params: list[Any]) -> list[Any]:
-    """A flag takes no value, so it shows no type (`--help` included, which typer creates per command)."""
+_VALUE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<int range>": "INTEGER", "<float>": "NUMBER",
+                "<float range>": "NUMBER", "<path>": "PATH"}
+"""Typer names an option's value by its Python type (`--host <str>`); the help says what it is in words."""
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def _plain_flags(params: list[Any], ctx: Any) -> list[Any]:
+    """A flag takes no value, so it shows no type (`--help` included, which typer creates per command); another
+    option without a metavar of its own gets a word for its value instead of a Python type, and an argument
+    none (its name, SPEC or URL, already says what it is)."""
     for param in params:
-        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+        if isinstance(param, TyperArgument):
+            param.display_type_rich = _no_type
+            continue
+        if not isinstance(param, TyperOption) or param.metavar is not None:
+            continue
+        if param.is_flag:
             param.metavar = ""
+        elif (word := _VALUE_WORDS.get(param.display_type(ctx))) is not None:
+            param.metavar = word
     return params
 
 
@@ -50,7 +68,7 @@ class Command(TyperCommand):
         super().__init__(*args, help=reflowed(help), **kwargs)
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _plain_flags(super().get_params(ctx))
+        return _plain_flags(super().get_params(ctx), ctx)
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -64,7 +82,7 @@ class Group(TyperGroup):
         super().__init__(*args, help=reflowed(help), **kwargs)
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _plain_flags(super().get_params(ctx))
+        return _plain_flags(super().get_params(ctx), ctx)
 
 
 class App(typer.Typer):
