@@ -131,16 +131,13 @@ def check_sources(
         )
 
 
-def plan_rank(
-    rank: Rank, rules: dict[str, Rule], expected: dict[str, Shape], sources: dict[str, TensorInfo]
-) -> RankPlan:
-    """Check one rank's rules against the model definition and work out every output shape."""
-    missing = [n for n in expected if n not in rules]
-    extra = [n for n in rules if n not in expected]
-    if missing or extra:  # a bug in an architecture module, not a user error
-        raise RuntimeError(f"rank {rank.rank}: mapping lacks {missing} / produces undeclared {extra}")
-    plan = RankPlan(rank, rules)
-    for name, rule in rules.items():
+def plan_rank(rank: Rank, mapping: TensorMapping, sources: dict[str, TensorInfo]) -> RankPlan:
+    """Work out every output shape of one rank by running its functions on `meta` tensors, and check each against
+    the declared shape. (Rules and shapes are read off the one mapping, so neither can name a tensor the other
+    lacks; for Medusa too, whose heads are added to the base's mapping.)"""
+    expected = mapping.target_shapes()
+    plan = RankPlan(rank, mapping.rules())
+    for name, rule in plan.rules.items():
         metas = [torch.empty(sources[s].shape, dtype=sources[s].dtype, device="meta") for s in rule.sources]
         shape = tuple(rule.combine(*metas).shape)
         if shape != expected[name]:

@@ -110,7 +110,7 @@ def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint, *, read_v
     check_sources(str(request.source), checkpoint.infos, expected_sources, arch.is_ignored, "config.json")
     plans = []
     for rank in ranks(request.tp_size, request.pp_size, arch.num_layers):
-        plans.append(plan_rank(rank, arch.rules(rank), arch.target_shapes(rank), checkpoint.infos))
+        plans.append(plan_rank(rank, arch.mapping(rank), checkpoint.infos))
     check_all_used(plans, expected_sources)
     if read_values:
         arch.check_source_values(checkpoint)

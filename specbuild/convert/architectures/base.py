@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specbuild import __version__
-from specbuild.convert.mapping import Rule, Shape, TensorMapping
+from specbuild.convert.mapping import Shape, TensorMapping
 from specbuild.convert.sharding import Rank, padded_vocab, split_padded
 from specbuild.errors import CheckpointError
 
@@ -124,14 +124,6 @@ class Architecture:
         """Every HF tensor the config implies, with its shape: the sources of the unsharded (tp=1, pp=1) mapping,
         which holds every layer."""
         return self.mapping(Rank(0, 1, 1, self.num_layers)).source_shapes()
-
-    def target_shapes(self, rank: Rank) -> dict[str, Shape]:
-        """The TensorRT-LLM model definition: every tensor one rank must hold, in write order."""
-        return self.mapping(rank).target_shapes()
-
-    def rules(self, rank: Rank) -> dict[str, Rule]:
-        """How each of this rank's tensors is pulled from HF tensors."""
-        return self.mapping(rank).rules()
 
     @staticmethod
     def add_lm_head(mapping: TensorMapping, rank: Rank, source: str, vocab: int, hidden: int) -> None:
