@@ -49,7 +49,17 @@ MAX_DRAFT_TOKENS = 64
 """Upper bound for `speculative.num_draft_tokens` (K); TensorRT-LLM examples use 4-10."""
 ROLES = ("target", "draft", "medusa")
 
-SpeculativeMode = Literal["none", "draft_target", "medusa"]
+SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "eagle3"]
+"""`ngram` (prompt lookup, no draft model) and `eagle3` (an EAGLE-3 draft checkpoint in `draft.model`) run only on
+`build.flow: pytorch`; `specbuild validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason."""
+K_MODES = ("draft_target", "ngram", "eagle3")
+"""Modes whose draft length is `speculative.num_draft_tokens` (K)."""
+DRAFT_MODES = ("draft_target", "eagle3")
+"""Modes that read a `draft:` checkpoint (a draft model, or an EAGLE-3 draft head)."""
+Flow = Literal["engine", "pytorch"]
+"""Which TensorRT-LLM 1.2 workflow the spec targets: `engine` (convert_checkpoint -> trtllm-build engines -> the
+C++ tensorrtllm Triton backend; the default) or `pytorch` (the LLM API's PyTorch backend: HF checkpoints, no engine
+step, served by trtllm-serve or Triton's llmapi model)."""
 BuildDType = Literal[("auto", *sorted(DTYPES, key=lambda name: DTYPES[name].itemsize))]
 """`auto` or a name from specbuild.dtypes, smallest first: 'auto', 'float16', 'bfloat16', 'float32'."""
 Backend = Literal["auto", "tensorrt", "reference"]
@@ -167,12 +177,43 @@ class MedusaSpec(_Section):
         return max((len(path) for path in self._resolved), default=0)
 
 
+class NGramSpec(_Section):
+    """Prompt-lookup drafting (`speculative.mode: ngram`), named as TensorRT-LLM 1.2's `NGramDecodingConfig`
+    (tensorrt_llm/llmapi/llm_args.py); the draft length is `speculative.num_draft_tokens` (its max_draft_len)."""
+
+    max_matching_ngram_size: Count = 2
+    """Longest suffix of the sequence looked up in the pool (llm_args.py default 2)."""
+    is_keep_all: Annotated[bool, Strict()] = True
+    """Keep every candidate continuation of a pattern, else only one."""
+    is_use_oldest: Annotated[bool, Strict()] = True
+    """Propose the oldest match of a pattern, else the newest."""
+    is_public_pool: Annotated[bool, Strict()] = True
+    """One pool shared by all requests, else one per request."""
+
+
+class Eagle3Spec(_Section):
+    """EAGLE-3 drafting (`speculative.mode: eagle3`), named as TensorRT-LLM 1.2's `EagleDecodingConfig` with an
+    EAGLE-3 draft (llm_args.py); `draft.model` is the EAGLE-3 HF draft checkpoint and `speculative.num_draft_tokens`
+    its max_draft_len."""
+
+    eagle3_one_model: Annotated[bool, Strict()] = True
+    """true (TensorRT-LLM's default): target and draft run as one model in one engine loop; false: two models."""
+    eagle3_layers_to_capture: list[Annotated[int, Strict()]] | None = None
+    """Target layers whose hidden states feed the draft (-1: the last). Default: the draft checkpoint's own
+    choice (the EAGLE-3 low/mid/high layers)."""
+
+
 class SpeculativeSpec(_Section):
     """Which speculative-decoding algorithm the service runs."""
 
     mode: SpeculativeMode = "none"
     num_draft_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] = 4
-    """K, the tokens the draft proposes per step (draft_target only; the target engine's max_draft_len)."""
+    """K, the tokens the draft proposes per step (draft_target, ngram, eagle3; the target engine's max_draft_len,
+    or the LLM API's `max_draft_len` on the PyTorch flow)."""
+    ngram: NGramSpec | None = None
+    """Settings of `mode: ngram`; default NGramDecodingConfig's defaults."""
+    eagle3: Eagle3Spec | None = None
+    """Settings of `mode: eagle3`; default EagleDecodingConfig's defaults."""
     max_draft_len: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     """Draft tokens the engine can verify per step (trtllm-build --max_draft_len). Default: K (draft_target)
     or the tree's node count (medusa). More than that lets the service raise K later without a rebuild, at
@@ -208,9 +249,13 @@ class SpeculativeSpec(_Section):
             ))
         if self.draft_len_schedule is not None and self.mode == "none":
             issues.append((("draft_len_schedule",), "only used with speculative decoding (mode is 'none')", None))
-        elif self.draft_len_schedule is not None and self.mode == "draft_target":
+        elif self.draft_len_schedule is not None and self.mode in K_MODES:
             issues += [(("draft_len_schedule",), problem, None)
                        for problem in schedule_problems(self.draft_len_schedule, self.num_draft_tokens)]
+        for section in ("ngram", "eagle3"):
+            if section in given and getattr(self, section) is not None and self.mode != section:
+                issues.append(((section,), f"given, but mode is {self.mode!r}, which does not use it (remove it, "
+                               f"or set mode: {section})", None))
         if issues:
             raise_issues(issues)
         return self
@@ -220,9 +265,13 @@ class BuildSpec(_Section):
     """Engine limits. They fix memory use, so the three max_* have no default (trtllm-build's batch 2048 is
     a trap)."""
 
+    flow: Flow = "engine"
+    """`engine`: TensorRT-LLM checkpoints -> engines (built where `backend` says) -> the tensorrtllm Triton backend.
+    `pytorch`: TensorRT-LLM's LLM API on its PyTorch backend (HF checkpoints, no engine step; `build` validates
+    the LLM-API settings, `deploy` writes Triton's llmapi model and a trtllm-serve command)."""
     backend: Backend = "auto"
     """`tensorrt` runs trtllm-build (NVIDIA GPU + TensorRT-LLM); `reference` packages checkpoints for
-    specbuild's PyTorch runtime; `auto` picks tensorrt where TensorRT-LLM is importable."""
+    specbuild's PyTorch runtime; `auto` picks tensorrt where TensorRT-LLM is importable (engine flow only)."""
     dtype: BuildDType = "auto"
     tp_size: Count = 1
     pp_size: Count = 1
@@ -366,7 +415,7 @@ class PipelineSpec(_Section):
     @property
     def max_draft_len(self) -> int:
         """Draft tokens verified per step: K for draft_target, tree size for medusa, 0 without speculation."""
-        if self.speculative.mode == "draft_target":
+        if self.speculative.mode in K_MODES:
             return self.speculative.num_draft_tokens
         if self.speculative.mode == "medusa" and self.medusa is not None:
             return len(self.medusa.resolved_choices())
@@ -376,17 +425,18 @@ class PipelineSpec(_Section):
 def _mode_issues(mode: str, present: dict[str, bool], k_given: bool) -> Iterator[Issue]:
     """Sections must match the mode: a missing one cannot work; an unused one would be silently ignored."""
     owner = {"draft": "draft_target", "medusa": "medusa"}
+    users = {"draft": DRAFT_MODES, "medusa": ("medusa",)}
     for section, needed_by in owner.items():
-        if mode == needed_by and not present[section]:
+        if mode in users[section] and not present[section]:
             yield (section,), f"required when speculative.mode is {mode!r}", ("speculative", "mode")
-        elif present[section] and mode != needed_by:
+        elif present[section] and mode not in users[section]:
             yield (
                 (section,),
                 f"given, but speculative.mode is {mode!r}, which does not use it "
                 f"(remove it, or set speculative.mode: {needed_by})",
                 None,
             )
-    if mode != "draft_target" and k_given:
+    if mode not in K_MODES and k_given:
         yield (
             ("speculative", "num_draft_tokens"),
             f"only used in draft_target mode (mode is {mode!r}; a Medusa tree sets its own length)",
