@@ -102,7 +102,7 @@ def test_pickle_heads_need_opt_in(tmp_path: Path) -> None:
     (tmp_path / "heads/medusa_lm_head.safetensors").unlink()
     torch.save(state, tmp_path / "heads/medusa_lm_head.pt")
     code, text = convert(base, tmp_path / "heads", tmp_path / "out")
-    assert code == 1 and "medusa_lm_head.pt: is a pickle file" in text and "--allow-pickle" in text
+    assert code == 1 and "weights are pickle files (medusa_lm_head.pt)" in text and "--allow-pickle" in text
     code, text = convert(base, tmp_path / "heads", tmp_path / "out", "--allow-pickle")
     assert code == 0, text
     converted = load_file(tmp_path / "out/rank0.safetensors")

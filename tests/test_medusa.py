@@ -289,9 +289,11 @@ def test_apply_heads_matches_the_formula(tmp_path: Path) -> None:
 
 
 def test_pickle_needs_opt_in(tmp_path: Path) -> None:
+    """The trainer refuses a pickled head file with the converter's words (one rule: specbuild.pickle_weights)."""
     torch.save(_fake_heads(3, 1), tmp_path / "medusa_lm_head.pt")
-    with pytest.raises(CheckpointError, match="pickle"):
+    with pytest.raises(CheckpointError, match=r"weights are pickle files \(medusa_lm_head.pt\)") as refused:
         load_medusa_heads(tmp_path)
+    assert "--allow-pickle" in (refused.value.hint or "")
     state_dict, num_heads, num_layers = load_medusa_heads(tmp_path, allow_pickle=True)
     assert (num_heads, num_layers) == (3, 1)
     torch.testing.assert_close(state_dict["2.1.weight"], _fake_heads(3, 1)["2.1.weight"])

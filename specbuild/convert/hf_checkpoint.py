@@ -15,6 +15,7 @@ import torch
 from specbuild.convert.safetensors_format import FileSpan
 from specbuild.convert.safetensors_reader import MappedFile, TensorInfo, read_header
 from specbuild.errors import CheckpointError
+from specbuild.pickle_weights import check_pickle_allowed, load_pickled_state
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -109,15 +110,9 @@ class HFCheckpoint:
             if PICKLE_INDEX in names
             else [self.directory / PICKLE_SINGLE]
         )
-        if not allow_pickle:
-            raise CheckpointError(
-                f"{self.directory}: weights are pickle files ({', '.join(f.name for f in files)}); "
-                "loading pickle can run arbitrary code, so it is off by default",
-                hint="convert them to safetensors, or pass --allow-pickle to load them with "
-                "torch.load(weights_only=True)",
-            )
+        check_pickle_allowed(files, allow_pickle=allow_pickle)
         for file in files:
-            for name, tensor in self._load_pickle(file).items():
+            for name, tensor in load_pickled_state(file, mmap=True).items():
                 self._pickled[name] = tensor
                 self.infos[name] = TensorInfo(name, file, tensor.dtype, tuple(tensor.shape), 0, 0)
         self.weight_files = files
@@ -133,29 +128,18 @@ class HFCheckpoint:
         self.weight_files.append(path)
         return names
 
-    def include_pickle(self, path: Path, prefix: str, strip: str = "", *, allow_pickle: bool) -> list[str]:
-        """Like include_safetensors for a torch.save file, only with the user's opt-in."""
-        if not allow_pickle:
-            raise CheckpointError(
-                f"{path}: is a pickle file; loading pickle can run arbitrary code, so it is off by default",
-                hint="convert it to safetensors, or pass --allow-pickle to load it with torch.load(weights_only=True)",
-            )
-        state = {(k.removeprefix(strip) if strip else k): v for k, v in self._load_pickle(path).items()}
+    def include_pickle(self, path: Path, prefix: str, strip: str = "", *, allow_pickle: bool,
+                       safe_format: str = "safetensors") -> list[str]:
+        """Like include_safetensors for a torch.save file, only with the user's opt-in (`safe_format`: what the
+        refusal says to convert it to)."""
+        check_pickle_allowed([path], allow_pickle=allow_pickle, safe_format=safe_format)
+        loaded = load_pickled_state(path, mmap=True)
+        state = {(k.removeprefix(strip) if strip else k): v for k, v in loaded.items()}
         for name, tensor in state.items():
             self._pickled[prefix + name] = tensor
             self.infos[prefix + name] = TensorInfo(prefix + name, path, tensor.dtype, tuple(tensor.shape), 0, 0)
         self.weight_files.append(path)
         return list(state)
-
-    @staticmethod
-    def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as err:  # torch raises many types for bad pickles
-            raise CheckpointError(f"{path}: cannot load pickle weights ({err})") from err
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise CheckpointError(f"{path}: expected a dict of tensors (a state dict)")
-        return state
 
     # -- access ---------------------------------------------------------------------------------------------
     @property

@@ -20,7 +20,8 @@ from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import Shape, TensorMapping
 from specbuild.convert.sharding import Rank, split
-from specbuild.medusa.heads_format import MODULE_PREFIX, check_pickle_allowed, count_heads, heads_file, is_pickle
+from specbuild.medusa.heads_format import MODULE_PREFIX, WEIGHTS_NAME, count_heads, heads_file
+from specbuild.pickle_weights import is_pickle
 
 PREFIX = "medusa:"
 
@@ -30,8 +31,8 @@ def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: boo
     weights); return (heads, layers) counted from the keys."""
     path = heads_file(heads_dir)
     if is_pickle(path):
-        check_pickle_allowed(path, allow_pickle=allow_pickle)
-        names = checkpoint.include_pickle(path, PREFIX, strip=MODULE_PREFIX, allow_pickle=allow_pickle)
+        names = checkpoint.include_pickle(path, PREFIX, strip=MODULE_PREFIX, allow_pickle=allow_pickle,
+                                          safe_format=WEIGHTS_NAME)
     else:
         names = checkpoint.include_safetensors(path, PREFIX, strip=MODULE_PREFIX)
     return count_heads(names, heads_dir)

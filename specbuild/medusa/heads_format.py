@@ -1,5 +1,5 @@
 """The FasterDecoding Medusa head file format, shared by the converter and the trainer: which file, whether a pickle
-may be read, and what the keys say.
+may be read (`specbuild.pickle_weights`), and what the keys say.
 
 A head file is the state dict of Medusa's `medusa_head` ModuleList: per head h, ResBlocks `{h}.{l}.linear.weight`
 and `{h}.{l}.linear.bias`, then the head's vocabulary projection `{h}.{L}.weight` (FasterDecoding/Medusa
@@ -12,11 +12,12 @@ keys.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbuild.errors import CheckpointError
+from specbuild.pickle_weights import check_pickle_allowed, is_pickle, load_pickled_state
 
 if TYPE_CHECKING:
     import torch
@@ -41,25 +42,9 @@ def heads_file(path: Path) -> Path:
                           hint="is this a Medusa heads directory?")
 
 
-def is_pickle(path: Path) -> bool:
-    return path.suffix in (".pt", ".pth", ".bin")
-
-
-def check_pickle_allowed(path: Path, *, allow_pickle: bool) -> None:
-    """The opt-in every reader of a pickled head file asks for: unpickling can run arbitrary code."""
-    if is_pickle(path) and not allow_pickle:
-        raise CheckpointError(
-            f"{path}: is a pickle file; loading pickle can run arbitrary code, so it is off by default",
-            hint=f"convert it to {WEIGHTS_NAME}, or, if you trust its source, allow pickle (--allow-pickle, "
-            "allow_pickle=True) to load it with torch.load(weights_only=True)",
-        )
-
-
 def read_heads(path: Path, *, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """The state dict (keys without `MODULE_PREFIX`) of the head file `heads_file(path)` finds; a pickle only with
-    the opt-in, and then read with `torch.load(weights_only=True)`."""
-    import torch
-
+    the opt-in, and then read with `torch.load(weights_only=True)` (`specbuild.pickle_weights`)."""
     path = heads_file(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -69,14 +54,8 @@ def read_heads(path: Path, *, allow_pickle: bool = False) -> dict[str, torch.Ten
         except Exception as err:  # safetensors raises its own error types for corrupt headers
             raise CheckpointError(f"{path}: cannot read safetensors file ({err})") from err
     elif is_pickle(path):
-        check_pickle_allowed(path, allow_pickle=allow_pickle)
-        try:
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # weights_only unpickling raises UnpicklingError and friends
-            raise CheckpointError(f"{path}: cannot load as a weights-only torch file ({err})") from err
-        if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-            raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors)")
-        state_dict = dict(loaded)
+        check_pickle_allowed([path], allow_pickle=allow_pickle, safe_format=WEIGHTS_NAME)
+        state_dict = load_pickled_state(path)
     else:
         raise CheckpointError(f"{path}: unknown Medusa heads file type (expected {WEIGHTS_NAME} or {PICKLE_NAME})")
     return {key.removeprefix(MODULE_PREFIX): value for key, value in state_dict.items()}
