@@ -380,8 +380,13 @@ def test_default_max_num_tokens_is_never_below_tokens_per_block(tmp_path: Path, 
     assert result.plan.max_num_tokens == 32 and "warning" not in out.getvalue()
 
 
-def test_spec_formats_named_in_messages_match_the_converter() -> None:
-    from specbuild.build.validate import SPEC_FORMAT
-    from specbuild.convert.quantize.settings import FORMATS
+def test_formats_table_maps_both_ways() -> None:
+    """Build names a checkpoint's quant_algo by the spec format that exports it, and deploy expects that
+    quant_algo back, from the one table convert runs (specbuild.contracts.quant_formats): every format is found
+    again from its algorithm."""
+    from specbuild.contracts.quant_formats import FORMATS, KV_FORMATS, format_of, kv_format_of, quant_algo
 
-    assert {fmt.quant_algo: name for name, fmt in FORMATS.items()} == SPEC_FORMAT
+    assert all(format_of(fmt.quant_algo) == name and quant_algo(name) == fmt.quant_algo
+               for name, fmt in FORMATS.items())
+    assert all(kv_format_of(kv.kv_cache_quant_algo) == name for name, kv in KV_FORMATS.items())
+    assert quant_algo("none") is None and format_of("W4A16") is None  # TensorRT-LLM names specbuild does not offer

@@ -17,6 +17,7 @@ from specbuild.errors import SpecError
 from specbuild.spec import (
     BuildSpec,
     PipelineSpec,
+    QuantizationSpec,
     SpecValidationError,
     load_spec,
     medusa_tree_problems,
@@ -161,6 +162,22 @@ def test_dtype_choices_are_the_dtype_table(tmp_path: Path) -> None:
         f"{path}:{line}: build.dtype: must be one of 'auto', 'float16', 'bfloat16' or 'float32' (got 'fp16')"
     )
     assert set(get_args(BuildSpec.model_fields["dtype"].annotation)) == {"auto", *DTYPES}
+
+
+def test_quantization_choices_are_the_formats_table(tmp_path: Path) -> None:
+    """draft.quantization takes its names from specbuild.contracts.quant_formats (what convert runs and build
+    expects), listed as they always were."""
+    from specbuild.contracts.quant_formats import FORMATS, KV_FORMATS
+
+    draft = "speculative:\n  mode: draft_target\ndraft:\n  model: models/draft\n  quantization:\n"
+    path = write(tmp_path, MINIMAL + draft + "    format: int3\n    kv_cache: int8\n")
+    message = spec_error(path).message
+    assert (f"{path}:{line_of(path, 'format:')}: draft.quantization.format: must be one of 'none', 'fp8', "
+            "'int8_sq', 'int8_wo', 'int4_awq' or 'w4a8_awq' (got 'int3')") in message
+    assert (f"{path}:{line_of(path, 'kv_cache:')}: draft.quantization.kv_cache: must be one of 'none' or 'fp8' "
+            "(got 'int8')") in message
+    assert get_args(QuantizationSpec.model_fields["format"].annotation) == ("none", *FORMATS)
+    assert get_args(QuantizationSpec.model_fields["kv_cache"].annotation) == ("none", *KV_FORMATS)
 
 
 def test_all_problems_reported_together(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from typing import Any, Literal
 from specbuild.build.gpu import Gpu, parse_gpu
 from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, BuildPlan
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, facts_from_config
-from specbuild.contracts.engine_limits import SPEC_FORMAT_ALGOS, TOKENS_PER_BLOCK
+from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK
+from specbuild.contracts.quant_formats import format_of, kv_cache_quant_algo, kv_format_of, quant_algo
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec import PipelineSpec
@@ -67,10 +68,6 @@ SM100_REFUSED: dict[tuple[str, str], str] = {
 }
 """(checkpoint field, value) -> the RuntimeError TensorRT-LLM 1.2's build() raises for it on SM 100-119."""
 
-SPEC_FORMAT = {"FP8": "fp8", "W8A8_SQ_PER_CHANNEL": "int8_sq", "W8A16": "int8_wo", "W4A16_AWQ": "int4_awq",
-               "W4A8_AWQ": "w4a8_awq"}
-"""quant_algo -> the `draft.quantization.format` that exports it (specbuild/convert/quantize/settings.py FORMATS)."""
-
 Severity = Literal["error", "warning"]
 
 
@@ -113,10 +110,10 @@ def _quantization(fact: CheckpointFacts, field: str) -> str:
     value = getattr(fact, field)
     if value is None:
         return f"{field}=null"
-    if fact.role == "draft" and field == "quant_algo" and value in SPEC_FORMAT:
-        return f"{field}={value} (draft.quantization.format {SPEC_FORMAT[value]})"
-    if fact.role == "draft" and field == "kv_cache_quant_algo" and value == "FP8":
-        return f"{field}={value} (draft.quantization.kv_cache fp8)"
+    named = (format_of(value) if field == "quant_algo" else kv_format_of(value)) if fact.role == "draft" else None
+    if named is not None:
+        key = "format" if field == "quant_algo" else "kv_cache"
+        return f"{field}={value} (draft.quantization.{key} {named})"
     return f"{field}={value}"
 
 
@@ -136,8 +133,7 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
             )
     if spec.draft is not None and "draft" in facts:
         fact, quant = facts["draft"], spec.draft.quantization
-        want = {"quant_algo": SPEC_FORMAT_ALGOS.get(quant.format),
-                "kv_cache_quant_algo": "FP8" if quant.kv_cache == "fp8" else None}
+        want = {"quant_algo": quant_algo(quant.format), "kv_cache_quant_algo": kv_cache_quant_algo(quant.kv_cache)}
         for field, value in want.items():
             if getattr(fact, field) == value:
                 continue

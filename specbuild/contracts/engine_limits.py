@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import EngineInfo
+from specbuild.contracts.quant_formats import kv_cache_quant_algo, quant_algo
 from specbuild.spec import PipelineSpec
 
 SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
@@ -25,9 +26,6 @@ TOKENS_PER_BLOCK = 32
 DEFAULT_MAX_NUM_TOKENS = 8192
 """`--max_num_tokens` default of trtllm-build 1.2 (NVIDIA/TensorRT-LLM `tensorrt_llm/commands/build.py`);
 specbuild's own default stays at or below it where it can."""
-SPEC_FORMAT_ALGOS = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int8_wo": "W8A16", "int4_awq": "W4A16_AWQ",
-                     "w4a8_awq": "W4A8_AWQ"}
-"""draft.quantization.format -> the quant_algo its checkpoint carries (convert/quantize/settings.py FORMATS)."""
 
 
 def engine_max_seq_len(max_seq_len: int, speculative_decoding_mode: str, max_draft_len: int) -> int:
@@ -135,9 +133,8 @@ def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
             want.append(("build.dtype", info.dtype, build.dtype))
     if role == "draft" and spec.draft is not None:
         quant = spec.draft.quantization
-        want.append(("draft.quantization.format", info.quant_algo, SPEC_FORMAT_ALGOS.get(quant.format)))
-        want.append(("draft.quantization.kv_cache", info.kv_cache_quant_algo,
-                     "FP8" if quant.kv_cache == "fp8" else None))
+        want.append(("draft.quantization.format", info.quant_algo, quant_algo(quant.format)))
+        want.append(("draft.quantization.kv_cache", info.kv_cache_quant_algo, kv_cache_quant_algo(quant.kv_cache)))
     problems = [f"{name}: the engine was built with {_show(old)}, the spec now says {_show(new)}"
                 for name, old, new in want if old != new]
     window = attention_window(limits.engine_max_seq_len, facts) if facts is not None else None

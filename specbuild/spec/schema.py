@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMAT_NAMES
 from specbuild.dtypes import DTYPES
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
@@ -63,8 +64,9 @@ step, served by trtllm-serve or Triton's llmapi model)."""
 BuildDType = Literal[("auto", *sorted(DTYPES, key=lambda name: DTYPES[name].itemsize))]
 """`auto` or a name from specbuild.dtypes, smallest first: 'auto', 'float16', 'bfloat16', 'float32'."""
 Backend = Literal["auto", "tensorrt", "reference"]
-QuantFormat = Literal["none", "fp8", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq"]
-KvCacheFormat = Literal["none", "fp8"]
+QuantFormat = Literal[FORMAT_NAMES]
+"""`none` or a format of specbuild.contracts.quant_formats, in its order (the order messages list them)."""
+KvCacheFormat = Literal[KV_FORMAT_NAMES]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specbuild.contracts.quant_formats import KV_FORMATS
 from specbuild.convert.quantize.plan import QuantPlan
-from specbuild.convert.quantize.settings import KV_FORMATS
 from specbuild.dtypes import torch_dtype
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def modelopt_config(mtq: Any, plan: QuantPlan) -> dict[str, Any]:
                 if isinstance(cfg, dict) and isinstance(cfg.get("block_sizes"), dict):
                     cfg["block_sizes"][-1] = plan.group_size
     if plan.kv_algo is not None:
-        preset = KV_FORMATS[plan.settings.kv_cache][0]
+        preset = KV_FORMATS[plan.settings.kv_cache].preset
         kv = getattr(mtq, preset)
         _check_list_form(kv, preset)
         config["quant_cfg"] = [*config["quant_cfg"], *copy.deepcopy(kv["quant_cfg"])]
