@@ -1,0 +1,45 @@
+"""`specbuild export vllm|sglang SPEC`: the same pipeline served by vLLM or SGLang instead of Triton.
+
+Why: users compare engines, and a user leaving the TensorRT engine flow needs the spec to reach what replaces it.
+This stage reads only the spec and the Hugging Face checkpoints it names (not convert's TensorRT-LLM output): vLLM
+and SGLang load HF checkpoints themselves. It writes the serve command and the engine's config, with the field
+names of those engines' current sources (`sources`), or refuses with the reason the engine cannot serve the spec.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specbuild.export.plan import ENGINES, ExportPlan, ExportRefused, default_directory
+from specbuild.export.write import ExportResult, write_export
+from specbuild.spec import PipelineSpec
+
+__all__ = ["ENGINES", "ExportPlan", "ExportRefused", "ExportResult", "build_plan", "default_directory",
+           "export_spec"]
+
+
+def build_plan(spec: PipelineSpec, engine: str, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
+    if engine == "vllm":
+        from specbuild.export import vllm as module
+    elif engine == "sglang":
+        from specbuild.export import sglang as module  # type: ignore[no-redef]
+    else:
+        raise ExportRefused(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    return module.build_plan(spec, directory, allow_pickle=allow_pickle)
+
+
+def export_spec(spec: PipelineSpec, engine: str, directory: Path | None = None, *, dry_run: bool = False,
+                allow_pickle: bool = False) -> ExportResult:
+    """Plan the export and, unless `dry_run`, write it atomically into `directory` (default
+    `<output_dir>/export/<engine>`)."""
+    target = Path(os.path.abspath(directory if directory is not None else default_directory(spec, engine)))
+    plan = build_plan(spec, engine, target, allow_pickle=allow_pickle)
+    try:
+        spec_path = str(spec.path)
+    except RuntimeError:
+        spec_path = spec.name
+    if dry_run:
+        return ExportResult(plan, target, "planned")
+    return write_export(plan, target, spec_path)
+

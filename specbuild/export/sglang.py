@@ -1,0 +1,128 @@
+"""The spec as `python -m sglang.launch_server --model-path <target> ... --speculative-algorithm ...`.
+
+SGLang takes speculation as flat flags (`sources.SGLANG_SPECULATIVE_DOCS`). A draft-target spec with K draft tokens
+is STANDALONE drafting K steps with one candidate per step (topk 1), which verifies K + 1 tokens (the docs: with
+topk 1, num_draft_tokens becomes num_steps + 1). SGLang has no Medusa. The same flags are written as the YAML file
+`launch_server --config` reads (keys without the leading dashes, `sources.SGLANG_SERVER_ARGS_DOCS`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specbuild.export.plan import ExportPlan, Option, command_line, refuse
+from specbuild.export.sources import SGLANG_SERVER_ARGS_DOCS, SGLANG_SPECULATIVE_DOCS
+from specbuild.spec import PipelineSpec
+
+ENGINE = "sglang"
+DISPLAY = "SGLang"
+PROGRAM = ("python", "-m", "sglang.launch_server")
+CONFIG_FILE = "config.yaml"
+
+OPTIONS = (
+    Option("--model-path", SGLANG_SERVER_ARGS_DOCS, lambda s: s.target.model),
+    Option("--served-model-name", SGLANG_SERVER_ARGS_DOCS, lambda s: s.name),
+    Option("--tp-size", SGLANG_SERVER_ARGS_DOCS, lambda s: s.build.tp_size),
+    Option("--pp-size", SGLANG_SERVER_ARGS_DOCS, lambda s: s.build.pp_size),
+    Option("--context-length", SGLANG_SERVER_ARGS_DOCS, lambda s: s.build.max_seq_len),
+    Option("--max-running-requests", SGLANG_SERVER_ARGS_DOCS, lambda s: s.build.max_batch_size),
+    Option("--dtype", SGLANG_SERVER_ARGS_DOCS, lambda s: s.build.dtype),  # auto, float16, bfloat16, float32
+    Option("--trust-remote-code", SGLANG_SERVER_ARGS_DOCS, lambda s: s.target.trust_remote_code),
+)
+
+
+def _draft(spec: PipelineSpec) -> object:
+    return spec.draft.model if spec.draft is not None else None
+
+
+def _k(spec: PipelineSpec) -> int:
+    return spec.speculative.num_draft_tokens
+
+
+def _draft_quantization(spec: PipelineSpec) -> str | None:
+    assert spec.draft is not None
+    return DRAFT_QUANTIZATION[spec.draft.quantization.format]
+
+
+STANDALONE = (
+    Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: "STANDALONE"),
+    Option("--speculative-draft-model-path", SGLANG_SPECULATIVE_DOCS, _draft),
+    Option("--speculative-num-steps", SGLANG_SPECULATIVE_DOCS, _k),
+    Option("--speculative-eagle-topk", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
+    Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, lambda s: _k(s) + 1),
+    Option("--speculative-draft-model-quantization", SGLANG_SPECULATIVE_DOCS, _draft_quantization),
+)
+
+DRAFT_QUANTIZATION = {"none": None, "fp8": "fp8"}
+"""draft.quantization.format -> --speculative-draft-model-quantization: fp8 is applied to an unquantized checkpoint
+while loading (server_arguments.md: `--quantization fp8` on a fp16 checkpoint); the others need a checkpoint
+quantized ahead."""
+
+
+def _check_draft(spec: PipelineSpec) -> list[str]:
+    assert spec.draft is not None
+    quant = spec.draft.quantization
+    if quant.format not in DRAFT_QUANTIZATION:
+        raise refuse(
+            spec, DISPLAY, f"draft.quantization.format {quant.format}",
+            f"SGLang reads {quant.format} only from a checkpoint quantized ahead, and specbuild's quantized draft "
+            f"is a TensorRT-LLM checkpoint; SGLang quantizes while loading only with fp8 ({SGLANG_SERVER_ARGS_DOCS})",
+            hint="set draft.quantization.format to fp8 or none for this export",
+        )
+    if quant.kv_cache != "none":
+        raise refuse(
+            spec, DISPLAY, f"draft.quantization.kv_cache {quant.kv_cache}",
+            "SGLang's --kv-cache-dtype is the whole server's, so it would quantize the target's KV cache too, "
+            "which the spec keeps unquantized",
+            hint="set draft.quantization.kv_cache: none for this export",
+        )
+    notes = []
+    if spec.speculative.use_draft_logits:
+        notes.append("speculative.use_draft_logits: not exported; SGLang has no option for how STANDALONE accepts")
+    return notes
+
+
+def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
+    """The command and config for `spec` (`directory` and `allow_pickle` are unused: SGLang needs no files of ours
+    beyond the command and its YAML)."""
+    mode = spec.speculative.mode
+    notes: list[str] = []
+    options = list(OPTIONS)
+    if mode == "draft_target":
+        notes += _check_draft(spec)
+        options += STANDALONE
+    elif mode == "medusa":
+        raise refuse(spec, DISPLAY, "speculative.mode medusa",
+                     "SGLang has no Medusa: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM and NEXTN "
+                     f"({SGLANG_SPECULATIVE_DOCS})",
+                     hint="`specbuild export vllm` serves the Medusa heads; or use speculative.mode draft_target")
+    elif mode != "none":
+        raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to SGLang yet")
+    if mode != "none":
+        if spec.speculative.draft_len_schedule is not None:
+            notes.append("speculative.draft_len_schedule: not exported; SGLang speculates the same length at any load")
+        if spec.speculative.max_concurrency is not None:
+            notes.append("speculative.max_concurrency: not exported; SGLang has no load above which it stops")
+    argv = command_line(PROGRAM, options, spec)
+    sources = [SGLANG_SERVER_ARGS_DOCS] + ([SGLANG_SPECULATIVE_DOCS] if mode != "none" else [])
+    return ExportPlan(ENGINE, argv, {CONFIG_FILE: config_yaml(argv[len(PROGRAM):])}, sources, notes)
+
+
+def config_yaml(flags: list[str]) -> str:
+    """The flags as `launch_server --config` YAML: `name: value`, a bare switch as `name: true`."""
+    import yaml
+
+    mapping: dict[str, object] = {}
+    index = 0
+    while index < len(flags):
+        name = flags[index].removeprefix("--")
+        following = flags[index + 1] if index + 1 < len(flags) else None
+        if following is None or following.startswith("--"):
+            mapping[name], index = True, index + 1
+        else:
+            mapping[name], index = _scalar(following), index + 2
+    return yaml.safe_dump(mapping, sort_keys=False)
+
+
+def _scalar(text: str) -> object:
+    return int(text) if text.lstrip("-").isdigit() else text

@@ -1,0 +1,56 @@
+"""Where each exported name comes from: the upstream files read for vLLM and SGLang, named once.
+
+Every flag, config key and tensor name `export` writes points at one of these, so a reader (or a test) can check a
+name against the file it was read from. Commits are the ones the names were read at (2026-12); when a release
+renames a field, this table and tests/export_schemas.py change together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    """One upstream file at one commit."""
+
+    repo: str
+    path: str
+    commit: str
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.path}@{self.commit[:12]}"
+
+
+# -- vLLM ----------------------------------------------------------------------------------------------------------
+VLLM_ENGINE_ARGS = Source("vllm-project/vllm", "vllm/engine/arg_utils.py", "99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b")
+"""EngineArgs: every field is a `vllm serve` option spelt --kebab-case (tensor_parallel_size ->
+--tensor-parallel-size); `dtype` takes ModelDType, bools are BooleanOptionalAction (--trust-remote-code /
+--no-trust-remote-code)."""
+VLLM_SPECULATIVE = Source("vllm-project/vllm", "vllm/config/speculative.py", "002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443")
+"""SpeculativeConfig: the keys of --speculative-config's JSON (method, model, num_speculative_tokens, quantization,
+kv_cache_dtype, draft_sample_method, prompt_lookup_max/min) and the SpeculativeMethod choices."""
+VLLM_QUANTIZATION = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/__init__.py",
+                           "05d909563e1d1ada39a13b67e7b9a4cbca1d6a8e")
+"""QuantizationMethods: "fp8" quantizes an unquantized checkpoint's weights while loading (no calibration)."""
+VLLM_CACHE = Source("vllm-project/vllm", "vllm/config/cache.py", "c1d86421174a87056edc90a41dc9942391509e84")
+"""CacheDType: "fp8" is a KV cache dtype (SpeculativeConfig.kv_cache_dtype takes it for the draft alone)."""
+VLLM_MEDUSA_CONFIG = Source("vllm-project/vllm", "vllm/transformers_utils/configs/medusa.py",
+                            "4bb77b3239adff81001f12cd9c9a39b65800a373")
+"""MedusaConfig: model_type "medusa", hidden_size, vocab_size, num_heads, num_hidden_layers, truncated_vocab_size."""
+VLLM_MEDUSA_MODEL = Source("vllm-project/vllm", "vllm/model_executor/models/medusa.py",
+                           "09cddad8f0324594022359cd2b07e962a14b895f")
+"""Medusa (architecture MedusaModel): parameters blocks.{h}.layers.{l}.weight/.bias (bias only with config
+medusa_fc_bias), lm_heads.{h}.weight unless original_lm_head; each layer computes x + SiLU(Linear(x)); proposals
+are top-1 per head (a chain, no tree)."""
+
+# -- SGLang --------------------------------------------------------------------------------------------------------
+SGLANG_SPECULATIVE_DOCS = Source("sgl-project/sglang", "docs/advanced_features/speculative_decoding.md",
+                                 "fc6d465375b9e4e49d32cd9ea24024a355125435")
+"""--speculative-algorithm (EAGLE, EAGLE3, STANDALONE, NGRAM, NEXTN), --speculative-draft-model-path,
+--speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens (num_steps + 1 with topk 1),
+--speculative-draft-model-quantization, --speculative-ngram-*; no Medusa."""
+SGLANG_SERVER_ARGS_DOCS = Source("sgl-project/sglang", "docs/advanced_features/server_arguments.md",
+                                 "b36e8e198b71553316b55bce53de6ecf9b3a9a47")
+"""python/sglang/srt/server_args.py's options as documented: --model-path, --tp-size, --pp-size, --context-length,
+--max-running-requests, --dtype, --trust-remote-code, --served-model-name, --quantization choices."""

@@ -1,0 +1,128 @@
+"""The names vLLM and SGLang accept, kept here independently of specbuild/export so the tests check the generated
+commands against the engines, not against the code that wrote them. Neither engine runs here (no GPU, neither is
+installed), so these tables are the contract; each names the upstream file and commit it was read from (2026-12).
+When an engine renames a field, this file changes with the release and the export tests say what to fix.
+"""
+
+from __future__ import annotations
+
+# -- vLLM ----------------------------------------------------------------------------------------------------------
+VLLM_ARG_UTILS = "vllm-project/vllm:vllm/engine/arg_utils.py@99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b"
+VLLM_SPECULATIVE = "vllm-project/vllm:vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443"
+VLLM_QUANTIZATION = ("vllm-project/vllm:vllm/model_executor/layers/quantization/__init__.py"
+                     "@05d909563e1d1ada39a13b67e7b9a4cbca1d6a8e")
+VLLM_CACHE = "vllm-project/vllm:vllm/config/cache.py@c1d86421174a87056edc90a41dc9942391509e84"
+VLLM_MEDUSA_CONFIG = ("vllm-project/vllm:vllm/transformers_utils/configs/medusa.py"
+                      "@4bb77b3239adff81001f12cd9c9a39b65800a373")
+VLLM_MEDUSA_MODEL = "vllm-project/vllm:vllm/model_executor/models/medusa.py@09cddad8f0324594022359cd2b07e962a14b895f"
+
+VLLM_MODEL_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+"""ModelDType (vllm/config/model.py), the --dtype choices."""
+
+VLLM_SERVE_OPTIONS: dict[str, object] = {
+    # EngineArgs fields as `vllm serve` options (VLLM_ARG_UTILS): --kebab-case of the field name.
+    "--served-model-name": str,
+    "--tensor-parallel-size": int,
+    "--pipeline-parallel-size": int,
+    "--max-model-len": int,
+    "--max-num-seqs": int,
+    "--max-num-batched-tokens": int,
+    "--dtype": VLLM_MODEL_DTYPES,
+    "--trust-remote-code": bool,  # BooleanOptionalAction: a bare switch
+    "--speculative-config": "json",  # SpeculativeConfig as JSON
+}
+
+VLLM_SPECULATIVE_METHODS = (
+    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+    "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark",
+)
+"""SpeculativeMethod (VLLM_SPECULATIVE), without the per-model MTP aliases."""
+
+VLLM_QUANTIZATION_METHODS_USED = ("fp8",)
+"""The members of QuantizationMethods (VLLM_QUANTIZATION) an export may pass; "fp8" is one of them."""
+VLLM_CACHE_DTYPES = ("auto", "bfloat16", "int8", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+"""CacheDType (VLLM_CACHE)."""
+
+VLLM_SPECULATIVE_FIELDS: dict[str, object] = {
+    # SpeculativeConfig fields (VLLM_SPECULATIVE) and what each takes.
+    "method": VLLM_SPECULATIVE_METHODS,
+    "model": str,
+    "num_speculative_tokens": int,  # gt=0
+    "draft_tensor_parallel_size": int,
+    "quantization": VLLM_QUANTIZATION_METHODS_USED,
+    "kv_cache_dtype": VLLM_CACHE_DTYPES,
+    "max_model_len": int,
+    "prompt_lookup_max": int,
+    "prompt_lookup_min": int,
+    "draft_sample_method": ("greedy", "probabilistic"),
+    "rejection_sample_method": ("standard", "synthetic", "block"),
+}
+
+VLLM_MEDUSA_CONFIG_FIELDS: dict[str, object] = {
+    # MedusaConfig.__init__ (VLLM_MEDUSA_CONFIG) plus the attributes Medusa reads with getattr (VLLM_MEDUSA_MODEL)
+    # and PretrainedConfig's own (architectures, dtype / torch_dtype).
+    "model_type": ("medusa",),
+    "architectures": (["MedusaModel"],),
+    "hidden_size": int,
+    "vocab_size": int,
+    "num_heads": int,
+    "num_hidden_layers": int,
+    "max_paths": int,
+    "topk": int,
+    "truncated_vocab_size": int,
+    "medusa_fc_bias": bool,
+    "original_lm_head": bool,
+    "logit_scale": float,
+    "dtype": str,
+    "torch_dtype": str,
+}
+
+
+def vllm_medusa_parameters(num_heads: int, num_layers: int, hidden: int, vocab: int, *,
+                           bias: bool) -> dict[str, tuple[int, ...]]:
+    """What vLLM's Medusa model loads (VLLM_MEDUSA_MODEL, original_lm_head false): per head, ResidualBlock
+    `blocks.{h}.layers.{l}` Linear(hidden, hidden, bias=medusa_fc_bias), and ParallelLMHead `lm_heads.{h}` whose
+    checkpoint tensor is (vocab, hidden) (the layer pads its own rows; the checkpoint carries the unpadded ones)."""
+    names: dict[str, tuple[int, ...]] = {}
+    for head in range(num_heads):
+        for layer in range(num_layers):
+            names[f"blocks.{head}.layers.{layer}.weight"] = (hidden, hidden)
+            if bias:
+                names[f"blocks.{head}.layers.{layer}.bias"] = (hidden,)
+        names[f"lm_heads.{head}.weight"] = (vocab, hidden)
+    return names
+
+
+# -- SGLang --------------------------------------------------------------------------------------------------------
+SGLANG_SPECULATIVE_DOCS = ("sgl-project/sglang:docs/advanced_features/speculative_decoding.md"
+                           "@fc6d465375b9e4e49d32cd9ea24024a355125435")
+SGLANG_SERVER_ARGS = ("sgl-project/sglang:docs/advanced_features/server_arguments.md"
+                      "@b36e8e198b71553316b55bce53de6ecf9b3a9a47")
+
+SGLANG_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN")
+"""--speculative-algorithm (SGLANG_SPECULATIVE_DOCS, Full Parameter Reference). No MEDUSA."""
+SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+SGLANG_QUANTIZATION = ("awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt",
+                       "modelopt_fp4", "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "qoq", "w4afp8", "mxfp4")
+"""--quantization choices (SGLANG_SERVER_ARGS); --speculative-draft-model-quantization also takes "unquant"."""
+
+SGLANG_OPTIONS: dict[str, object] = {
+    # SGLANG_SERVER_ARGS
+    "--model-path": str,
+    "--served-model-name": str,
+    "--tp-size": int,
+    "--pp-size": int,
+    "--context-length": int,
+    "--max-running-requests": int,
+    "--dtype": SGLANG_DTYPES,
+    "--trust-remote-code": bool,  # store_true
+    # SGLANG_SPECULATIVE_DOCS
+    "--speculative-algorithm": SGLANG_ALGORITHMS,
+    "--speculative-draft-model-path": str,
+    "--speculative-num-steps": int,
+    "--speculative-eagle-topk": int,
+    "--speculative-num-draft-tokens": int,
+    "--speculative-draft-model-quantization": (*SGLANG_QUANTIZATION, "unquant"),
+    "--speculative-ngram-min-match-window-size": int,
+    "--speculative-ngram-max-match-window-size": int,
+}

@@ -1,0 +1,300 @@
+"""`specbuild export vllm|sglang SPEC`: what a user runs instead of the Triton deployment, checked field by field.
+
+vLLM and SGLang do not run here (no GPU; neither is installed), so every generated flag, --speculative-config key
+and Medusa config field is checked against tests/export_schemas.py, the tables of those engines' names and choices
+read from their sources (file and commit named there), and every value against the spec it came from. The Medusa
+conversion is checked tensor by tensor on the demo heads: the names and shapes vLLM's Medusa model loads, the
+values of the FasterDecoding file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from specbuild.cli import app
+from specbuild.errors import SpecbuildError
+from specbuild.export import ExportRefused, export_spec
+from specbuild.spec import PipelineSpec, load_spec
+from tests.export_schemas import (
+    SGLANG_ALGORITHMS,
+    SGLANG_OPTIONS,
+    VLLM_MEDUSA_CONFIG_FIELDS,
+    VLLM_SERVE_OPTIONS,
+    VLLM_SPECULATIVE_FIELDS,
+    vllm_medusa_parameters,
+)
+
+runner = CliRunner()
+
+
+# -- specs ---------------------------------------------------------------------------------------------------------
+def _model_dir(path: Path, hidden: int = 8, vocab: int = 16) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"hidden_size": hidden, "vocab_size": vocab}), encoding="utf-8")
+    return path
+
+
+def _heads(path: Path, *, num_heads: int = 4, hidden: int = 8, vocab: int = 16) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for head in range(num_heads):
+        tensors[f"{head}.0.linear.weight"] = torch.randn(hidden, hidden, generator=generator)
+        tensors[f"{head}.0.linear.bias"] = torch.randn(hidden, generator=generator)
+        tensors[f"{head}.1.weight"] = torch.randn(vocab, hidden, generator=generator)
+    save_file(tensors, str(path / "medusa_lm_head.safetensors"))
+    return path
+
+
+def _spec(tmp: Path, mode: str = "none", *, target: Path | None = None, heads: Path | None = None,
+          **extra: Any) -> PipelineSpec:
+    data: dict[str, Any] = {
+        "name": f"x-{mode}",
+        "target": {"model": str(target or _model_dir(tmp / "target"))},
+        "speculative": {"mode": mode},
+        "build": {"dtype": "bfloat16", "tp_size": 2, "max_batch_size": 12, "max_input_len": 200,
+                  "max_output_len": 56},
+    }
+    if mode == "draft_target":
+        data["draft"] = {"model": str(_model_dir(tmp / "draft"))}
+        data["speculative"]["num_draft_tokens"] = 5
+    if mode == "medusa":
+        data["medusa"] = {"heads": str(heads or _heads(tmp / "heads")), "choices": "mc_sim_7b_top8"}
+    for section, values in extra.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_spec(path)
+
+
+# -- checking against the tables -----------------------------------------------------------------------------------
+def _flags(argv: list[str]) -> dict[str, str | bool]:
+    flags: dict[str, str | bool] = {}
+    index = 0
+    while index < len(argv):
+        name = argv[index]
+        assert name.startswith("--"), f"stray argument {name!r} in {argv}"
+        assert name not in flags, f"{name} given twice"
+        if index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+            flags[name], index = argv[index + 1], index + 2
+        else:
+            flags[name], index = True, index + 1
+    return flags
+
+
+def _conforms(kind: object, value: object) -> bool:
+    if kind is bool:
+        return value is True or isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) or (isinstance(value, str) and value.isdigit())
+    if kind is float:
+        return isinstance(value, int | float)
+    if kind is str:
+        return isinstance(value, str) and bool(value)
+    if kind == "json":
+        return isinstance(value, str) and isinstance(json.loads(value), dict)
+    assert isinstance(kind, tuple)
+    return value in kind
+
+
+def _check(table: dict[str, object], fields: dict[str, Any], what: str) -> None:
+    unknown = sorted(set(fields) - set(table))
+    assert not unknown, f"{what}: {unknown} are not names the engine defines"
+    for name, value in fields.items():
+        assert _conforms(table[name], value), f"{what}: {name}={value!r} is not a {table[name]}"
+
+
+def _vllm(plan_argv: list[str], spec: PipelineSpec) -> tuple[dict[str, str | bool], dict[str, Any] | None]:
+    assert plan_argv[:3] == ["vllm", "serve", str(spec.target.model)]
+    flags = _flags(plan_argv[3:])
+    _check(VLLM_SERVE_OPTIONS, flags, "vllm serve")
+    assert flags["--tensor-parallel-size"] == "2" and flags["--pipeline-parallel-size"] == "1"
+    assert flags["--max-model-len"] == "256"  # max_input_len + max_output_len
+    assert flags["--max-num-seqs"] == "12" and flags["--dtype"] == "bfloat16"
+    assert flags["--served-model-name"] == spec.name
+    config = json.loads(flags["--speculative-config"]) if "--speculative-config" in flags else None
+    if config is not None:
+        _check(VLLM_SPECULATIVE_FIELDS, config, "--speculative-config")
+    return flags, config
+
+
+def _sglang(argv: list[str], spec: PipelineSpec) -> dict[str, str | bool]:
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    flags = _flags(argv[3:])
+    _check(SGLANG_OPTIONS, flags, "sglang.launch_server")
+    assert flags["--model-path"] == str(spec.target.model) and flags["--tp-size"] == "2"
+    assert flags["--context-length"] == "256" and flags["--max-running-requests"] == "12"
+    assert flags["--dtype"] == "bfloat16"
+    return flags
+
+
+# -- vLLM ----------------------------------------------------------------------------------------------------------
+def test_vllm_plain_is_the_target_with_the_spec_limits_and_no_speculation(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    result = export_spec(spec, "vllm")
+    flags, config = _vllm(result.plan.argv, spec)
+    assert config is None and "--trust-remote-code" not in flags
+    assert result.directory == spec.output_dir.resolve() / "export" / "vllm"
+    script = (result.directory / "serve.sh").read_text(encoding="utf-8")
+    assert os.access(result.directory / "serve.sh", os.X_OK)
+    assert shlex.split(script.splitlines()[-1]) == ["exec", *result.plan.argv, "$@"]
+
+
+def test_vllm_draft_target_is_draft_model_with_k(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "draft_target", target=_model_dir(tmp_path / "t"), deploy={})
+    result = export_spec(spec, "vllm", tmp_path / "out")
+    _, config = _vllm(result.plan.argv, spec)
+    assert config == {"method": "draft_model", "model": str(spec.draft.model), "num_speculative_tokens": 5}
+    written = json.loads((tmp_path / "out" / "speculative_config.json").read_text(encoding="utf-8"))
+    assert written == config
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["engine"] == "vllm" and manifest["argv"] == result.plan.argv
+    assert any("vllm/config/speculative.py" in source for source in manifest["sources"])
+
+
+def test_vllm_fp8_draft_and_its_kv_cache_and_draft_logits_are_passed(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "draft_target", speculative={"use_draft_logits": True})
+    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
+    data["draft"]["quantization"] = {"format": "fp8", "kv_cache": "fp8"}
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    spec = load_spec(spec.path)
+    _, config = _vllm(export_spec(spec, "vllm", dry_run=True).plan.argv, spec)
+    assert config is not None
+    assert (config["quantization"], config["kv_cache_dtype"], config["draft_sample_method"]) == (
+        "fp8", "fp8", "probabilistic")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_draft_quantized_ahead_is_refused_naming_why(tmp_path: Path, engine: str) -> None:
+    spec = _spec(tmp_path, "draft_target")
+    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
+    data["draft"]["quantization"] = {"format": "int8_sq"}
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ExportRefused, match=r"draft\.quantization\.format int8_sq.*TensorRT-LLM checkpoint") as err:
+        export_spec(load_spec(spec.path), engine, tmp_path / "out")
+    assert "fp8 or none" in (err.value.hint or "")
+    assert not (tmp_path / "out").exists()
+
+
+def test_vllm_medusa_converts_the_heads_and_speculates_the_tree_depth(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "medusa", speculative={"draft_len_schedule": {1: 8, 2: 0}})
+    result = export_spec(spec, "vllm", tmp_path / "out")
+    _, config = _vllm(result.plan.argv, spec)
+    assert config == {"method": "medusa", "model": str(tmp_path / "out" / "medusa"), "num_speculative_tokens": 3}
+    assert any("draft_len_schedule" in note for note in result.plan.notes)
+    assert any("top-1" in note for note in result.plan.notes)
+    script = (tmp_path / "out" / "serve.sh").read_text(encoding="utf-8")
+    assert "# Note: speculative.draft_len_schedule" in script
+    converted = load_file(str(tmp_path / "out" / "medusa" / "model.safetensors"))
+    expected = vllm_medusa_parameters(4, 1, 8, 16, bias=True)
+    assert {name: tuple(t.shape) for name, t in converted.items()} == expected
+
+
+@pytest.mark.parametrize("bad", [{"hidden": 6}, {"vocab": 12}])
+def test_heads_that_do_not_fit_the_target_are_a_clear_error(tmp_path: Path, bad: dict[str, int]) -> None:
+    target = _model_dir(tmp_path / "target", **{"hidden": 8, "vocab": 16, **bad})
+    spec = _spec(tmp_path, "medusa", target=target)
+    with pytest.raises(SpecbuildError, match=r"has shape .* the target .* needs"):
+        export_spec(spec, "vllm", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_demo_medusa_heads_convert_tensor_by_tensor(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """The demo heads (FasterDecoding format) become exactly the parameters vLLM's Medusa loads, with equal
+    values, and a config.json whose every field MedusaConfig or Medusa defines."""
+    heads = demo_models["medusa-heads"]
+    spec = _spec(tmp_path, "medusa", target=demo_models["target"], heads=heads)
+    export_spec(spec, "vllm", tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "medusa" / "config.json").read_text(encoding="utf-8"))
+    _check(VLLM_MEDUSA_CONFIG_FIELDS, config, "medusa config.json")
+    target = json.loads((demo_models["target"] / "config.json").read_text(encoding="utf-8"))
+    assert (config["hidden_size"], config["vocab_size"]) == (target["hidden_size"], target["vocab_size"])
+    assert config["truncated_vocab_size"] == config["vocab_size"]  # no token_map: the full vocabulary
+    assert config["medusa_fc_bias"] is True and config["original_lm_head"] is False
+    source = load_file(str(heads / "medusa_lm_head.safetensors"))
+    converted = load_file(str(tmp_path / "out" / "medusa" / "model.safetensors"))
+    expected = vllm_medusa_parameters(config["num_heads"], config["num_hidden_layers"], config["hidden_size"],
+                                      config["vocab_size"], bias=True)
+    assert {name: tuple(t.shape) for name, t in converted.items()} == expected
+    layers = config["num_hidden_layers"]
+    for head in range(config["num_heads"]):
+        for layer in range(layers):
+            block = f"blocks.{head}.layers.{layer}"
+            assert torch.equal(converted[f"{block}.weight"], source[f"{head}.{layer}.linear.weight"])
+            assert torch.equal(converted[f"{block}.bias"], source[f"{head}.{layer}.linear.bias"])
+        assert torch.equal(converted[f"lm_heads.{head}.weight"], source[f"{head}.{layers}.weight"])
+
+
+# -- SGLang --------------------------------------------------------------------------------------------------------
+def test_sglang_draft_target_is_standalone_k_steps_topk_1_k_plus_1_tokens(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "draft_target")
+    result = export_spec(spec, "sglang", tmp_path / "out")
+    flags = _sglang(result.plan.argv, spec)
+    assert flags["--speculative-algorithm"] == "STANDALONE" and flags["--speculative-algorithm"] in SGLANG_ALGORITHMS
+    assert flags["--speculative-draft-model-path"] == str(spec.draft.model)
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == ("5", "1", "6")
+    assert "--speculative-draft-model-quantization" not in flags
+    config = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text(encoding="utf-8"))
+    assert {f"--{key}": value for key, value in config.items()} == {
+        name: value if value is True or not str(value).isdigit() else int(value) for name, value in flags.items()}
+
+
+def test_sglang_plain_has_no_speculative_flags(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    flags = _sglang(export_spec(spec, "sglang", dry_run=True).plan.argv, spec)
+    assert not [name for name in flags if name.startswith("--speculative")]
+    assert not (spec.output_dir / "export").exists()  # a dry run writes nothing
+
+
+def test_sglang_fp8_draft_is_passed_and_a_draft_kv_cache_is_refused(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "draft_target")
+    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
+    data["draft"]["quantization"] = {"format": "fp8"}
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    flags = _sglang(export_spec(load_spec(spec.path), "sglang", dry_run=True).plan.argv, spec)
+    assert flags["--speculative-draft-model-quantization"] == "fp8"
+    data["draft"]["quantization"]["kv_cache"] = "fp8"
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ExportRefused, match=r"kv_cache fp8.*whole server's"):
+        export_spec(load_spec(spec.path), "sglang", dry_run=True)
+
+
+def test_sglang_refuses_medusa_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ExportRefused, match="SGLang has no Medusa") as err:
+        export_spec(_spec(tmp_path, "medusa"), "sglang", tmp_path / "out")
+    assert "export vllm" in (err.value.hint or "")
+    assert not (tmp_path / "out").exists()
+
+
+# -- writing and the command line ----------------------------------------------------------------------------------
+def test_an_export_replaces_its_own_directory_but_not_a_foreign_one(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    export_spec(spec, "vllm", tmp_path / "out")
+    export_spec(spec, "vllm", tmp_path / "out")  # its own: replaced
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep", encoding="utf-8")
+    with pytest.raises(SpecbuildError, match="not written by specbuild"):
+        export_spec(spec, "vllm", foreign)
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_cli_dry_run_prints_the_command_and_a_refusal_is_one_message(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "draft_target")
+    result = runner.invoke(app, ["export", "vllm", str(spec.path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "vllm serve" in result.output and '"method":"draft_model"' in result.output
+    medusa = _spec(tmp_path / "m", "medusa")
+    result = runner.invoke(app, ["export", "sglang", str(medusa.path)])
+    assert result.exit_code == 1 and "SGLang has no Medusa" in result.output and "Traceback" not in result.output
