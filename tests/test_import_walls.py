@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specbuild"
 
-STAGES = frozenset({"convert", "build", "tune", "deploy", "serve", "bench", "demo"})
+STAGES = frozenset({"convert", "build", "tune", "deploy", "serve", "bench", "demo", "export"})
 """The pipeline's stages: each meets the others through the files it writes and the neutral modules."""
 
 NEUTRAL = frozenset({
@@ -47,6 +47,7 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
               "bench": ("specbuild.bench.client",)},  # asks the served repository its prompts
     "bench": {},
     "demo": {},
+    "export": {},  # reads the spec and the HF checkpoints it names; Medusa heads through medusa/ (neutral)
 }
 """Which other stages a stage may import, and through which of their modules (that stage's public face)."""
 

@@ -8,6 +8,7 @@ answer at once.
 from __future__ import annotations
 
 from specbuild.cli import bench, build, convert, demo, deploy, generate, init, serve, tune
+from specbuild.cli.export import export_app
 from specbuild.cli.help import App
 from specbuild.cli.medusa import medusa_app
 
@@ -34,6 +35,7 @@ app.command()(deploy.deploy)
 app.command()(serve.serve)
 app.command()(bench.bench)
 app.add_typer(medusa_app, name="medusa")
+app.add_typer(export_app, name="export")
 app.command()(generate.generate)
 
 
