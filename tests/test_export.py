@@ -298,3 +298,42 @@ def test_cli_dry_run_prints_the_command_and_a_refusal_is_one_message(tmp_path: P
     medusa = _spec(tmp_path / "m", "medusa")
     result = runner.invoke(app, ["export", "sglang", str(medusa.path)])
     assert result.exit_code == 1 and "SGLang has no Medusa" in result.output and "Traceback" not in result.output
+
+
+# -- n-gram and EAGLE-3 --------------------------------------------------------------------------------------------
+def _mode_spec(tmp: Path, mode: str, **speculative: Any) -> PipelineSpec:
+    data: dict[str, Any] = {
+        "name": f"x-{mode}",
+        "target": {"model": str(_model_dir(tmp / "target"))},
+        "speculative": {"mode": mode, "num_draft_tokens": 3, **speculative},
+        "build": {"flow": "pytorch", "dtype": "bfloat16", "tp_size": 2, "max_batch_size": 12, "max_input_len": 200,
+                  "max_output_len": 56},
+    }
+    if mode == "eagle3":
+        data["draft"] = {"model": str(_model_dir(tmp / "eagle3-draft"))}
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_spec(path)
+
+
+def test_ngram_is_prompt_lookup_up_to_the_longest_ngram(tmp_path: Path) -> None:
+    spec = _mode_spec(tmp_path, "ngram", ngram={"max_matching_ngram_size": 4, "is_keep_all": False})
+    vllm = export_spec(spec, "vllm", dry_run=True)
+    _, config = _vllm(vllm.plan.argv, spec)
+    assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    assert any("is_keep_all" in note for note in vllm.plan.notes)
+    flags = _sglang(export_spec(spec, "sglang", dry_run=True).plan.argv, spec)
+    assert (flags["--speculative-algorithm"], flags["--speculative-num-draft-tokens"],
+            flags["--speculative-ngram-min-match-window-size"],
+            flags["--speculative-ngram-max-match-window-size"]) == ("NGRAM", "3", "1", "4")
+    assert "--speculative-draft-model-path" not in flags
+
+
+def test_eagle3_passes_the_draft_head_with_k(tmp_path: Path) -> None:
+    spec = _mode_spec(tmp_path, "eagle3")
+    _, config = _vllm(export_spec(spec, "vllm", dry_run=True).plan.argv, spec)
+    assert config == {"method": "eagle3", "model": str(spec.draft.model), "num_speculative_tokens": 3}
+    flags = _sglang(export_spec(spec, "sglang", dry_run=True).plan.argv, spec)
+    assert (flags["--speculative-algorithm"], flags["--speculative-draft-model-path"], flags["--speculative-num-steps"],
+            flags["--speculative-eagle-topk"], flags["--speculative-num-draft-tokens"]) == (
+        "EAGLE3", str(spec.draft.model), "3", "1", "4")

@@ -45,13 +45,13 @@ def _export(engine: str, spec_path: Path, output: Path | None, dry_run: bool, al
 @export_app.command("vllm")
 def export_vllm(spec_path: Spec, output: Output = None, dry_run: DryRun = False,
                 allow_pickle: AllowPickle = False) -> None:
-    """Write `vllm serve TARGET --speculative-config JSON` (draft_model, or medusa with the heads converted to
-    vLLM's Medusa checkpoint) with tp, max model length and max sequences from the spec."""
+    """Write `vllm serve TARGET --speculative-config JSON` (draft_model, eagle3, ngram, or medusa with the heads
+    converted to vLLM's Medusa checkpoint) with tp, max model length and max sequences from the spec."""
     _export("vllm", spec_path, output, dry_run, allow_pickle)
 
 
 @export_app.command("sglang")
 def export_sglang(spec_path: Spec, output: Output = None, dry_run: DryRun = False) -> None:
-    """Write `python -m sglang.launch_server` with `--speculative-algorithm` (STANDALONE for a draft) and the
-    same flags as the YAML `--config` reads; a Medusa spec is refused, SGLang has no Medusa."""
+    """Write `python -m sglang.launch_server` with `--speculative-algorithm` (STANDALONE for a draft, EAGLE3,
+    NGRAM) and the same flags as the YAML `--config` reads; a Medusa spec is refused, SGLang has no Medusa."""
     _export("sglang", spec_path, output, dry_run, False)

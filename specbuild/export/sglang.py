@@ -2,7 +2,8 @@
 
 SGLang takes speculation as flat flags (`sources.SGLANG_SPECULATIVE_DOCS`). A draft-target spec with K draft tokens
 is STANDALONE drafting K steps with one candidate per step (topk 1), which verifies K + 1 tokens (the docs: with
-topk 1, num_draft_tokens becomes num_steps + 1). SGLang has no Medusa. The same flags are written as the YAML file
+topk 1, num_draft_tokens becomes num_steps + 1); EAGLE-3 is the same with EAGLE3 and the EAGLE-3 draft, n-gram is
+NGRAM verifying K tokens. SGLang has no Medusa. The same flags are written as the YAML file
 `launch_server --config` reads (keys without the leading dashes, `sources.SGLANG_SERVER_ARGS_DOCS`).
 """
 
@@ -44,13 +45,24 @@ def _draft_quantization(spec: PipelineSpec) -> str | None:
     return DRAFT_QUANTIZATION[spec.draft.quantization.format]
 
 
-STANDALONE = (
-    Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: "STANDALONE"),
+ALGORITHM = {"draft_target": "STANDALONE", "eagle3": "EAGLE3", "ngram": "NGRAM"}
+"""speculative.mode -> --speculative-algorithm."""
+
+DRAFTED = (  # STANDALONE and EAGLE3: K steps of one candidate each, K + 1 tokens verified
+    Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: ALGORITHM[s.speculative.mode]),
     Option("--speculative-draft-model-path", SGLANG_SPECULATIVE_DOCS, _draft),
     Option("--speculative-num-steps", SGLANG_SPECULATIVE_DOCS, _k),
     Option("--speculative-eagle-topk", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
     Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, lambda s: _k(s) + 1),
     Option("--speculative-draft-model-quantization", SGLANG_SPECULATIVE_DOCS, _draft_quantization),
+)
+
+NGRAM = (  # the longest suffix looked up is max_matching_ngram_size, down to one token
+    Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: "NGRAM"),
+    Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, _k),
+    Option("--speculative-ngram-min-match-window-size", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
+    Option("--speculative-ngram-max-match-window-size", SGLANG_SPECULATIVE_DOCS,
+           lambda s: s.speculative.ngram.max_matching_ngram_size if s.speculative.ngram is not None else 2),
 )
 
 DRAFT_QUANTIZATION = {"none": None, "fp8": "fp8"}
@@ -78,7 +90,11 @@ def _check_draft(spec: PipelineSpec) -> list[str]:
         )
     notes = []
     if spec.speculative.use_draft_logits:
-        notes.append("speculative.use_draft_logits: not exported; SGLang has no option for how STANDALONE accepts")
+        notes.append("speculative.use_draft_logits: not exported; SGLang has no option for how a draft is accepted")
+    eagle3 = spec.speculative.eagle3
+    if eagle3 is not None and eagle3.eagle3_layers_to_capture is not None:
+        notes.append("speculative.eagle3.eagle3_layers_to_capture: not exported; SGLang takes the layers from the "
+                     "draft checkpoint")
     return notes
 
 
@@ -88,9 +104,15 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     mode = spec.speculative.mode
     notes: list[str] = []
     options = list(OPTIONS)
-    if mode == "draft_target":
+    if mode in ("draft_target", "eagle3"):
         notes += _check_draft(spec)
-        options += STANDALONE
+        options += DRAFTED
+    elif mode == "ngram":
+        ngram = spec.speculative.ngram
+        given = sorted(ngram.model_fields_set - {"max_matching_ngram_size"}) if ngram is not None else []
+        if given:
+            notes.append(f"speculative.ngram {', '.join(given)}: not exported; SGLang's NGRAM has no such setting")
+        options += NGRAM
     elif mode == "medusa":
         raise refuse(spec, DISPLAY, "speculative.mode medusa",
                      "SGLang has no Medusa: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM and NEXTN "

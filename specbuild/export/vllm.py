@@ -41,7 +41,7 @@ DRAFT_KV_CACHE = {"none": None, "fp8": "fp8"}
 """draft.quantization.kv_cache -> SpeculativeConfig.kv_cache_dtype (a CacheDType, VLLM_CACHE): the draft's alone."""
 
 
-def _draft_model(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
+def _draft_model(spec: PipelineSpec, notes: list[str], method: str = "draft_model") -> dict[str, Any]:
     assert spec.draft is not None
     quant = spec.draft.quantization
     if quant.format not in DRAFT_QUANTIZATION:
@@ -52,7 +52,7 @@ def _draft_model(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
             f"({VLLM_QUANTIZATION})",
             hint="set draft.quantization.format to fp8 or none for this export",
         )
-    config: dict[str, Any] = {"method": "draft_model", "model": str(spec.draft.model),
+    config: dict[str, Any] = {"method": method, "model": str(spec.draft.model),
                               "num_speculative_tokens": spec.speculative.num_draft_tokens}
     if DRAFT_QUANTIZATION[quant.format]:
         config["quantization"] = DRAFT_QUANTIZATION[quant.format]
@@ -63,6 +63,28 @@ def _draft_model(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
     if spec.draft.trust_remote_code and not spec.target.trust_remote_code:
         notes.append("draft.trust_remote_code: vLLM loads the draft with the target's trust_remote_code (false)")
     return config
+
+
+def _ngram(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
+    """Prompt lookup: the longest suffix tried is max_matching_ngram_size, down to one token (vLLM's min would
+    otherwise default to the max)."""
+    ngram = spec.speculative.ngram
+    given = sorted(ngram.model_fields_set - {"max_matching_ngram_size"}) if ngram is not None else []
+    if given:
+        notes.append(f"speculative.ngram {', '.join(given)}: not exported; vLLM's ngram proposer has no such setting")
+    longest = ngram.max_matching_ngram_size if ngram is not None else 2
+    return {"method": "ngram", "num_speculative_tokens": spec.speculative.num_draft_tokens,
+            "prompt_lookup_max": longest, "prompt_lookup_min": 1}
+
+
+def _eagle3(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
+    eagle3 = spec.speculative.eagle3
+    if eagle3 is not None and eagle3.eagle3_layers_to_capture is not None:
+        notes.append("speculative.eagle3.eagle3_layers_to_capture: not exported; vLLM takes the layers from the "
+                     "draft checkpoint's config (eagle_aux_hidden_state_layer_ids)")
+    if eagle3 is not None and "eagle3_one_model" in eagle3.model_fields_set:
+        notes.append("speculative.eagle3.eagle3_one_model: not exported; vLLM runs the draft in the target's engine")
+    return _draft_model(spec, notes, "eagle3")
 
 
 def _medusa(spec: PipelineSpec, directory: Path, heads: VllmMedusaHeads, notes: list[str]) -> dict[str, Any]:
@@ -95,6 +117,10 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         speculative = None
     elif mode == "draft_target":
         speculative = _draft_model(spec, notes)
+    elif mode == "ngram":
+        speculative = _ngram(spec, notes)
+    elif mode == "eagle3":
+        speculative = _eagle3(spec, notes)
     elif mode == "medusa":
         assert spec.medusa is not None
         heads = convert_heads(spec.medusa.heads, spec.target.model, allow_pickle=allow_pickle)
