@@ -77,6 +77,17 @@ def test_ensemble_steps_wire_what_nvidias_ensemble_wires() -> None:
     assert len([k for k, v in llm.items() if k == v]) == 22
 
 
+def test_the_models_the_bls_calls_are_parameters_of_its_contract() -> None:
+    """The BLS model and `deploy --check` check the same called-model parameters, and each is a parameter the
+    BLS template (or specbuild's BLS) declares, defaulting to the model NVIDIA's repository has."""
+    from specbuild.contracts.triton_backend import CALLED_MODEL_PARAMETERS
+
+    defaults = {p.key: p.default for p in BLS.parameters}
+    assert set(CALLED_MODEL_PARAMETERS) <= set(defaults)
+    assert [defaults[key] for key in CALLED_MODEL_PARAMETERS] == [
+        "preprocessing", "tensorrt_llm", "", "postprocessing"]
+
+
 # -- rendered configs, both flavours --------------------------------------------------------------------------
 
 

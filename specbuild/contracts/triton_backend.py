@@ -518,6 +518,11 @@ BLS = ModelContract(
 
 MODELS: dict[str, ModelContract] = {m.name: m for m in (TENSORRT_LLM, PREPROCESSING, POSTPROCESSING, ENSEMBLE, BLS)}
 
+CALLED_MODEL_PARAMETERS = ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
+                           "postprocessing_model_name")
+"""The BLS parameters that name models it calls, in the order it calls them: the BLS model checks them when it
+loads and `deploy --check` checks them against the repository."""
+
 
 # -- the ensemble's wiring ------------------------------------------------------------------------------------
 

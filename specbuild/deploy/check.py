@@ -15,14 +15,16 @@ from typing import Any
 from rich.table import Table
 
 from specbuild.contracts.engine_info import ENGINE_INFO
-from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, Tensor
+from specbuild.contracts.triton_backend import (
+    CALLED_MODEL_PARAMETERS,
+    MODELS,
+    PLACEHOLDER_TYPES,
+    ModelContract,
+    Tensor,
+)
 from specbuild.deploy.pbtxt import parameter, parse_choices, read_config
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import validated
-
-CALLED_MODEL_PARAMETERS = ("preprocessing_model_name", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
-                           "postprocessing_model_name")
-"""BLS parameters that name models it calls."""
 
 
 @dataclass

@@ -16,7 +16,10 @@ from specbuild.spec.fields import resolve
 from specbuild.spec.problems import Issue, custom_error, raise_issues, show
 
 DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
-"""The 63-node tree TensorRT-LLM's C++ runtime uses when none is given."""
+"""The 63-node tree TensorRT-LLM uses when none is given: the spec's default, and what the reference tensorrt_llm
+model loads when `medusa_choices` is unset, as the C++ `tensorrtllm` backend does (NVIDIA/TensorRT-LLM
+`triton_backend/inflight_batcher_llm/src/model_instance_state.cc` @0c8de69a `getExecutorConfigFromParams`:
+"Will be using default mc_sim_7b_63 choices instead")."""
 
 _PRESET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # specbuild/, above this package

@@ -20,9 +20,6 @@ from specbuild.deploy.pbtxt import parse_choices
 from specbuild.python_models import triton_io as io
 from specbuild.python_models.llm_backend import Backend, BackendConfig, ModelLoadError, Response
 
-DEFAULT_MEDUSA_CHOICES = "mc_sim_7b_63"
-"""What the C++ backend uses when medusa_choices is unset (MIS getExecutorConfigFromParams)."""
-
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
@@ -48,9 +45,10 @@ class TritonPythonModel:
                 choices = parse_choices(params["medusa_choices"])
             else:
                 from specbuild.medusa.tree import load_choices
+                from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES  # the C++ backend's default too
 
-                io.log_warn("medusa_choices parameter is not specified. Will be using default mc_sim_7b_63 choices "
-                            "instead.")
+                io.log_warn("medusa_choices parameter is not specified. Will be using default "
+                            f"{DEFAULT_MEDUSA_CHOICES} choices instead.")
                 choices = load_choices(DEFAULT_MEDUSA_CHOICES)
         schedule = None
         if params.get("draft_len_schedule") or params.get("max_concurrency"):

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.deploy.check import CALLED_MODEL_PARAMETERS
+from specbuild.contracts.triton_backend import CALLED_MODEL_PARAMETERS
 from specbuild.python_models import triton_io as io
 from specbuild.python_models.bls_calls import (
     ACCEPTANCE_OUTPUTS,
