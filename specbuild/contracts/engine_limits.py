@@ -145,6 +145,9 @@ def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
 
 
 def _show(value: object) -> str:
+    """An engine.json fact as the stale-engine messages name it: bare (`float16`, `FP8`, `none` for null) and a
+    Medusa tree by its size. Not spec.problems.show, which quotes strings and says `null` because it echoes what
+    the user wrote in YAML; both sides here are engine facts (quant_algo, decoding mode), not YAML."""
     if isinstance(value, list) and len(value) > 6:
         return f"a {len(value)}-node tree"
     return "none" if value is None else str(value)
