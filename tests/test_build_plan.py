@@ -65,7 +65,8 @@ def test_plain_target_renders_the_hand_checked_arguments() -> None:
 
 
 def test_draft_target_builds_a_verifying_target_and_a_plain_draft() -> None:
-    """Both engines see the whole sequence so far as their input (Triton BLS, triton-backend.md §2.1)."""
+    """Both engines see the whole sequence so far as their input (NVIDIA/TensorRT-LLM
+    `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py` @4db68284 `_spec_generate`)."""
     plans = plans_of(spec_of("draft_target", {"num_draft_tokens": 5}))
     assert list(plans) == ["target", "draft"]
     sizes = ["--max_batch_size", "4", "--max_input_len", "1199", "--max_seq_len", "1200", "--max_num_tokens", "4796"]
@@ -78,7 +79,8 @@ def test_draft_target_builds_a_verifying_target_and_a_plain_draft() -> None:
         "--checkpoint_dir", "/out/checkpoints/draft", "--output_dir", "/out/engines/draft", *sizes, *COMMON,
         "--use_fp8_context_fmha", "disable", "--workers", "1",
     ]
-    # trtllm-build adds max_draft_len to max_seq_len under a speculative mode (§2.3); the engine's limit says so.
+    # trtllm-build adds max_draft_len to max_seq_len under a speculative mode (NVIDIA/TensorRT-LLM
+    # tensorrt_llm/builder.py build() @008b2b8d); the engine's limit says so.
     assert plans["target"].engine_max_seq_len == 1205
     assert plans["draft"].engine_max_seq_len == 1200
 
@@ -122,7 +124,8 @@ def test_fp8_context_fmha_only_for_an_fp8_checkpoint_with_an_fp8_kv_cache() -> N
 def test_parallel_checkpoints_build_with_one_worker_per_rank() -> None:
     args = plans_of(spec_of(build={"tp_size": 2, "pp_size": 2}))["target"].args()
     assert args[args.index("--workers") + 1] == "4"
-    assert "--tp_size" not in args  # 1.x takes the mapping from the checkpoint only (§4)
+    # 1.x takes the mapping from the checkpoint only (NVIDIA/TensorRT-LLM tensorrt_llm/commands/build.py @65f1d153)
+    assert "--tp_size" not in args
 
 
 @pytest.mark.parametrize(

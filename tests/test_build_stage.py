@@ -199,7 +199,8 @@ def _plan(**changes: object) -> BuildPlan:
 
 
 def test_built_engine_config_is_checked_against_the_plan(tmp_path: Path) -> None:
-    """Layout of a 1.x engine config.json: {version, pretrained_config, build_config} (tensorrt-llm.md §2.3)."""
+    """Layout of a 1.x engine config.json: {version, pretrained_config, build_config} (NVIDIA/TensorRT-LLM
+    `tensorrt_llm/builder.py` `EngineConfig.to_dict` @008b2b8d)."""
     build_config = {"max_batch_size": 4, "max_input_len": 99, "max_seq_len": 104, "max_num_tokens": 400,
                     "max_draft_len": 4}
     config = {"version": "1.2.0", "pretrained_config": {"mapping": {"tp_size": 1, "pp_size": 1}},

@@ -73,7 +73,8 @@ def test_checkpoint_dtype_must_match_the_spec(tmp_path: Path, models: dict[str, 
 
 
 def test_float16_quantized_draft_of_a_float32_pipeline_is_accepted(tmp_path: Path, models: dict[str, Path]) -> None:
-    """ModelOpt exports quantized checkpoints only in float16/bfloat16 (reference modelopt-medusa.md §1.5), so a
+    """ModelOpt exports quantized checkpoints only in float16/bfloat16 (ModelOpt 0.47.0,
+    NVIDIA/Model-Optimizer modelopt/torch/export/model_config_export.py), so a
     float32 pipeline's quantized draft arrives as float16; an unquantized float16 draft is still a stale convert."""
     spec = write_pipeline(tmp_path, models, build={"dtype": "float32"})
     place_all(spec, models)

@@ -2,7 +2,7 @@
 
 The expectations are generated from `specbuild.contracts.triton_backend`, the contract as data, whose rows were
 taken from NVIDIA's templates (NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt`,
-commits named in that module; "contract document §1" below means these templates). TensorRT-LLM cannot run
+commits named in that module). TensorRT-LLM cannot run
 here, so the tensorrt flavour (C++ `tensorrtllm` backend) is checked on rendered configs; the reference flavour
 on rendered configs and on the demo repositories as `specbuild deploy` writes them.
 """
@@ -45,7 +45,7 @@ SPEC_DECIDES = {
 
 
 def test_the_table_has_every_tensor_of_nvidias_templates() -> None:
-    """Counts of NVIDIA's declarations (contract document §1): a row dropped from the table fails here."""
+    """Counts of NVIDIA's declarations (the templates' config.pbtxt): a row dropped from the table fails here."""
     counts = {name: (len(m.nvidia_inputs()), len(m.nvidia_outputs())) for name, m in MODELS.items()}
     assert counts == {"tensorrt_llm": (62, 21), "preprocessing": (14, 20), "postprocessing": (2, 1),
                       "ensemble": (36, 19), "tensorrt_llm_bls": (43, 19)}

@@ -1,11 +1,11 @@
 """The draft quantization formats: one table read by the spec (which names it accepts), convert (which ModelOpt
 preset it runs) and build/deploy (which `quant_algo` the checkpoint and engine must then carry).
 
-Sources: the preset names are module attributes of `modelopt.torch.quantization` (nvidia-modelopt 0.47.0 wheel on
-PyPI, `modelopt/torch/quantization/config.py`); the `quant_algo` / `kv_cache_quant_algo` strings are what its
-TensorRT-LLM export writes for them (same wheel, `modelopt/torch/export/quant_utils.py`
-`process_layer_quant_config`), members of TensorRT-LLM's `QuantAlgo` (NVIDIA/TensorRT-LLM
-`tensorrt_llm/quantization/mode.py`).
+Sources: the preset names are module attributes of `modelopt.torch.quantization` (ModelOpt 0.47.0,
+NVIDIA/Model-Optimizer `modelopt/torch/quantization/config.py`, as in the nvidia-modelopt 0.47.0 wheel); the
+`quant_algo` / `kv_cache_quant_algo` strings are what its export writes for them (same release,
+`modelopt/torch/export/quant_utils.py` `process_layer_quant_config`), members of TensorRT-LLM's `QuantAlgo`
+(NVIDIA/TensorRT-LLM `tensorrt_llm/quantization/mode.py`).
 """
 
 from __future__ import annotations
