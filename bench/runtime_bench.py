@@ -120,7 +120,7 @@ class Method:
 
 
 # -- specbuild's runtime --------------------------------------------------------------------------------------------
-def convert_models(dirs: dict[str, Path], heads: Path | None, max_draft_len: int, work: Path) -> dict[str, Path]:
+def convert_models(dirs: dict[str, Path], heads: Path | None, tree_nodes: int, work: Path) -> dict[str, Path]:
     """TensorRT-LLM checkpoints of target, draft (and target + Medusa heads), float32; reused when up to date."""
     from rich.console import Console
 
@@ -133,7 +133,7 @@ def convert_models(dirs: dict[str, Path], heads: Path | None, max_draft_len: int
     if heads is not None:
         out["medusa"] = work / "medusa"
         request = ConvertRequest("medusa", dirs["target"], out["medusa"], "float32", medusa_heads=heads,
-                                 max_draft_len=max_draft_len)
+                                 medusa_tree_nodes=tree_nodes)
         convert_checkpoint(request, console=quiet)
     return out
 
@@ -518,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (heads / "medusa_lm_head.safetensors").is_file() and not (heads / "medusa_lm_head.pt").is_file():
         print(f"warning: no Medusa heads in {heads}: Medusa rows skipped", flush=True)
         heads = None
-    max_draft_len = max((MedusaTree.from_choices(load_choices(t)).num_nodes for t in trees), default=63)
-    ckpts = convert_models(dirs, heads, max_draft_len, args.work)
+    tree_nodes = max((MedusaTree.from_choices(load_choices(t)).num_nodes for t in trees), default=63)
+    ckpts = convert_models(dirs, heads, tree_nodes, args.work)
     prompts = load_prompts(dirs["target"], args.prompts, args.prompt_tokens)
     batch_sizes = [1] + ([args.batch] if args.batch > 1 else [])
     methods, model_info = specbuild_methods(ckpts, ks, trees, args.max_new_tokens, batch_sizes, args.batch_k)

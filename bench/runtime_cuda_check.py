@@ -33,7 +33,7 @@ def prepare(folder: Path) -> None:
     # The Medusa checkpoint doubles as the plain target (its base tensors are the target's): one copy travels.
     convert_checkpoint(ConvertRequest("draft", models["draft"], folder / "draft", "float32"))
     convert_checkpoint(ConvertRequest("medusa", models["target"], folder / "medusa", "float32",
-                                      medusa_heads=models["medusa-heads"], max_draft_len=24))
+                                      medusa_heads=models["medusa-heads"], medusa_tree_nodes=24))
     tok = AutoTokenizer.from_pretrained(models["target"])
     prompts = [tok.encode(t, add_special_tokens=False)[:24] for t in heldout_texts()[:8]]
     (folder / "prompts.json").write_text(json.dumps(prompts))

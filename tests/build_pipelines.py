@@ -48,7 +48,7 @@ def convert_all(root: Path) -> dict[str, Path]:
     out = {name: root / "ckpt" / name for name in (*hf, "medusa")}
     for name, source in hf.items():
         convert_checkpoint(ConvertRequest(name, source, out[name]))
-    convert_checkpoint(ConvertRequest("medusa", hf["target"], out["medusa"], medusa_heads=heads, max_draft_len=4))
+    convert_checkpoint(ConvertRequest("medusa", hf["target"], out["medusa"], medusa_heads=heads, medusa_tree_nodes=4))
     return {**{f"hf_{k}": v for k, v in hf.items()}, "hf_heads": heads, **out}
 
 

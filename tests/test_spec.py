@@ -78,7 +78,7 @@ def test_shipped_config_validates(path: Path) -> None:
         assert spec.draft is not None and spec.medusa is None
     if spec.speculative.mode == "medusa":
         assert spec.medusa is not None and spec.draft is None
-        assert len(spec.medusa.resolved_choices()) == spec.max_draft_len > 0
+        assert len(spec.medusa.resolved_choices()) == spec.full_draft_len > 0
 
 
 def test_demo_config_resolves_against_configs_dir() -> None:
@@ -226,7 +226,7 @@ def test_unused_draft_is_an_error_even_alongside_type_errors(tmp_path: Path) -> 
 
 def test_num_draft_tokens_bounds(tmp_path: Path) -> None:
     base = MINIMAL + "draft:\n  model: d\nspeculative:\n  mode: draft_target\n"
-    assert load_spec(write(tmp_path, base + "  num_draft_tokens: 64\n")).max_draft_len == 64
+    assert load_spec(write(tmp_path, base + "  num_draft_tokens: 64\n")).full_draft_len == 64
     for bad, expected in (("0", "must be >= 1"), ("65", "must be <= 64")):
         path = write(tmp_path, base + f"  num_draft_tokens: {bad}\n")
         assert f"speculative.num_draft_tokens: {expected} (got {bad})" in spec_error(path).message
@@ -329,7 +329,7 @@ def test_relative_paths_resolve_against_spec_dir(tmp_path: Path, monkeypatch: py
 
 def test_defaults(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, MINIMAL))
-    assert spec.speculative.mode == "none" and spec.max_draft_len == 0
+    assert spec.speculative.mode == "none" and spec.full_draft_len == 0
     build = spec.build
     assert (build.dtype, build.tp_size, build.pp_size, build.backend) == ("auto", 1, 1, "auto")
     assert spec.target.trust_remote_code is False

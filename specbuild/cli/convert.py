@@ -49,7 +49,7 @@ def convert(
             "MedusaForCausalLM checkpoint of the base model plus its heads.",
         ),
     ] = None,
-    max_draft_len: Annotated[
+    medusa_tree_nodes: Annotated[
         int, typer.Option("--max-draft-len", min=1, help="Medusa: the tree's node count (config max_draft_len).")
     ] = 63,
     force: Force = False,
@@ -82,6 +82,6 @@ def convert(
             raise SpecbuildError("--model needs --output: the directory to write the checkpoint to")
         request = ConvertRequest(
             name=model.name, source=model, output=output, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
-            allow_pickle=allow_pickle, medusa_heads=medusa_heads, max_draft_len=max_draft_len,
+            allow_pickle=allow_pickle, medusa_heads=medusa_heads, medusa_tree_nodes=medusa_tree_nodes,
         )
         convert_model(request, force=force, dry_run=dry_run, console=console, on_result=report)

@@ -56,7 +56,7 @@ class EngineLimits:
 
 def engine_max_draft_len(spec: PipelineSpec) -> int:
     """The draft tokens the engine can verify per step: `speculative.max_draft_len`, else K or the tree size."""
-    return spec.speculative.max_draft_len or spec.max_draft_len
+    return spec.speculative.max_draft_len or spec.full_draft_len
 
 
 def default_max_num_tokens(batch: int, input_len: int, draft_len: int) -> int:

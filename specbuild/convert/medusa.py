@@ -41,9 +41,9 @@ def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: boo
 class MedusaArchitecture(Architecture):
     """A LLaMA-family base plus Medusa heads; delegates everything about the base to its module."""
 
-    def __init__(self, base: Architecture, num_heads: int, head_layers: int, max_draft_len: int) -> None:
+    def __init__(self, base: Architecture, num_heads: int, head_layers: int, tree_nodes: int) -> None:
         super().__init__(base.config, base.config_path)
-        self.base, self.num_heads, self.head_layers, self.max_draft_len = base, num_heads, head_layers, max_draft_len
+        self.base, self.num_heads, self.head_layers, self.tree_nodes = base, num_heads, head_layers, tree_nodes
         self.hidden = base.field("hidden_size")
         self.vocab = base.field("vocab_size")
 
@@ -100,6 +100,6 @@ class MedusaArchitecture(Architecture):
             model_type=self.config.get("model_type", "llama"),
             num_medusa_heads=self.num_heads,
             num_medusa_layers=self.head_layers,
-            max_draft_len=self.max_draft_len,
+            max_draft_len=self.tree_nodes,  # the draft tokens a step verifies: every node of the tree
         )
         return config

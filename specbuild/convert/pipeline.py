@@ -127,7 +127,7 @@ def with_medusa_heads(arch: Architecture, checkpoint: HFCheckpoint, request: Con
             f"{request.source}: Medusa heads need a LLaMA, Mistral or Qwen2 base, not {arch.hf_architecture}"
         )
     heads, layers = attach_heads(checkpoint, request.medusa_heads, allow_pickle=request.allow_pickle)
-    return MedusaArchitecture(arch, heads, layers, request.max_draft_len)
+    return MedusaArchitecture(arch, heads, layers, request.medusa_tree_nodes)
 
 
 def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
         "pp_size": request.pp_size,
         "source": str(request.source.resolve()),
         "medusa_heads": str(request.medusa_heads.resolve()) if request.medusa_heads else None,
-        "max_draft_len": request.max_draft_len if request.medusa_heads else None,
+        "max_draft_len": request.medusa_tree_nodes if request.medusa_heads else None,  # the manifest's key
     }
 
 
@@ -386,7 +386,7 @@ def _requests(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[Convert
         requests.append(
             ConvertRequest(
                 "medusa", spec.target.model, spec.checkpoint_dir("medusa"), medusa_heads=spec.medusa.heads,
-                max_draft_len=len(spec.medusa.resolved_choices()), needs_tokenizer=True, **common,
+                medusa_tree_nodes=len(spec.medusa.resolved_choices()), needs_tokenizer=True, **common,
             )
         )
     return requests

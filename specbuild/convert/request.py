@@ -27,7 +27,8 @@ class ConvertRequest:
     pp_size: int = 1
     allow_pickle: bool = False
     medusa_heads: Path | None = None  # FasterDecoding head directory: write a MedusaForCausalLM checkpoint
-    max_draft_len: int = 63  # Medusa: the tree's node count (TensorRT-LLM's default tree has 63)
+    medusa_tree_nodes: int = 63  # Medusa: the tree's node count, config.json's max_draft_len (TensorRT-LLM's
+    # default tree has 63; trtllm-build takes it when --max_draft_len is 0)
     quantization: QuantizeSettings | None = None  # ModelOpt quantization (the draft); None or "none": unquantized
     needs_tokenizer: bool = False  # a spec's target: deploy copies its tokenizer into the repository
 

@@ -14,19 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
-def schedule_problems(schedule: Mapping[int, int], max_draft_len: int) -> list[str]:
-    """What is wrong with a schedule for an engine that drafts at most `max_draft_len` tokens per step."""
+def schedule_problems(schedule: Mapping[int, int], full_draft_len: int) -> list[str]:
+    """What is wrong with a schedule whose full draft length (batch size 1: K, or the Medusa tree's node count)
+    is `full_draft_len`; TensorRT-LLM's LLM API calls that length max_draft_len."""
     problems = []
     if 1 not in schedule:
-        problems.append(f"must map batch size 1 to the full draft length ({{1: {max_draft_len}}}), as "
+        problems.append(f"must map batch size 1 to the full draft length ({{1: {full_draft_len}}}), as "
                         "TensorRT-LLM requires")
-    elif schedule[1] != max_draft_len:
-        problems.append(f"batch size 1 must draft the full length {max_draft_len}, not {schedule[1]}")
+    elif schedule[1] != full_draft_len:
+        problems.append(f"batch size 1 must draft the full length {full_draft_len}, not {schedule[1]}")
     for size, length in schedule.items():
         if type(size) is not int or size < 1:
             problems.append(f"batch size {size!r} must be an integer >= 1")
-        if type(length) is not int or not 0 <= length <= max_draft_len:
-            problems.append(f"draft length {length!r} (batch size {size}) must be an integer in 0..{max_draft_len}")
+        if type(length) is not int or not 0 <= length <= full_draft_len:
+            problems.append(f"draft length {length!r} (batch size {size}) must be an integer in 0..{full_draft_len}")
     return problems
 
 
@@ -35,12 +36,13 @@ class DraftSchedule:
     """Draft length by number of active sequences; `max_concurrency`: none above it."""
 
     steps: dict[int, int] = field(default_factory=dict)
-    max_draft_len: int = 0
+    full_draft_len: int = 0
+    """The draft length at batch size 1 (K, or the Medusa tree's node count)."""
     max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps:
-            problems = schedule_problems(self.steps, self.max_draft_len)
+            problems = schedule_problems(self.steps, self.full_draft_len)
             if problems:
                 raise ValueError("draft_len_schedule " + "; ".join(problems))
 
@@ -49,5 +51,5 @@ class DraftSchedule:
         if self.max_concurrency is not None and active > self.max_concurrency:
             return 0
         if not self.steps:
-            return self.max_draft_len
+            return self.full_draft_len
         return self.steps[max(size for size in self.steps if size <= max(1, active))]

@@ -415,8 +415,10 @@ class PipelineSpec(_Section):
         return self.output_dir / "checkpoints" / role
 
     @property
-    def max_draft_len(self) -> int:
-        """Draft tokens verified per step: K for draft_target, tree size for medusa, 0 without speculation."""
+    def full_draft_len(self) -> int:
+        """Draft tokens a step proposes at full length: K for draft_target, tree size for medusa, 0 without
+        speculation. Not `speculative.max_draft_len`, the engine's capacity (trtllm-build --max_draft_len), which
+        defaults to this and may be larger (`contracts.engine_limits.engine_max_draft_len`)."""
         if self.speculative.mode in K_MODES:
             return self.speculative.num_draft_tokens
         if self.speculative.mode == "medusa" and self.medusa is not None:

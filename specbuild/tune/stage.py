@@ -391,8 +391,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         report.written = write_spec(spec, update, options.output, options.inline)
         for path in report.written:
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
-        if update.choices is not None and len(update.choices) != spec.max_draft_len:
-            console.print(f"the tree now has {len(update.choices)} nodes, not {spec.max_draft_len}: the Medusa "
+        if update.choices is not None and len(update.choices) != spec.full_draft_len:
+            console.print(f"the tree now has {len(update.choices)} nodes, not {spec.full_draft_len}: the Medusa "
                           f"checkpoint's max_draft_len follows it, so run `specbuild convert {report.written[-1]}` "
                           "again", highlight=False, soft_wrap=True)
     return report
