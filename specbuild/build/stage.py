@@ -32,6 +32,7 @@ from specbuild.build.validate import BuildProblem, BuildValidationError, build_p
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
 from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.contracts.engine_limits import attention_window
+from specbuild.contracts.llm_api import refuse_other_flow
 from specbuild.manifest import (
     Status,
     fingerprint_files,
@@ -230,6 +231,7 @@ def build_pipeline(
 ) -> list[EngineResult]:
     """Build every engine `spec` needs into `engine_dir(spec, role)`; `backend` overrides `build.backend`."""
     console = console or Console(stderr=True)
+    refuse_other_flow(spec, "build")  # eagle3/ngram have no engine (build.flow: pytorch is build.llm_api)
     requested = backend or spec.build.backend
     status: TensorrtStatus | None = None
     chosen = "reference"

@@ -27,11 +27,19 @@ def validate(spec_path: Spec) -> None:
     from specbuild.convert.preflight import check_models
     from specbuild.spec import load_spec, summarize_spec
 
+    from specbuild.contracts.llm_api import flow_problems, pytorch_flow_problems
+
     with handled_errors():
         spec = load_spec(spec_path)
-        findings, configs = check_models(spec)
-        for problem in planned_problems(spec, configs):
-            findings.append((problem.severity, problem.field or ("build",), problem.message))
+        findings = [("error", loc, message) for loc, message in flow_problems(spec)]
+        if spec.build.flow == "pytorch":  # no engine: the LLM-API checks; models as convert reads them (not EAGLE-3)
+            findings = [("error", loc, message) for loc, message in pytorch_flow_problems(spec)]
+            if spec.speculative.mode != "eagle3":
+                findings += check_models(spec)[0]
+        elif not findings:
+            findings, configs = check_models(spec)
+            for problem in planned_problems(spec, configs):
+                findings.append((problem.severity, problem.field or ("build",), problem.message))
         unique = list(dict.fromkeys(findings))  # a Medusa checkpoint's base is the target: said once
         warnings = [(loc, message) for severity, loc, message in unique if severity == "warning"]
         errors = [(loc, message) for severity, loc, message in unique if severity == "error"]
@@ -73,11 +81,17 @@ def build(
     from specbuild.build import build_pipeline
     from specbuild.spec import load_spec
 
+    from specbuild.build.llm_api import build_llm_api
+
     with handled_errors():
         if backend is not None and backend not in BACKENDS:
             raise SpecbuildError(f"--backend {backend}: expected auto, tensorrt or reference")
-        results = build_pipeline(
-            load_spec(spec_path), backend=backend, dry_run=dry_run, jobs=jobs, force=force, console=console
-        )
+        spec = load_spec(spec_path)
+        if spec.build.flow == "pytorch":
+            if backend is not None:
+                raise SpecbuildError(f"--backend {backend}: build.flow is pytorch, which builds no engine")
+            results: list = [build_llm_api(spec, dry_run=dry_run, force=force, console=console)]
+        else:
+            results = build_pipeline(spec, backend=backend, dry_run=dry_run, jobs=jobs, force=force, console=console)
     for result in results:
         console.print(result.summary(), highlight=False, soft_wrap=True)

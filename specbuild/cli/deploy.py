@@ -42,7 +42,14 @@ def deploy(
         from specbuild.spec import load_spec
 
         assert spec_path is not None
-        result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
+        spec = load_spec(spec_path)
+        if spec.build.flow == "pytorch":
+            from specbuild.deploy.llmapi import deploy_llm_api
+
+            console.print(deploy_llm_api(spec, dry_run=dry_run, force=force, console=console).summary(),
+                          highlight=False, soft_wrap=True)
+            return
+        result = deploy_repository(spec, dry_run=dry_run, force=force, console=console)
         if result.report is not None:  # the check deploy ran on what it wrote (None for a dry run)
             out.print(result.report.table())
         console.print(result.summary(), highlight=False, soft_wrap=True)

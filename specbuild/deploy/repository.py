@@ -21,6 +21,7 @@ from specbuild.atomic import atomic_directory, link_or_copy, output_lock
 from specbuild.contracts.checkpoint_facts import read_checkpoint_facts
 from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir
 from specbuild.contracts.engine_limits import stale_engine_problems
+from specbuild.contracts.llm_api import refuse_other_flow
 from specbuild.deploy.check import RepositoryReport, check_repository
 from specbuild.deploy.layout import (
     POSTPROCESSING,
@@ -98,6 +99,7 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
                       console: Console | None = None) -> DeployResult:
     """Write `spec.deploy.model_repository` for the engines `build` left in `spec.output_dir/engines`."""
     console = console or Console(stderr=True)
+    refuse_other_flow(spec, "deploy")  # eagle3/ngram: no engine to serve (build.flow: pytorch is deploy.llmapi)
     repository = spec.deploy.model_repository
     assert repository is not None
     engines = read_engines(spec)

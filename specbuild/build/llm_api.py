@@ -1,0 +1,90 @@
+"""`build` on `build.flow: pytorch`: no engine step; the LLM-API settings checked and recorded.
+
+The PyTorch backend builds nothing ahead of serving (the LLM API loads the HF checkpoints when it starts), so this
+stage only runs every check the flow has (`contracts.llm_api.pytorch_flow_problems`: the mode, the settings against
+TensorRT-LLM 1.2's llm_args.py tables, engine-flow settings the flow would ignore, a quantized draft) and writes
+`<output_dir>/llm_api/llm_api.json` with its manifest. Why write anything: deploy then serves exactly what build
+checked, and a spec edited after build is caught by deploy as a stale engine is on the engine flow; the manifest
+hashes the checkpoints' config.json files so a changed checkpoint reruns the checks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from specbuild.atomic import atomic_directory
+from specbuild.contracts.llm_api import (
+    LLM_API_PLAN,
+    LLM_ARGS_SOURCE,
+    llm_api_dir,
+    llm_args,
+    refuse_pytorch_flow_problems,
+)
+from specbuild.errors import SpecbuildError
+from specbuild.manifest import (
+    Status,
+    fingerprint_files,
+    is_fresh,
+    output_sizes,
+    read_manifest,
+    tool_versions,
+    write_manifest,
+)
+from specbuild.spec import PipelineSpec
+
+
+@dataclass
+class LlmApiResult:
+    """What `build` did for a PyTorch-flow spec: the settings file it wrote (or found up to date, or planned)."""
+
+    directory: Path
+    status: Status
+    settings: dict[str, Any]
+
+    def summary(self) -> str:
+        speculative = self.settings.get("speculative_config") or {}
+        method = speculative.get("decoding_type", "no speculation")
+        return (f"{self.status}: {self.directory / LLM_API_PLAN} (PyTorch backend, no engine step; {method}; "
+                f"checked against {LLM_ARGS_SOURCE})")
+
+
+def _config_files(spec: PipelineSpec) -> list[Path]:
+    """The checkpoints' config.json: what the LLM API reads first, and what the settings were checked with."""
+    models = [("target.model", spec.target.model)]
+    if spec.draft is not None:
+        models.append(("draft.model", spec.draft.model))
+    missing = [f"{field}: {path / 'config.json'}" for field, path in models if not (path / "config.json").is_file()]
+    if missing:
+        raise SpecbuildError(f"{spec.path}: no Hugging Face config.json for " + "; ".join(missing),
+                             hint="point the field at a Hugging Face checkpoint directory")
+    return [path / "config.json" for _, path in models]
+
+
+def build_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
+                  console: Console | None = None) -> LlmApiResult:
+    """Check a `build.flow: pytorch` spec and record its LLM-API settings in `<output_dir>/llm_api/`."""
+    console = console or Console(stderr=True)
+    refuse_pytorch_flow_problems(spec, "build")
+    settings = llm_args(spec)
+    directory = llm_api_dir(spec)
+    files = _config_files(spec)
+    if dry_run:
+        console.print_json(json.dumps(settings))
+        return LlmApiResult(directory, "planned", settings)
+    known = read_manifest(directory)
+    inputs = fingerprint_files(files, (known or {}).get("inputs"))
+    tools = tool_versions()
+    # As the manifest's JSON will read back (draft_len_schedule's keys become strings), or it is never fresh.
+    manifest_settings = json.loads(json.dumps({"llm_args": settings, "source": LLM_ARGS_SOURCE}))
+    if not force and is_fresh(known, settings=manifest_settings, tools=tools, inputs=inputs, directory=directory):
+        return LlmApiResult(directory, "up to date", settings)
+    with atomic_directory(directory) as tmp:
+        (tmp / LLM_API_PLAN).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_manifest(tmp, {"stage": "build", "flow": "pytorch", "spec": str(spec.path), "inputs": inputs,
+                             "settings": manifest_settings, "tools": tools, "outputs": output_sizes(tmp)})
+    return LlmApiResult(directory, "written", settings)
