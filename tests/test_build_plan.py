@@ -64,6 +64,24 @@ def test_plain_target_renders_the_hand_checked_arguments() -> None:
     assert plans["target"].engine_max_seq_len == 1200
 
 
+def test_a_plan_is_the_spec_limits_plus_what_trtllm_build_needs() -> None:
+    """The plan is the EngineLimits deploy checks engine.json against, unchanged, plus paths and build options;
+    the manifest and build.sh record it with the keys in the order they always had."""
+    from dataclasses import fields
+
+    from specbuild.contracts.engine_limits import EngineLimits, engine_limits
+
+    spec = spec_of("draft_target", {"num_draft_tokens": 5, "use_draft_logits": True})
+    for role, plan in plans_of(spec).items():
+        limits = engine_limits(spec, role)
+        assert isinstance(plan, EngineLimits)
+        assert {f.name: getattr(plan, f.name) for f in fields(EngineLimits)} == vars(limits)
+        assert list(plan.to_json()) == [
+            "role", "checkpoint_dir", "output_dir", "max_batch_size", "max_input_len", "max_seq_len",
+            "max_num_tokens", "speculative_decoding_mode", "max_draft_len", "gather_generation_logits",
+            "gather_context_logits", "fp8_context_fmha", "workers", "medusa_choices"]
+
+
 def test_draft_target_builds_a_verifying_target_and_a_plain_draft() -> None:
     """Both engines see the whole sequence so far as their input (NVIDIA/TensorRT-LLM
     `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/decode.py` @4db68284 `_spec_generate`)."""

@@ -8,14 +8,14 @@ engine.json against); the plan adds what only `trtllm-build` needs (paths, FP8 c
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from specbuild.build.trtllm_flags import EXPLICIT, FP8_CONTEXT_FMHA
 from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles
-from specbuild.contracts.engine_limits import attention_window, engine_limits, engine_max_seq_len
+from specbuild.contracts.engine_limits import EngineLimits, attention_window, engine_limits
 from specbuild.spec import PipelineSpec
 
 FP8_CONTEXT_FMHA_QUANT = ("FP8", "W4A8_AWQ", "NVFP4")
@@ -26,31 +26,15 @@ Context FMHA is enabled to support FP8 Paged Context FMHA.") and off otherwise, 
 fp8_context_fmha"); the plan asks for what the engine will get."""
 
 
-@dataclass(frozen=True)
-class BuildPlan:
-    """Everything `trtllm-build` is told for one engine (target, draft or medusa)."""
+@dataclass(frozen=True, kw_only=True)
+class BuildPlan(EngineLimits):
+    """Everything `trtllm-build` is told for one engine (target, draft or medusa): the spec's limits for it
+    (`EngineLimits`, inherited, so the two cannot drift) plus what only the build needs."""
 
-    role: str
     checkpoint_dir: Path
     output_dir: Path
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-    """What `--max_seq_len` says: prompt + generated tokens. The engine adds `max_draft_len` to it."""
-    max_num_tokens: int
-    speculative_decoding_mode: str = "none"
-    max_draft_len: int = 0
-    gather_generation_logits: bool = False
-    gather_context_logits: bool = False
     fp8_context_fmha: bool = False
     workers: int = 1
-    medusa_choices: list[list[int]] | None = field(default=None, hash=False)
-    """Not a build flag: the tree the Medusa engine is served with (deploy writes it into config.pbtxt)."""
-
-    @property
-    def engine_max_seq_len(self) -> int:
-        """The engine's own limit: 1.2's builder adds max_draft_len under any speculative mode."""
-        return engine_max_seq_len(self.max_seq_len, self.speculative_decoding_mode, self.max_draft_len)
 
     def args(self, *, output_dir: Path | None = None) -> list[str]:
         """The `trtllm-build` arguments (TensorRT-LLM 1.2 names), in a stable order."""
@@ -79,9 +63,12 @@ class BuildPlan:
         return ["trtllm-build", *self.args(output_dir=output_dir)]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["checkpoint_dir"], data["output_dir"] = str(self.checkpoint_dir), str(self.output_dir)
-        return data
+        """The plan as the manifest and build.sh record it, in the order they always have: role and paths, the
+        limits, the build options, the tree (which is served, not a build flag) last."""
+        data = {**asdict(self), "checkpoint_dir": str(self.checkpoint_dir), "output_dir": str(self.output_dir)}
+        limits = [f.name for f in fields(EngineLimits) if f.name not in ("role", "medusa_choices")]
+        order = ["role", "checkpoint_dir", "output_dir", *limits, "fp8_context_fmha", "workers", "medusa_choices"]
+        return {name: data[name] for name in order}
 
     def engine_info(self, facts: CheckpointFacts, backend: str) -> EngineInfo:
         """What deploy reads back: the plan's limits and the checkpoint's model facts."""
@@ -113,22 +100,9 @@ def plan_engine(spec: PipelineSpec, role: str, facts: CheckpointFacts | None) ->
     decide the FP8 context FMHA."""
     limits = engine_limits(spec, role)
     fp8 = facts is not None and facts.quant_algo in FP8_CONTEXT_FMHA_QUANT and facts.kv_cache_quant_algo == "FP8"
-    return BuildPlan(
-        role=role,
-        checkpoint_dir=spec.checkpoint_dir(role),
-        output_dir=engine_dir(spec, role),
-        max_batch_size=limits.max_batch_size,
-        max_input_len=limits.max_input_len,
-        max_seq_len=limits.max_seq_len,
-        max_num_tokens=limits.max_num_tokens,
-        speculative_decoding_mode=limits.speculative_decoding_mode,
-        max_draft_len=limits.max_draft_len,
-        gather_generation_logits=limits.gather_generation_logits,
-        gather_context_logits=limits.gather_context_logits,
-        fp8_context_fmha=fp8,
-        workers=spec.build.world_size,
-        medusa_choices=limits.medusa_choices,
-    )
+    return BuildPlan(**{f.name: getattr(limits, f.name) for f in fields(EngineLimits)},
+                     checkpoint_dir=spec.checkpoint_dir(role), output_dir=engine_dir(spec, role),
+                     fp8_context_fmha=fp8, workers=spec.build.world_size)
 
 
 def plan_pipeline(spec: PipelineSpec, facts: dict[str, CheckpointFacts | None]) -> list[BuildPlan]:
