@@ -24,10 +24,9 @@ def validate(spec_path: Spec) -> None:
     All problems are reported together, each at its spec file:line; then what the spec resolves to is printed.
     """
     from specbuild.build.validate import planned_problems
+    from specbuild.contracts.llm_api import flow_problems, pytorch_flow_problems
     from specbuild.convert.preflight import check_models
     from specbuild.spec import load_spec, summarize_spec
-
-    from specbuild.contracts.llm_api import flow_problems, pytorch_flow_problems
 
     with handled_errors():
         spec = load_spec(spec_path)
@@ -79,9 +78,8 @@ def build(
     and all problems are reported together before any build starts.
     """
     from specbuild.build import build_pipeline
-    from specbuild.spec import load_spec
-
     from specbuild.build.llm_api import build_llm_api
+    from specbuild.spec import load_spec
 
     with handled_errors():
         if backend is not None and backend not in BACKENDS:

@@ -184,7 +184,8 @@ class NGramSpec(_Section):
     (tensorrt_llm/llmapi/llm_args.py); the draft length is `speculative.num_draft_tokens` (its max_draft_len)."""
 
     max_matching_ngram_size: Count = 2
-    """Longest suffix of the sequence looked up in the pool (llm_args.py default 2)."""
+    """Longest suffix of the sequence looked up in the pool. Always written: the 1.2 line's default is 0, later
+    releases' 2 (a PositiveInt), which specbuild takes."""
     is_keep_all: Annotated[bool, Strict()] = True
     """Keep every candidate continuation of a pattern, else only one."""
     is_use_oldest: Annotated[bool, Strict()] = True
