@@ -402,3 +402,14 @@ def test_spec_modules_import_only_downwards() -> None:
         siblings = {module.removeprefix("specbuild.spec.") for module in imported
                     if module.startswith("specbuild.spec.") or module == "specbuild.spec"}
         assert siblings <= set(SPEC_LAYERS[:index]), f"specbuild/spec/{name}.py imports {siblings} (upwards)"
+
+
+def test_summary_names_the_flow_where_no_engine_is_built() -> None:
+    """On the PyTorch flow `build.backend` (where engines are built) means nothing, so the summary says the flow."""
+    console = Console(record=True, width=200)
+    console.print(summarize_spec(load_spec(REPO / "configs" / "demo-pytorch.yaml")))
+    text = console.export_text()
+    assert "pytorch (LLM API, no engines)" in text and "backend" not in text
+    console = Console(record=True, width=200)
+    console.print(summarize_spec(load_spec(REPO / "configs" / "demo.yaml")))
+    assert "backend" in console.export_text()

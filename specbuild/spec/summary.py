@@ -41,7 +41,7 @@ def summarize_spec(spec: PipelineSpec) -> Table:
         ("mode", spec.speculative.mode),
         ("target", _model_row(spec.target)),
         *_speculation_rows(spec),
-        ("backend", build.backend),
+        ("backend", build.backend) if build.flow == "engine" else ("flow", "pytorch (LLM API, no engines)"),
         ("dtype", build.dtype),
         ("parallelism", f"tp {build.tp_size} x pp {build.pp_size} = {build.world_size} rank(s)"),
         ("max batch", str(build.max_batch_size)),
