@@ -26,6 +26,7 @@ LLM_ARGS: dict[str, type | tuple[type, ...]] = {
     "max_input_len": INT,
     "speculative_config": dict,
     "trust_remote_code": BOOL,
+    "dtype": STR,  # default "auto": the checkpoint's dtype
 }
 """BaseLlmArgs fields (and the LLM constructor's trust_remote_code) with the YAML type of their values."""
 

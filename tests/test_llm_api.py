@@ -189,7 +189,7 @@ def test_deploy_demo_pytorch_flow(tmp_path: Path, demo_models: dict[str, Path]) 
     from specbuild.deploy.llmapi import deploy_llm_api
     from specbuild.deploy.pbtxt import read_config
 
-    spec = _spec(tmp_path, demo_models)
+    spec = _spec(tmp_path, demo_models, build={"dtype": "float32"})
     assert build_llm_api(spec).status == "written"
     assert build_llm_api(spec).status == "up to date"
     result = deploy_llm_api(spec)
@@ -203,6 +203,7 @@ def test_deploy_demo_pytorch_flow(tmp_path: Path, demo_models: dict[str, Path]) 
     assert triton == {"max_batch_size": upstream.MODEL_YAML_TRITON_MAX_BATCH_SIZE, "decoupled": True}
     _check_llm_args(model_yaml)
     assert model_yaml["model"] == str(demo_models["target"])
+    assert model_yaml["dtype"] == "float32"  # the spec's dtype reaches the LLM API (its default is the checkpoint's)
     assert model_yaml["speculative_config"]["speculative_model"] == str(demo_models["draft"])
     assert not (repository / "tensorrt_llm/1/model.py").exists()  # NVIDIA's, from the container
 

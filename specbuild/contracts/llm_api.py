@@ -13,7 +13,7 @@ through its copy in the fork HuiGao-NV/TensorRT-LLM: the engine flow's `BuildCon
   refuse a config whose `supports_backend` is False with "Speculation type {decoding_type} does not support
   backend {backend}".
 - `BaseLlmArgs` fields specbuild sets: model, tensor_parallel_size, pipeline_parallel_size, max_batch_size,
-  max_seq_len, max_num_tokens (default 8192), speculative_config, backend.
+  max_seq_len, max_num_tokens (default 8192), speculative_config, backend, dtype (default "auto").
 EAGLE-3 in 1.2 is `EagleDecodingConfig` (decoding_type "Eagle") with an EAGLE-3 draft: its torch
 `spec_dec_mode` is EAGLE3 or EAGLE3_ONE_MODEL (`eagle3_one_model`); the engine flow's EAGLE (trtllm-build
 `--speculative_decoding_mode eagle`) builds EAGLE-1/2 heads, not EAGLE-3 drafts.
@@ -93,7 +93,7 @@ MODE_DECODING_TYPE: dict[str, str] = {
 
 LLM_ARGS_FIELDS = frozenset({
     "model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len",
-    "max_num_tokens", "speculative_config", "trust_remote_code",
+    "max_num_tokens", "speculative_config", "trust_remote_code", "dtype",
 })
 """The `BaseLlmArgs`/`TorchLlmArgs` fields specbuild writes (llm_args.py 1.2; trust_remote_code is the LLM
 constructor's)."""
@@ -180,6 +180,8 @@ def llm_args(spec: PipelineSpec) -> dict[str, Any]:
         "max_num_tokens": build.max_num_tokens or default_max_num_tokens(
             build.max_batch_size, build.max_input_len, spec.full_draft_len),
     }
+    if build.dtype != "auto":  # BaseLlmArgs.dtype, default "auto" (the checkpoint's): the spec's choice is kept
+        args["dtype"] = build.dtype
     if spec.target.trust_remote_code:
         args["trust_remote_code"] = True
     config = speculative_config(spec)
