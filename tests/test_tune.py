@@ -376,3 +376,41 @@ def test_unreadable_calibration_text_is_named(converted: dict[str, Path], tmp_pa
     (tmp_path / "short.txt").write_text("too short")
     with pytest.raises(SpecbuildError, match="too few for 8 prompts"):
         run_tune(converted["draft"], TuneOptions(calib=tmp_path / "short.txt"), console=QUIET, out=QUIET)
+
+
+def _unconverted_spec(tmp_path: Path, flow: str, mode: str) -> Path:
+    """A spec on paths that need not exist: tune must refuse it before looking for any checkpoint."""
+    speculative = {"mode": mode, "num_draft_tokens": 3}
+    data: dict = {"name": "t", "output_dir": str(tmp_path / "out"), "target": {"model": str(tmp_path / "target")},
+                  "speculative": speculative,
+                  "build": {"flow": flow, "max_batch_size": 1, "max_input_len": 8, "max_output_len": 8}}
+    if mode in ("draft_target", "eagle3"):
+        data["draft"] = {"model": str(tmp_path / "draft")}
+    if mode == "medusa":
+        data["medusa"] = {"heads": str(tmp_path / "heads")}
+        speculative.pop("num_draft_tokens")
+    path = tmp_path / f"{flow}-{mode}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(("flow", "mode", "says", "fix"), [
+    ("pytorch", "ngram", "'ngram', which `specbuild tune` cannot measure", "no n-gram drafter"),
+    ("pytorch", "eagle3", "'eagle3', which `specbuild tune` cannot measure", "no EAGLE-3 drafter"),
+    ("engine", "ngram", "'ngram', which `specbuild tune` cannot measure", "set speculative.num_draft_tokens"),
+    ("pytorch", "draft_target", "build.flow is pytorch, which `specbuild tune` cannot measure",
+     "tune a copy of the spec with build.flow: engine"),
+    ("pytorch", "medusa", "Medusa runs only on the engine flow", "set build.flow: engine"),
+])
+def test_tune_refuses_what_it_cannot_measure_without_a_loop(tmp_path: Path, flow: str, mode: str, says: str,
+                                                            fix: str) -> None:
+    """ngram and eagle3 (no drafter in the reference runtime) and the PyTorch flow (nothing converted to measure)
+    are refused with what to do instead, never with "run `specbuild convert` first", which on those specs has
+    nothing to convert; Medusa on the PyTorch flow gets the flow refusal every stage gives."""
+    spec_path = _unconverted_spec(tmp_path, flow, mode)
+    result = CliRunner().invoke(app, ["tune", str(spec_path)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1, output
+    assert says in output and fix in output, output
+    assert "specbuild convert" not in output or "specbuild convert COPY" in output
+    assert "no converted" not in output and "Traceback" not in output

@@ -46,7 +46,8 @@ def tune(
     spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
     ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
     (next to mc_sim_7b_63), and the load-aware schedule (plain vs speculative at each batch size up to
-    build.max_batch_size).
+    build.max_batch_size). ngram, eagle3 and build.flow: pytorch are refused with what to do instead: the
+    reference runtime has no drafter for the first two, and the PyTorch flow converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.tune.stage import TuneOptions, run_tune

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbuild.atomic import stage_text
+from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
 from specbuild.tune import spec_edit as tune_yaml
@@ -196,6 +197,46 @@ def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget:
 
 # ---------------------------------------------------------------------------------------------- the spec
 
+MEASURED_MODES = ("draft_target", "medusa")
+"""What tune measures: the modes specbuild's reference runtime decodes (runtime/speculative.py, medusa_decoding.py)."""
+
+UNMEASURED_MODE_REASON = {
+    "ngram": "tune measures with specbuild's reference runtime, which has no n-gram drafter; set "
+             "speculative.num_draft_tokens and speculative.ngram by hand (the llmapi model reports "
+             "acceptance_rate per request to compare settings by)",
+    "eagle3": "tune measures with specbuild's reference runtime, which has no EAGLE-3 drafter; set "
+              "speculative.num_draft_tokens by hand (the llmapi model reports acceptance_rate per request to "
+              "compare settings by)",
+}
+"""Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
+
+PYTORCH_FLOW_REASON = (
+    "tune measures the checkpoints `specbuild convert` writes for the engine flow, and build.flow: pytorch "
+    "converts nothing; tune a copy of the spec with build.flow: engine (`specbuild convert COPY`, then "
+    "`specbuild tune COPY`) and carry speculative.num_draft_tokens and draft_len_schedule over, or set them by hand")
+
+
+def refuse_unmeasurable(spec: PipelineSpec, spec_path: Path) -> None:
+    """Refuse, before any model is loaded, a spec tune cannot measure, with the one thing to do instead.
+
+    The order keeps every message final: a mode no runtime here decodes is said first (whatever the flow), then
+    the flow checks every stage makes (Medusa on the PyTorch flow: set build.flow: engine, which tune measures),
+    then the PyTorch flow, which has no converted checkpoint to measure (`specbuild convert` has nothing to do
+    there, so "run convert first" would send the user in a loop)."""
+    mode = spec.speculative.mode
+    if mode == "none":
+        raise SpecbuildError(f"{spec_path}: speculative.mode is 'none'; there is nothing to tune",
+                             hint="set speculative.mode to draft_target or medusa")
+    if mode in UNMEASURED_MODE_REASON:
+        raise SpecbuildError(f"{spec_path}: speculative.mode is {mode!r}, which `specbuild tune` cannot measure",
+                             hint=UNMEASURED_MODE_REASON[mode])
+    refuse_other_flow(spec, "tune")
+    if spec.build.flow == PYTORCH:
+        raise SpecbuildError(f"{spec_path}: build.flow is pytorch, which `specbuild tune` cannot measure",
+                             hint=PYTORCH_FLOW_REASON)
+    assert mode in MEASURED_MODES, mode
+
+
 
 def _checkpoint(spec: PipelineSpec, role: str) -> Path:
     directory = spec.checkpoint_dir(role)
@@ -332,18 +373,17 @@ def _progress(console: Console) -> Iterator[Callable[[str, int], Tick]]:
 def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = None,
              out: Console | None = None) -> TuneReport:
     """Load SPEC's converted checkpoints, measure, print the tables to `out`, and write the choices."""
+    console = console or Console(stderr=True)
+    out = out or Console()
+    spec = load_spec(spec_path)
+    refuse_unmeasurable(spec, spec_path)
+    mode = spec.speculative.mode
+
     import torch
 
     from specbuild.runtime.model import CausalLM
     from specbuild.tokenizer import load_tokenizer
 
-    console = console or Console(stderr=True)
-    out = out or Console()
-    spec = load_spec(spec_path)
-    mode = spec.speculative.mode
-    if mode == "none":
-        raise SpecbuildError(f"{spec_path}: speculative.mode is 'none'; there is nothing to tune",
-                             hint="set speculative.mode to draft_target or medusa")
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     roles = ("target", "draft") if mode == "draft_target" else ("medusa",)
