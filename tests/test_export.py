@@ -277,6 +277,22 @@ def test_sglang_refuses_medusa_with_the_reason(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_messages_name_the_spec_file_or_an_in_memory_spec_by_its_name(tmp_path: Path) -> None:
+    """A spec built in memory (no file) is named by its `name` in refusals and in the manifest, not a traceback."""
+    loaded = _spec(tmp_path, "medusa")
+    in_memory = PipelineSpec.model_validate(yaml.safe_load(loaded.path.read_text(encoding="utf-8")))
+    with pytest.raises(ExportRefused, match=rf"^{loaded.path}: speculative.mode medusa"):
+        export_spec(loaded, "sglang", dry_run=True)
+    with pytest.raises(ExportRefused, match=r"^x-medusa: speculative.mode medusa"):
+        export_spec(in_memory, "sglang", dry_run=True)
+    plain = PipelineSpec.model_validate({**in_memory.model_dump(mode="json", exclude={"medusa"}),
+                                         "speculative": {"mode": "none"}})
+    export_spec(plain, "sglang", tmp_path / "out")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["spec"] == "x-medusa"
+    assert (tmp_path / "out" / "serve.sh").read_text(encoding="utf-8").splitlines()[1].endswith("from x-medusa.")
+
+
 # -- writing and the command line ----------------------------------------------------------------------------------
 def test_an_export_replaces_its_own_directory_but_not_a_foreign_one(tmp_path: Path) -> None:
     spec = _spec(tmp_path)

@@ -3,6 +3,8 @@
 Order matters for the user: all problems are found and reported together before any engine directory is
 touched or any GPU time is spent; an engine whose inputs (checkpoint hashes), plan and tools are unchanged is
 not rebuilt; each engine directory appears whole or not at all, with `engine.json` and `manifest.json`.
+`build_pipeline` is every caller's entry point on both flows: a `build.flow: pytorch` spec has no engine and goes
+to `build.llm_api.build_llm_api` (the LLM-API settings checked and recorded).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from specbuild.atomic import atomic_directory, check_replaceable, output_lock
 from specbuild.build.backend import TensorrtStatus, resolve_backend
 from specbuild.build.gpu import Gpu, parse_gpu
+from specbuild.build.llm_api import LlmApiResult, build_llm_api
 from specbuild.build.plan import BuildPlan, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
 from specbuild.build.script import script_path, write_build_script
@@ -32,7 +35,8 @@ from specbuild.build.validate import BuildProblem, BuildValidationError, build_p
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
 from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.contracts.engine_limits import attention_window
-from specbuild.contracts.llm_api import refuse_other_flow
+from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
+from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
     Status,
     fingerprint_files,
@@ -101,13 +105,6 @@ def _target_gpu(spec: PipelineSpec, status: TensorrtStatus | None) -> tuple[Gpu 
     if status is not None and status.available and status.gpus:
         return status.gpus[0], []
     return None, []
-
-
-def _spec_name(spec: PipelineSpec) -> str:
-    try:
-        return str(spec.path)
-    except RuntimeError:  # a spec made in memory
-        return spec.name
 
 
 def _print_plans(plans: list[BuildPlan], backend: str, console: Console) -> None:
@@ -195,7 +192,7 @@ def _checked_plans(spec: PipelineSpec, backend: str, status: TensorrtStatus | No
         if problem.severity == "warning":
             console.print(f"[yellow]warning:[/] {escape(problem.message)}", highlight=False, soft_wrap=True)
     if any(problem.severity == "error" for problem in problems):
-        raise BuildValidationError(_spec_name(spec), problems)
+        raise BuildValidationError(spec.where, problems)
     for plan in plans:
         check_replaceable(plan.output_dir)
     return facts, plans
@@ -228,10 +225,18 @@ def build_pipeline(
     jobs: int = 1,
     force: bool = False,
     console: Console | None = None,
-) -> list[EngineResult]:
-    """Build every engine `spec` needs into `engine_dir(spec, role)`; `backend` overrides `build.backend`."""
+) -> list[EngineResult] | list[LlmApiResult]:
+    """Build every engine `spec` needs into `engine_dir(spec, role)`; `backend` overrides `build.backend`.
+
+    On `build.flow: pytorch` there is no engine: the one result is the LLM-API settings record (`build_llm_api`),
+    and a `backend` is refused rather than ignored. Either list, never a mix: one flow per spec."""
     console = console or Console(stderr=True)
-    refuse_other_flow(spec, "build")  # eagle3/ngram have no engine (build.flow: pytorch is build.llm_api)
+    if spec.build.flow == PYTORCH:
+        if backend is not None:
+            raise SpecbuildError(f"--backend {backend}: build.flow is pytorch, which builds no engine",
+                                 hint="leave --backend out (the LLM API's backend is 'pytorch')")
+        return [build_llm_api(spec, dry_run=dry_run, force=force, console=console)]
+    refuse_other_flow(spec, "build")  # eagle3/ngram have no engine: the reason and `build.flow: pytorch`
     requested = backend or spec.build.backend
     status: TensorrtStatus | None = None
     chosen = "reference"

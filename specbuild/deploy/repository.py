@@ -158,12 +158,8 @@ def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) ->
         if changed:
             problems.append(f"{directory}: built from a checkpoint that has changed since ({', '.join(changed)})")
     if problems:
-        try:
-            where = str(spec.path)
-        except RuntimeError:  # a spec made in memory
-            where = spec.name
         raise SpecbuildError(
-            f"{where}: the built engines are not what the spec and its checkpoints say now ({len(problems)} "
+            f"{spec.where}: the built engines are not what the spec and its checkpoints say now ({len(problems)} "
             "problem(s)); deploying would serve them anyway:\n" + "\n".join(f"  - {problem}" for problem in problems),
             hint="run `specbuild build SPEC` (it rebuilds what changed), then deploy again",
         )

@@ -35,11 +35,7 @@ def export_spec(spec: PipelineSpec, engine: str, directory: Path | None = None, 
     `<output_dir>/export/<engine>`)."""
     target = Path(os.path.abspath(directory if directory is not None else default_directory(spec, engine)))
     plan = build_plan(spec, engine, target, allow_pickle=allow_pickle)
-    try:
-        spec_path = str(spec.path)
-    except RuntimeError:
-        spec_path = spec.name
     if dry_run:
         return ExportResult(plan, target, "planned")
-    return write_export(plan, target, spec_path)
+    return write_export(plan, target, spec.where)
 

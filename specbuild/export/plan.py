@@ -66,11 +66,7 @@ def command_line(prefix: Sequence[str], options: Sequence[Option], spec: Pipelin
 
 
 def refuse(spec: PipelineSpec, engine: str, what: str, why: str, *, hint: str | None = None) -> ExportRefused:
-    try:
-        where = str(spec.path)
-    except RuntimeError:
-        where = spec.name
-    return ExportRefused(f"{where}: {what}: {engine} cannot serve this ({why})", hint=hint)
+    return ExportRefused(f"{spec.where}: {what}: {engine} cannot serve this ({why})", hint=hint)
 
 
 def default_directory(spec: PipelineSpec, engine: str) -> Path:

@@ -396,18 +396,19 @@ class PipelineSpec(_Section):
             raise RuntimeError("this PipelineSpec was not loaded from a file; use load_spec or parse_spec")
         return self._path
 
+    @property
+    def where(self) -> str:
+        """What a message names as the spec: its file, or its name when it was made in memory (no file)."""
+        return str(self._path) if self._path is not None else self.name
+
     def line_of(self, loc: Loc) -> int | None:
         """The spec file's line for a field path (its nearest written parent when the key is not written)."""
         return self._lines.line_of(loc) if self._lines is not None else None
 
     def problems_error(self, problems: Sequence[tuple[Loc, str]], *, hint: str | None = None) -> SpecValidationError:
         """Problems found beyond the schema (by `specbuild validate`), located and rendered as the schema's are."""
-        try:
-            file = str(self.path)
-        except RuntimeError:
-            file = self.name
         located = [SpecProblem(loc, message, self.line_of(loc)) for loc, message in problems]
-        return SpecValidationError(sorted_problems(located), file, hint=hint)
+        return SpecValidationError(sorted_problems(located), self.where, hint=hint)
 
     def checkpoint_dir(self, role: str) -> Path:
         """Where `convert` writes the TensorRT-LLM checkpoint for `role` (target, draft or medusa)."""
