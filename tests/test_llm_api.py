@@ -148,6 +148,31 @@ def test_pytorch_only_modes_refused_on_the_engine_flow(tmp_path: Path, mode: str
             run()
 
 
+def test_library_entry_points_choose_the_flow(tmp_path: Path) -> None:
+    """build_pipeline and deploy_repository, called directly as the CLI and bench do, take a PyTorch-flow spec down
+    the LLM-API path (settings recorded, llmapi repository written) instead of looking for converted checkpoints;
+    an engine backend asked of that flow is refused, not ignored."""
+    from specbuild.build.llm_api import LlmApiResult
+    from specbuild.build.stage import build_pipeline
+    from specbuild.deploy.llmapi import LlmApiDeployResult
+    from specbuild.deploy.repository import deploy_repository
+
+    for role in ("target", "draft"):  # the LLM API reads config.json first; nothing else is opened here
+        (tmp_path / role).mkdir()
+        (tmp_path / role / "config.json").write_text("{}")
+    spec = _spec(tmp_path)
+    [built] = build_pipeline(spec)
+    assert isinstance(built, LlmApiResult) and built.status == "written"
+    assert (tmp_path / "out" / "llm_api" / "llm_api.json").is_file()
+    assert not (tmp_path / "out" / "engines").exists()
+    deployed = deploy_repository(spec)
+    assert isinstance(deployed, LlmApiDeployResult) and deployed.status == "written"
+    assert (deployed.repository / "tensorrt_llm" / "1" / "model.yaml").is_file()
+    assert deploy_repository(spec).status == "up to date"
+    with pytest.raises(SpecbuildError, match=r"--backend reference: build\.flow is pytorch, which builds no engine"):
+        build_pipeline(spec, backend="reference")
+
+
 def test_engine_flow_settings_refused_on_pytorch(tmp_path: Path) -> None:
     """Engine-flow settings the PyTorch flow would silently ignore, and a quantized draft (ModelOpt's
     export_hf_checkpoint is not run here), are errors at their fields."""
@@ -235,7 +260,7 @@ def test_deploy_demo_pytorch_flow(tmp_path: Path, demo_models: dict[str, Path]) 
     assert served == {key: model_yaml[key] for key in served}  # trtllm-serve and Triton serve the same settings
     assert flags["--extra_llm_api_options"].endswith("/trtllm-serve.yaml")
 
-    edited = _spec(tmp_path, demo_models, build={"max_batch_size": 4})
+    edited = _spec(tmp_path, demo_models, build={"dtype": "float32", "max_batch_size": 4})
     with pytest.raises(SpecbuildError, match=r"not what the spec says now \(max_batch_size, "):
         deploy_llm_api(edited)
     assert (repository / "tensorrt_llm/1/model.yaml").read_text().count("max_batch_size: 8") == 1

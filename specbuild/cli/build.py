@@ -78,18 +78,12 @@ def build(
     and all problems are reported together before any build starts.
     """
     from specbuild.build import build_pipeline
-    from specbuild.build.llm_api import build_llm_api
     from specbuild.spec import load_spec
 
     with handled_errors():
         if backend is not None and backend not in BACKENDS:
             raise SpecbuildError(f"--backend {backend}: expected auto, tensorrt or reference")
         spec = load_spec(spec_path)
-        if spec.build.flow == "pytorch":
-            if backend is not None:
-                raise SpecbuildError(f"--backend {backend}: build.flow is pytorch, which builds no engine")
-            results: list = [build_llm_api(spec, dry_run=dry_run, force=force, console=console)]
-        else:
-            results = build_pipeline(spec, backend=backend, dry_run=dry_run, jobs=jobs, force=force, console=console)
+        results = build_pipeline(spec, backend=backend, dry_run=dry_run, jobs=jobs, force=force, console=console)
     for result in results:
         console.print(result.summary(), highlight=False, soft_wrap=True)

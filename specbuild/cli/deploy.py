@@ -38,18 +38,12 @@ def deploy(
             report.raise_for_problems()
             console.print(f"ok: {check} ({len(report.models)} models)", highlight=False, soft_wrap=True)
             return
-        from specbuild.deploy.repository import deploy_repository
+        from specbuild.deploy.repository import DeployResult, deploy_repository
         from specbuild.spec import load_spec
 
         assert spec_path is not None
-        spec = load_spec(spec_path)
-        if spec.build.flow == "pytorch":
-            from specbuild.deploy.llmapi import deploy_llm_api
-
-            console.print(deploy_llm_api(spec, dry_run=dry_run, force=force, console=console).summary(),
-                          highlight=False, soft_wrap=True)
-            return
-        result = deploy_repository(spec, dry_run=dry_run, force=force, console=console)
-        if result.report is not None:  # the check deploy ran on what it wrote (None for a dry run)
+        result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
+        # The check deploy ran on what it wrote (None for a dry run; the llmapi repository has no ensemble to check)
+        if isinstance(result, DeployResult) and result.report is not None:
             out.print(result.report.table())
         console.print(result.summary(), highlight=False, soft_wrap=True)

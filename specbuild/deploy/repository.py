@@ -21,7 +21,7 @@ from specbuild.atomic import atomic_directory, link_or_copy, output_lock
 from specbuild.contracts.checkpoint_facts import read_checkpoint_facts
 from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir
 from specbuild.contracts.engine_limits import stale_engine_problems
-from specbuild.contracts.llm_api import refuse_other_flow
+from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
 from specbuild.deploy.check import RepositoryReport, check_repository
 from specbuild.deploy.layout import (
     POSTPROCESSING,
@@ -31,6 +31,7 @@ from specbuild.deploy.layout import (
     plan_repository,
     read_engines,
 )
+from specbuild.deploy.llmapi import LlmApiDeployResult, deploy_llm_api
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
@@ -96,10 +97,15 @@ def _settings(plan: RepositoryPlan, configs: dict[str, str]) -> dict[str, Any]:
 
 
 def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
-                      console: Console | None = None) -> DeployResult:
-    """Write `spec.deploy.model_repository` for the engines `build` left in `spec.output_dir/engines`."""
+                      console: Console | None = None) -> DeployResult | LlmApiDeployResult:
+    """Write `spec.deploy.model_repository` for the engines `build` left in `spec.output_dir/engines`.
+
+    A `build.flow: pytorch` spec has no engines: its repository is Triton's llmapi model (`deploy_llm_api`), whose
+    result carries no ensemble check (`DeployResult.report`), so callers tell the two apart by type."""
     console = console or Console(stderr=True)
-    refuse_other_flow(spec, "deploy")  # eagle3/ngram: no engine to serve (build.flow: pytorch is deploy.llmapi)
+    if spec.build.flow == PYTORCH:
+        return deploy_llm_api(spec, dry_run=dry_run, force=force, console=console)
+    refuse_other_flow(spec, "deploy")  # eagle3/ngram have no engine to serve: the reason and `build.flow: pytorch`
     repository = spec.deploy.model_repository
     assert repository is not None
     engines = read_engines(spec)
