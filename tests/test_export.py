@@ -28,6 +28,7 @@ from specbuild.spec import PipelineSpec, load_spec
 from tests.export_schemas import (
     SGLANG_ALGORITHMS,
     SGLANG_OPTIONS,
+    VLLM_CACHE_DTYPES,
     VLLM_MEDUSA_CONFIG_FIELDS,
     VLLM_SERVE_OPTIONS,
     VLLM_SPECULATIVE_FIELDS,
@@ -184,6 +185,38 @@ def test_a_draft_quantized_ahead_is_refused_naming_why(tmp_path: Path, engine: s
         export_spec(load_spec(spec.path), engine, tmp_path / "out")
     assert "fp8 or none" in (err.value.hint or "")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_kv_cache_format_vllm_lacks_is_one_refusal_not_a_key_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft's KV formats come from contracts/quant_formats.py; one that vLLM's CacheDType (VLLM_CACHE_DTYPES,
+    tests/export_schemas.py) has no name for is refused naming the field, as a new table entry would be."""
+    from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMATS
+    from specbuild.export import plan, vllm
+
+    assert set(plan.LOAD_TIME_QUANTIZATION) <= set(FORMAT_NAMES)
+    assert set(vllm.DRAFT_KV_CACHE) <= set(KV_FORMATS)
+    assert set(vllm.DRAFT_KV_CACHE.values()) <= set(VLLM_CACHE_DTYPES) and set(vllm.CACHE_DTYPES) <= set(
+        VLLM_CACHE_DTYPES)
+    spec = _spec(tmp_path, "draft_target")
+    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
+    data["draft"]["quantization"] = {"format": "fp8", "kv_cache": "fp8"}
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    monkeypatch.setattr(vllm, "DRAFT_KV_CACHE", {})
+    with pytest.raises(ExportRefused, match=r"draft\.quantization\.kv_cache fp8: vLLM cannot serve this .*CacheDType"
+                       ) as err:
+        export_spec(load_spec(spec.path), "vllm", tmp_path / "out")
+    assert err.value.hint == "set draft.quantization.kv_cache to one of none for this export"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_load_dependent_speculation_is_a_note_on_either_engine(tmp_path: Path, engine: str) -> None:
+    spec = _spec(tmp_path, "draft_target", speculative={"draft_len_schedule": {1: 5, 4: 0}, "max_concurrency": 8})
+    notes = export_spec(spec, engine, dry_run=True).plan.notes
+    name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+    assert f"speculative.draft_len_schedule: not exported; {name} speculates the same length at any load" in notes
+    assert f"speculative.max_concurrency: not exported; {name} has no load above which it stops speculating" in notes
 
 
 def test_vllm_medusa_converts_the_heads_and_speculates_the_tree_depth(tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.contracts.quant_formats import NONE
 from specbuild.errors import SpecbuildError
 from specbuild.export.sources import Source
+from specbuild.spec.schema import NGramSpec
 
 if TYPE_CHECKING:
     from specbuild.export.medusa_heads import VllmMedusaHeads
@@ -67,6 +69,54 @@ def command_line(prefix: Sequence[str], options: Sequence[Option], spec: Pipelin
 
 def refuse(spec: PipelineSpec, engine: str, what: str, why: str, *, hint: str | None = None) -> ExportRefused:
     return ExportRefused(f"{spec.where}: {what}: {engine} cannot serve this ({why})", hint=hint)
+
+
+LOAD_TIME_QUANTIZATION: dict[str, str | None] = {NONE: None, "fp8": "fp8"}
+"""draft.quantization.format -> the quantization both engines apply to the unquantized Hugging Face draft while
+loading it (vLLM SpeculativeConfig.quantization, SGLang --speculative-draft-model-quantization): fp8 needs no
+calibration. The other formats need a checkpoint quantized ahead in the engine's own format, and specbuild's
+quantized draft is a TensorRT-LLM checkpoint, which neither reads."""
+
+
+def draft_quantization(spec: PipelineSpec, engine: str, source: Source) -> str | None:
+    """The engine's quantization for the draft (None: as it is), or the refusal of a format quantized ahead;
+    `source` is where the engine's fp8-while-loading is defined."""
+    assert spec.draft is not None
+    fmt = spec.draft.quantization.format
+    if fmt not in LOAD_TIME_QUANTIZATION:
+        raise refuse(
+            spec, engine, f"draft.quantization.format {fmt}",
+            f"{engine} reads {fmt} only from a checkpoint quantized ahead in its own formats, and specbuild's "
+            f"quantized draft is a TensorRT-LLM checkpoint; {engine} quantizes while loading only with fp8 ({source})",
+            hint="set draft.quantization.format to fp8 or none for this export",
+        )
+    return LOAD_TIME_QUANTIZATION[fmt]
+
+
+def longest_ngram(spec: PipelineSpec) -> int:
+    """The longest suffix an n-gram proposer looks up: speculative.ngram.max_matching_ngram_size (its default
+    when the section is left out)."""
+    ngram = spec.speculative.ngram
+    return (ngram if ngram is not None else NGramSpec()).max_matching_ngram_size
+
+
+def ngram_notes(spec: PipelineSpec, proposer: str) -> list[str]:
+    """The speculative.ngram settings beyond the longest n-gram, which neither engine's proposer has."""
+    ngram = spec.speculative.ngram
+    given = sorted(ngram.model_fields_set - {"max_matching_ngram_size"}) if ngram is not None else []
+    return [f"speculative.ngram {', '.join(given)}: not exported; {proposer} has no such setting"] if given else []
+
+
+def load_notes(spec: PipelineSpec, engine: str) -> list[str]:
+    """The load-dependent speculation settings (TensorRT-LLM's), which neither engine has: it speculates the same
+    length at any load."""
+    notes = []
+    if spec.speculative.draft_len_schedule is not None:
+        notes.append(f"speculative.draft_len_schedule: not exported; {engine} speculates the same length at any load")
+    if spec.speculative.max_concurrency is not None:
+        notes.append(f"speculative.max_concurrency: not exported; {engine} has no load above which it stops "
+                     "speculating")
+    return notes
 
 
 def default_directory(spec: PipelineSpec, engine: str) -> Path:

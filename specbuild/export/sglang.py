@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbuild.export.plan import ExportPlan, Option, command_line, refuse
+from specbuild.contracts.quant_formats import NONE
+from specbuild.export.plan import (
+    ExportPlan,
+    Option,
+    command_line,
+    draft_quantization,
+    load_notes,
+    longest_ngram,
+    ngram_notes,
+    refuse,
+)
 from specbuild.export.sources import SGLANG_SERVER_ARGS_DOCS, SGLANG_SPECULATIVE_DOCS
 from specbuild.spec import PipelineSpec
 
@@ -41,8 +51,9 @@ def _k(spec: PipelineSpec) -> int:
 
 
 def _draft_quantization(spec: PipelineSpec) -> str | None:
-    assert spec.draft is not None
-    return DRAFT_QUANTIZATION[spec.draft.quantization.format]
+    """fp8 is applied to an unquantized checkpoint while loading (server_arguments.md: `--quantization fp8` on a
+    fp16 checkpoint); `_check_draft` has refused the formats that need a checkpoint quantized ahead."""
+    return draft_quantization(spec, DISPLAY, SGLANG_SERVER_ARGS_DOCS)
 
 
 ALGORITHM = {"draft_target": "STANDALONE", "eagle3": "EAGLE3", "ngram": "NGRAM"}
@@ -62,26 +73,14 @@ NGRAM = (  # the longest suffix looked up is max_matching_ngram_size, down to on
     Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, _k),
     Option("--speculative-ngram-min-match-window-size", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
     Option("--speculative-ngram-max-match-window-size", SGLANG_SPECULATIVE_DOCS,
-           lambda s: s.speculative.ngram.max_matching_ngram_size if s.speculative.ngram is not None else 2),
+           longest_ngram),
 )
-
-DRAFT_QUANTIZATION = {"none": None, "fp8": "fp8"}
-"""draft.quantization.format -> --speculative-draft-model-quantization: fp8 is applied to an unquantized checkpoint
-while loading (server_arguments.md: `--quantization fp8` on a fp16 checkpoint); the others need a checkpoint
-quantized ahead."""
-
 
 def _check_draft(spec: PipelineSpec) -> list[str]:
     assert spec.draft is not None
+    draft_quantization(spec, DISPLAY, SGLANG_SERVER_ARGS_DOCS)  # refused before the KV cache, as vLLM does
     quant = spec.draft.quantization
-    if quant.format not in DRAFT_QUANTIZATION:
-        raise refuse(
-            spec, DISPLAY, f"draft.quantization.format {quant.format}",
-            f"SGLang reads {quant.format} only from a checkpoint quantized ahead, and specbuild's quantized draft "
-            f"is a TensorRT-LLM checkpoint; SGLang quantizes while loading only with fp8 ({SGLANG_SERVER_ARGS_DOCS})",
-            hint="set draft.quantization.format to fp8 or none for this export",
-        )
-    if quant.kv_cache != "none":
+    if quant.kv_cache != NONE:
         raise refuse(
             spec, DISPLAY, f"draft.quantization.kv_cache {quant.kv_cache}",
             "SGLang's --kv-cache-dtype is the whole server's, so it would quantize the target's KV cache too, "
@@ -108,10 +107,7 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         notes += _check_draft(spec)
         options += DRAFTED
     elif mode == "ngram":
-        ngram = spec.speculative.ngram
-        given = sorted(ngram.model_fields_set - {"max_matching_ngram_size"}) if ngram is not None else []
-        if given:
-            notes.append(f"speculative.ngram {', '.join(given)}: not exported; SGLang's NGRAM has no such setting")
+        notes += ngram_notes(spec, "SGLang's NGRAM")
         options += NGRAM
     elif mode == "medusa":
         raise refuse(spec, DISPLAY, "speculative.mode medusa",
@@ -121,10 +117,7 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     elif mode != "none":
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to SGLang yet")
     if mode != "none":
-        if spec.speculative.draft_len_schedule is not None:
-            notes.append("speculative.draft_len_schedule: not exported; SGLang speculates the same length at any load")
-        if spec.speculative.max_concurrency is not None:
-            notes.append("speculative.max_concurrency: not exported; SGLang has no load above which it stops")
+        notes += load_notes(spec, DISPLAY)
     argv = command_line(PROGRAM, options, spec)
     sources = [SGLANG_SERVER_ARGS_DOCS] + ([SGLANG_SPECULATIVE_DOCS] if mode != "none" else [])
     return ExportPlan(ENGINE, argv, {CONFIG_FILE: config_yaml(argv[len(PROGRAM):])}, sources, notes)

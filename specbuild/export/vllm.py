@@ -12,8 +12,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specbuild.contracts.quant_formats import KV_FORMATS, NONE
 from specbuild.export.medusa_heads import CONFIG_SOURCE, MEDUSA_DIR, MODEL_SOURCE, VllmMedusaHeads, convert_heads
-from specbuild.export.plan import ExportPlan, Option, command_line, refuse
+from specbuild.export.plan import (
+    ExportPlan,
+    Option,
+    command_line,
+    draft_quantization,
+    load_notes,
+    longest_ngram,
+    ngram_notes,
+    refuse,
+)
 from specbuild.export.sources import VLLM_CACHE, VLLM_ENGINE_ARGS, VLLM_QUANTIZATION, VLLM_SPECULATIVE
 from specbuild.spec import PipelineSpec
 
@@ -34,30 +44,36 @@ OPTIONS = (
 )
 SPECULATIVE_FLAG = Option("--speculative-config", VLLM_ENGINE_ARGS, lambda s: None)
 
-DRAFT_QUANTIZATION = {"none": None, "fp8": "fp8"}
-"""draft.quantization.format -> SpeculativeConfig.quantization (VLLM_QUANTIZATION): fp8 needs no calibration, so
-vLLM applies it to the unquantized draft while loading; the others need a checkpoint quantized ahead."""
-DRAFT_KV_CACHE = {"none": None, "fp8": "fp8"}
-"""draft.quantization.kv_cache -> SpeculativeConfig.kv_cache_dtype (a CacheDType, VLLM_CACHE): the draft's alone."""
+CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+"""vLLM's CacheDType Literal (VLLM_CACHE, at that commit), what SpeculativeConfig.kv_cache_dtype takes."""
+DRAFT_KV_CACHE: dict[str, str] = {name: name for name in KV_FORMATS if name in CACHE_DTYPES}
+"""draft.quantization.kv_cache -> kv_cache_dtype, the draft's alone: a spec KV format is passed by its own name where
+vLLM has it ("fp8" is E4M3 on CUDA there, as TensorRT-LLM's FP8 KV cache); a format vLLM lacks is refused."""
+
+
+def _draft_kv_cache(spec: PipelineSpec) -> str | None:
+    assert spec.draft is not None
+    kv = spec.draft.quantization.kv_cache
+    if kv == NONE:
+        return None
+    if kv not in DRAFT_KV_CACHE:
+        raise refuse(spec, DISPLAY, f"draft.quantization.kv_cache {kv}",
+                     f"its kv_cache_dtype has no {kv} (CacheDType: {', '.join(CACHE_DTYPES)}; {VLLM_CACHE})",
+                     hint=f"set draft.quantization.kv_cache to one of {', '.join([NONE, *DRAFT_KV_CACHE])} for "
+                          "this export")
+    return DRAFT_KV_CACHE[kv]
 
 
 def _draft_model(spec: PipelineSpec, notes: list[str], method: str = "draft_model") -> dict[str, Any]:
     assert spec.draft is not None
-    quant = spec.draft.quantization
-    if quant.format not in DRAFT_QUANTIZATION:
-        raise refuse(
-            spec, DISPLAY, f"draft.quantization.format {quant.format}",
-            f"vLLM reads {quant.format} only from a checkpoint quantized ahead in its own formats, and specbuild's "
-            f"quantized draft is a TensorRT-LLM checkpoint; vLLM quantizes while loading only with fp8 "
-            f"({VLLM_QUANTIZATION})",
-            hint="set draft.quantization.format to fp8 or none for this export",
-        )
+    quantization = draft_quantization(spec, DISPLAY, VLLM_QUANTIZATION)
+    kv_cache = _draft_kv_cache(spec)
     config: dict[str, Any] = {"method": method, "model": str(spec.draft.model),
                               "num_speculative_tokens": spec.speculative.num_draft_tokens}
-    if DRAFT_QUANTIZATION[quant.format]:
-        config["quantization"] = DRAFT_QUANTIZATION[quant.format]
-    if DRAFT_KV_CACHE[quant.kv_cache]:
-        config["kv_cache_dtype"] = DRAFT_KV_CACHE[quant.kv_cache]
+    if quantization:
+        config["quantization"] = quantization
+    if kv_cache:
+        config["kv_cache_dtype"] = kv_cache
     if spec.speculative.use_draft_logits:
         config["draft_sample_method"] = "probabilistic"  # accept by the draft's and the target's probabilities
     if spec.draft.trust_remote_code and not spec.target.trust_remote_code:
@@ -68,13 +84,9 @@ def _draft_model(spec: PipelineSpec, notes: list[str], method: str = "draft_mode
 def _ngram(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
     """Prompt lookup: the longest suffix tried is max_matching_ngram_size, down to one token (vLLM's min would
     otherwise default to the max)."""
-    ngram = spec.speculative.ngram
-    given = sorted(ngram.model_fields_set - {"max_matching_ngram_size"}) if ngram is not None else []
-    if given:
-        notes.append(f"speculative.ngram {', '.join(given)}: not exported; vLLM's ngram proposer has no such setting")
-    longest = ngram.max_matching_ngram_size if ngram is not None else 2
+    notes += ngram_notes(spec, "vLLM's ngram proposer")
     return {"method": "ngram", "num_speculative_tokens": spec.speculative.num_draft_tokens,
-            "prompt_lookup_max": longest, "prompt_lookup_min": 1}
+            "prompt_lookup_max": longest_ngram(spec), "prompt_lookup_min": 1}
 
 
 def _eagle3(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
@@ -98,15 +110,6 @@ def _medusa(spec: PipelineSpec, directory: Path, heads: VllmMedusaHeads, notes: 
     return {"method": "medusa", "model": str(directory / MEDUSA_DIR), "num_speculative_tokens": depth}
 
 
-def _unexported(spec: PipelineSpec) -> list[str]:
-    said = []
-    if spec.speculative.draft_len_schedule is not None:
-        said.append("speculative.draft_len_schedule: not exported; vLLM speculates the same length at any load")
-    if spec.speculative.max_concurrency is not None:
-        said.append("speculative.max_concurrency: not exported; vLLM has no load above which it stops speculating")
-    return said
-
-
 def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
     """The command and config for `spec`, whose files will live in `directory`."""
     mode = spec.speculative.mode
@@ -128,7 +131,7 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     else:
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to vLLM yet")
     if speculative is not None:
-        notes += _unexported(spec)
+        notes += load_notes(spec, DISPLAY)
     argv = command_line((*PROGRAM, str(spec.target.model)), OPTIONS, spec)
     files: dict[str, str] = {}
     sources = [VLLM_ENGINE_ARGS]
