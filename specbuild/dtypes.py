@@ -35,6 +35,12 @@ DTYPES: dict[str, DType] = {
 EXPORT_DTYPES = tuple(name for name, d in DTYPES.items() if d.modelopt_export)
 
 
+def quantized_export_dtype(requested: str, written: str, *, quantized: bool) -> bool:
+    """Whether a checkpoint in `written` for a pipeline in `requested` is what ModelOpt's export makes, not stale:
+    a quantized checkpoint is written in an EXPORT_DTYPES dtype only, so one planned in another (float32) is half."""
+    return quantized and requested in DTYPES and requested not in EXPORT_DTYPES and written in EXPORT_DTYPES
+
+
 def dtype(name: str, *, where: str = "dtype") -> DType:
     """The table row for `name`; SpecbuildError naming `where` and the known names otherwise."""
     try:

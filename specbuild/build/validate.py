@@ -22,6 +22,7 @@ from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, BuildPlan
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, facts_from_config
 from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK
 from specbuild.contracts.quant_formats import format_of, kv_cache_quant_algo, kv_format_of, quant_algo
+from specbuild.dtypes import quantized_export_dtype
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec import PipelineSpec
@@ -126,7 +127,9 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
                 f"{role} checkpoint is sharded tp={fact.tp_size} pp={fact.pp_size}, but build.tp_size/pp_size say "
                 f"tp={build.tp_size} pp={build.pp_size}; re-run `specbuild convert SPEC`", ("build", "tp_size")
             )
-        if build.dtype != "auto" and fact.dtype != build.dtype and not _quantized_half(fact, build.dtype):
+        quantized = fact.quant_algo is not None or fact.kv_cache_quant_algo is not None
+        if build.dtype != "auto" and fact.dtype != build.dtype and not quantized_export_dtype(
+                build.dtype, fact.dtype, quantized=quantized):
             yield _error(
                 f"{role} checkpoint is {fact.dtype}, but build.dtype is {build.dtype}; re-run `specbuild convert SPEC`",
                 ("build", "dtype"),
@@ -159,14 +162,6 @@ def checkpoint_problems(spec: PipelineSpec, facts: dict[str, CheckpointFacts]) -
             "cannot verify the draft's tokens (TensorRT-LLM#2789 'Incompatible buffer sizes'); use a draft with "
             "the target's tokenizer and vocabulary", ("draft", "model")
         )
-
-
-def _quantized_half(fact: CheckpointFacts, dtype: str) -> bool:
-    """ModelOpt exports quantized checkpoints in float16 or bfloat16 only (ModelOpt 0.47.0,
-    NVIDIA/Model-Optimizer modelopt/torch/export/model_config_export.py; `dtypes.EXPORT_DTYPES`), so `convert`
-    writes a quantized draft of a float32 pipeline in float16: that is expected, not stale."""
-    quantized = fact.quant_algo is not None or fact.kv_cache_quant_algo is not None
-    return quantized and dtype == "float32" and fact.dtype in ("float16", "bfloat16")
 
 
 def tree_problems(plan: BuildPlan, fact: CheckpointFacts | None) -> Iterator[BuildProblem]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import EngineInfo
 from specbuild.contracts.quant_formats import kv_cache_quant_algo, quant_algo
+from specbuild.dtypes import quantized_export_dtype
 from specbuild.spec import PipelineSpec
 
 SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
@@ -127,9 +128,8 @@ def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
     ]
     # Not the backend: `specbuild build --backend` overrides build.backend, and engines built elsewhere are fine.
     if build.dtype != "auto" and info.dtype != build.dtype:
-        quantized_half = (info.quant_algo or info.kv_cache_quant_algo) and build.dtype == "float32" and (
-            info.dtype in ("float16", "bfloat16"))  # ModelOpt exports half precision only
-        if not quantized_half:
+        quantized = bool(info.quant_algo or info.kv_cache_quant_algo)
+        if not quantized_export_dtype(build.dtype, info.dtype, quantized=quantized):
             want.append(("build.dtype", info.dtype, build.dtype))
     if role == "draft" and spec.draft is not None:
         quant = spec.draft.quantization
