@@ -71,11 +71,10 @@ def _dir_size(path: Path) -> int:
 
 
 def _prompts(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
     from specbuild.demo.models import heldout_texts
+    from specbuild.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
     prompts: list[list[int]] = []
     for text in heldout_texts():  # consecutive windows of each held-out text
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

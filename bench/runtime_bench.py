@@ -465,11 +465,10 @@ def plot_acceptance(rows: list[dict[str, Any]], path: Path) -> None:
 # -- main -----------------------------------------------------------------------------------------------------------
 def load_prompts(tokenizer_dir: Path, count: int, length: int) -> Prompts:
     """The first `length` tokens of the first `count` held-out texts that are long enough."""
-    from transformers import AutoTokenizer
-
     from specbuild.demo.models import heldout_texts
+    from specbuild.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
     prompts = []
     for text in heldout_texts():
         ids = tokenizer(text[: 16 * length])["input_ids"][:length]

@@ -24,17 +24,16 @@ sys.path.insert(0, str(REPO))
 
 
 def prepare(folder: Path) -> None:
-    from transformers import AutoTokenizer
-
     from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
     from specbuild.demo.models import build_demo_models, heldout_texts
+    from specbuild.tokenizer import load_tokenizer
 
     models = build_demo_models(REPO / "demo" / "models", progress=False)
     # The Medusa checkpoint doubles as the plain target (its base tensors are the target's): one copy travels.
     convert_checkpoint(ConvertRequest("draft", models["draft"], folder / "draft", "float32"))
     convert_checkpoint(ConvertRequest("medusa", models["target"], folder / "medusa", "float32",
                                       medusa_heads=models["medusa-heads"], medusa_tree_nodes=24))
-    tok = AutoTokenizer.from_pretrained(models["target"])
+    tok = load_tokenizer(models["target"])
     prompts = [tok.encode(t, add_special_tokens=False)[:24] for t in heldout_texts()[:8]]
     (folder / "prompts.json").write_text(json.dumps(prompts))
 

@@ -22,17 +22,26 @@ TOKENIZER_OWN_FILES = (
 TOKENIZER_FILES = (*TOKENIZER_OWN_FILES, "generation_config.json", "config.json")
 """What AutoTokenizer may read; config.json (no weights) lets it pick the tokenizer class when
 tokenizer_config.json does not name one."""
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json")
+"""A directory is a tokenizer `deploy` copies and `bench` counts with when it has one of these (`has_tokenizer`).
+Not VOCABULARY_FILES, which convert's draft/target check asks for: that set refuses a tokenizer_config.json alone
+and accepts a bare vocab.txt, and merging the two would accept or refuse other directories than each stage does."""
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
                     "vocab.txt")
 """A tokenizer needs one of these (the vocabulary); tokenizer_config.json alone makes AutoTokenizer fall back to a
 slow sentencepiece tokenizer that then fails on the missing model file."""
 
 
+def has_tokenizer(directory: Path) -> bool:
+    """Whether `directory` holds a tokenizer by TOKENIZER_MARKERS (files only, no transformers import)."""
+    return any((directory / name).is_file() for name in TOKENIZER_MARKERS)
+
+
 def copy_tokenizer(source: Path, destination: Path, *, trust_remote_code: bool) -> list[str]:
     """Copy the tokenizer files of HF directory `source`; remote-code tokenizers also bring their .py files."""
-    if not (source / "tokenizer.json").is_file() and not (source / "tokenizer_config.json").is_file():
+    if not has_tokenizer(source):
         raise SpecbuildError(
-            f"{source}: no tokenizer here (tokenizer.json / tokenizer_config.json)",
+            f"{source}: no tokenizer here ({' / '.join(TOKENIZER_MARKERS)})",
             hint="target.model must be a Hugging Face directory with its tokenizer files",
         )
     destination.mkdir(parents=True, exist_ok=True)

@@ -18,10 +18,10 @@ from typing import Any
 from specbuild.bench.client import Generation, Protocol, _strip_scheme
 from specbuild.bench.load import TokenCounter
 from specbuild.errors import SpecbuildError
+from specbuild.tokenizer import TOKENIZER_MARKERS, has_tokenizer
 
 PREPROCESSING = "preprocessing"
 TOKENIZER_PARAMETER = "tokenizer_dir"
-TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json")
 LOOKUP_TIMEOUT_S = 10.0
 
 
@@ -48,10 +48,6 @@ class TokenizerChoice:
         return TokenCounter(self.directory) if self.directory is not None else WordCounter(self.found_by)
 
 
-def _has_tokenizer(directory: Path) -> bool:
-    return any((directory / name).is_file() for name in TOKENIZER_MARKERS)
-
-
 def repository_tokenizer(repository: Path) -> Path:
     """The tokenizer directory `REPOSITORY/preprocessing/config.pbtxt` names; an error naming the file otherwise."""
     from google.protobuf import text_format
@@ -73,9 +69,9 @@ def repository_tokenizer(repository: Path) -> Path:
                              hint="give the tokenizer with --tokenizer DIR")
     value = Path(config.parameters[TOKENIZER_PARAMETER].string_value)
     directory = value if value.is_absolute() else (config_path.parent / value).resolve()
-    if not _has_tokenizer(directory):
+    if not has_tokenizer(directory):
         raise SpecbuildError(f"{config_path}: {TOKENIZER_PARAMETER} {str(value)!r} ({directory}) holds no "
-                             "tokenizer files (tokenizer.json / tokenizer_config.json)",
+                             f"tokenizer files ({' / '.join(TOKENIZER_MARKERS)})",
                              hint="re-run `specbuild deploy SPEC`, or give --tokenizer DIR")
     return directory
 
@@ -119,7 +115,7 @@ def choose_tokenizer(url: str, protocol: Protocol, *, tokenizer: Path | None = N
     value = server_tokenizer_parameter(url, protocol)
     if value is None:
         return TokenizerChoice(None, f"{url} has no {PREPROCESSING} model with a {TOKENIZER_PARAMETER} parameter")
-    if Path(value).is_absolute() and _has_tokenizer(Path(value)):
+    if Path(value).is_absolute() and has_tokenizer(Path(value)):
         return TokenizerChoice(Path(value), f"{url} {PREPROCESSING} {TOKENIZER_PARAMETER}")
     return TokenizerChoice(None, f"{url}'s {PREPROCESSING} model names {TOKENIZER_PARAMETER} {value!r}, which is "
                                  "not a tokenizer directory on this machine (relative paths are relative to the "

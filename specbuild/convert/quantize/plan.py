@@ -20,7 +20,7 @@ from specbuild.convert.quantize.settings import Format, QuantizeSettings, check_
 from specbuild.convert.request import ConversionPlan, ConvertRequest
 from specbuild.dtypes import EXPORT_DTYPES
 from specbuild.errors import CheckpointError, SpecbuildError
-from specbuild.tokenizer import load_tokenizer
+from specbuild.tokenizer import TOKENIZER_MARKERS, has_tokenizer, load_tokenizer
 
 # TensorRT-LLM's group-wise int4 kernels take groups of 128 (ModelOpt's and TensorRT-LLM's default) or 64.
 AWQ_GROUP_SIZES = (128, 64)
@@ -108,10 +108,12 @@ def awq_group_size(source: Path, rank_shapes: list[dict[str, tuple[int, ...]]]) 
 
 def tokenizer_files_problem(source: Path) -> CheckpointError | None:
     """The error when the draft has no tokenizer files for calibration (files only, no transformers import)."""
-    if any((source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    # Also a sentencepiece-only draft (tokenizer.model, its class from config.json): AutoTokenizer loads it, so
+    # `has_tokenizer` alone would refuse a draft that calibrates.
+    if has_tokenizer(source) or (source / "tokenizer.model").is_file():
         return None
     return CheckpointError(
-        f"{source}: no tokenizer files (tokenizer.json / tokenizer_config.json); calibration tokenizes text "
+        f"{source}: no tokenizer files ({' / '.join(TOKENIZER_MARKERS)}); calibration tokenizes text "
         "with the draft's own tokenizer",
         hint="copy the tokenizer files (the target's: they must be the same) into the draft directory",
     )
