@@ -173,6 +173,46 @@ def test_library_entry_points_choose_the_flow(tmp_path: Path) -> None:
         build_pipeline(spec, backend="reference")
 
 
+def _deployed(tmp_path: Path) -> Path:
+    """A PyTorch-flow repository as build + deploy write it, on checkpoints that are a config.json each."""
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.deploy.llmapi import deploy_llm_api
+
+    for role in ("target", "draft"):
+        (tmp_path / role).mkdir()
+        (tmp_path / role / "config.json").write_text("{}")
+    spec = _spec(tmp_path)
+    build_llm_api(spec)
+    return deploy_llm_api(spec).repository
+
+
+def test_deploy_check_knows_the_llmapi_layout(tmp_path: Path) -> None:
+    """`deploy --check` on a PyTorch-flow repository: before NVIDIA's model.py and helpers.py are copied in, one
+    refusal naming them and where they come from (not the ensemble's problems); once copied, it is checked against
+    the llmapi contract and passes; a model.yaml setting outside llm_args.py's fields is then a problem."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli import app
+
+    repository = _deployed(tmp_path)
+    result = CliRunner().invoke(app, ["deploy", "--check", str(repository)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1, output
+    assert "tensorrt_llm/1/model.py, tensorrt_llm/1/helpers.py missing" in output
+    assert "triton_backend/all_models/llmapi/tensorrt_llm/1/" in output
+    assert "ensemble" not in output and "problem(s)" not in output and "Traceback" not in output
+    for name in llm_api.LLMAPI_CODE:  # stand-ins for NVIDIA's files: the check reads no python
+        (repository / llm_api.LLMAPI_MODEL / name).write_text("# NVIDIA's\n")
+    result = CliRunner().invoke(app, ["deploy", "--check", str(repository)])
+    assert result.exit_code == 0, result.output
+    assert f"ok: {repository} (1 models)" in " ".join(result.output.split())
+    model_yaml = repository / llm_api.LLMAPI_MODEL_YAML
+    model_yaml.write_text(model_yaml.read_text() + "max_tokens_in_paged_kv_cache: 1\n")
+    result = CliRunner().invoke(app, ["deploy", "--check", str(repository)])
+    assert result.exit_code == 1
+    assert "'max_tokens_in_paged_kv_cache' is not an LlmArgs field" in " ".join(result.output.split())
+
+
 def test_engine_flow_settings_refused_on_pytorch(tmp_path: Path) -> None:
     """Engine-flow settings the PyTorch flow would silently ignore, and a quantized draft (ModelOpt's
     export_hf_checkpoint is not run here), are errors at their fields."""

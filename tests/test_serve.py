@@ -358,3 +358,31 @@ def test_the_ready_timeout_quotes_the_log_and_blames_size_only_when_the_log_is_s
     assert crashed.message.endswith("the server log says:\nterminate called after throwing an instance of "
                                     "'std::invalid_argument'\nwhat():  stol")
     assert "ready-timeout" not in (crashed.hint or "") and "large models" not in str(crashed)
+
+
+def test_serve_refuses_an_llmapi_repository_without_nvidias_code(tmp_path: Path) -> None:
+    """A PyTorch-flow repository (Triton's llmapi model, as deploy writes it: tensorrt_llm/1/model.yaml, no model.py,
+    which is NVIDIA's) is refused before tritonserver starts, naming the files to copy and from where, instead of
+    failing as a generic load failure of tensorrt_llm; exit 1."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli import app
+    from specbuild.contracts.llm_api import llm_args
+    from specbuild.deploy.llmapi import repository_files
+    from specbuild.spec import parse_spec
+
+    spec = parse_spec({"name": "pt", "target": {"model": str(tmp_path / "target")},
+                       "build": {"flow": "pytorch", "max_batch_size": 1, "max_input_len": 8, "max_output_len": 8}},
+                      tmp_path / "pt.yaml")
+    repo = tmp_path / "repo"
+    for name, text in repository_files(spec, llm_args(spec)).items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    with pytest.raises(SpecbuildError, match=r"tensorrt_llm/1/model\.py, tensorrt_llm/1/helpers\.py missing"):
+        TritonServer(repo, log_file=tmp_path / "s.log").start()
+    result = CliRunner().invoke(app, ["serve", str(repo), "--log-file", str(tmp_path / "s.log")])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1, output
+    assert "triton_backend/all_models/llmapi/tensorrt_llm/1/" in output and "specbuild serve" in output
+    assert "failed to load" not in output and "Traceback" not in output
+    assert not (tmp_path / "s.log").exists()  # no tritonserver was started

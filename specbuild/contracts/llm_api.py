@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.contracts.engine_limits import default_max_num_tokens
+from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
 from specbuild.spec.problems import Loc
 from specbuild.spec.schema import Eagle3Spec, NGramSpec
@@ -268,6 +269,28 @@ LLMAPI_MODEL = "tensorrt_llm"
 LLMAPI_CODE = ("1/model.py", "1/helpers.py")
 """The python files of NVIDIA's llmapi model, which deploy does not copy: they come with TensorRT-LLM (the
 container's triton_backend/all_models/llmapi/tensorrt_llm/)."""
+LLMAPI_MODEL_YAML = f"{LLMAPI_MODEL}/1/model.yaml"
+"""What marks a repository as the PyTorch flow's (deploy writes it; the engine flow's tensorrt_llm has no 1/ file)."""
+CODE_NOTE = (f"{LLMAPI_MODEL}/{' and '.join(LLMAPI_CODE)} are NVIDIA's, not written here: copy them from the "
+             "TensorRT-LLM 1.2 container's triton_backend/all_models/llmapi/tensorrt_llm/1/")
+
+
+def missing_llmapi_code(repository: Path) -> list[str]:
+    """NVIDIA's llmapi files a PyTorch-flow repository (one with tensorrt_llm/1/model.yaml) still lacks, relative to
+    the repository; [] for an engine-flow repository, or one whose code was copied in."""
+    if not (repository / LLMAPI_MODEL_YAML).is_file():
+        return []
+    return [f"{LLMAPI_MODEL}/{name}" for name in LLMAPI_CODE if not (repository / LLMAPI_MODEL / name).is_file()]
+
+
+def refuse_incomplete_llmapi(repository: Path, command: str) -> None:
+    """One error naming what to copy, where serve would fail as a generic model load failure and `deploy --check`
+    would judge the llmapi model against the ensemble's contract."""
+    missing = missing_llmapi_code(repository)
+    if missing:
+        raise SpecbuildError(f"{repository}: Triton's llmapi model (a build.flow: pytorch repository) without "
+                             f"NVIDIA's code: {', '.join(missing)} missing", hint=f"{CODE_NOTE}, then run "
+                             f"`specbuild {command}` again")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Triton only finds most wiring mistakes at load time or, worse, at the first request (a misspelt model name
 in a BLS parameter is just a string to Triton). So every config.pbtxt is parsed as Triton's ModelConfig, and
 the cross-model facts are checked: ensemble steps and tensors, the models the BLS calls, batch sizes,
-decoupled modes, end/pad ids, tokenizer and engine paths.
+decoupled modes, end/pad ids, tokenizer and engine paths. A PyTorch-flow repository (Triton's llmapi model,
+tensorrt_llm/1/model.yaml) is checked against the llmapi contract instead, once NVIDIA's code is copied in
+(without it, one refusal naming what to copy).
 """
 
 from __future__ import annotations
@@ -15,6 +17,14 @@ from typing import Any
 from rich.table import Table
 
 from specbuild.contracts.engine_info import ENGINE_INFO
+from specbuild.contracts.llm_api import (
+    LLMAPI_INPUTS,
+    LLMAPI_MODEL_SOURCE,
+    LLMAPI_OUTPUTS,
+    refuse_incomplete_llmapi,
+    settings_problems,
+)
+from specbuild.contracts.llm_api import Tensor as LlmApiTensor
 from specbuild.contracts.triton_backend import (
     CALLED_MODEL_PARAMETERS,
     MODELS,
@@ -80,11 +90,13 @@ class RepositoryReport:
 
 
 def check_repository(repository: Path) -> RepositoryReport:
-    """Parse and cross-check every model of `repository`; problems are collected, not raised."""
+    """Parse and cross-check every model of `repository`; problems are collected, not raised (but an llmapi
+    repository still without NVIDIA's model.py is refused: there is nothing to check it against)."""
     report = RepositoryReport(repository)
     if not repository.is_dir():
         report.problems.append(f"{repository} is not a directory")
         return report
+    refuse_incomplete_llmapi(repository, f"deploy --check {repository}")
     for directory in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if not (directory / "config.pbtxt").is_file():
             continue
@@ -117,6 +129,9 @@ def _check_model(report: RepositoryReport, model: ModelFacts) -> None:
         report.problems.append(f"{model.name}: python backend but no 1/model.py")
     if model.config.platform == "ensemble":
         _check_ensemble(report, model)
+    if _is_llmapi(model):
+        _check_llmapi(report, model)
+        return
     if any(parameter(model.config, key) is not None for key in CALLED_MODEL_PARAMETERS):
         _check_bls(report, model)
     _check_paths(report, model)
@@ -136,6 +151,48 @@ def contract_of(model: ModelFacts) -> ModelContract | None:
     if parameter(model.config, "gpt_model_path") is not None and model.config.platform != "ensemble":
         return MODELS["tensorrt_llm"]
     return None
+
+
+def _is_llmapi(model: ModelFacts) -> bool:
+    return (model.directory / "1" / "model.yaml").is_file()
+
+
+def _check_llmapi(report: RepositoryReport, model: ModelFacts) -> None:
+    """Triton's llmapi model: every tensor of the contract (contracts.llm_api, from LLMAPI_MODEL_SOURCE) declared
+    alike, and model.yaml's LLM-API settings the llm_args.py fields (what deploy writes, checked again as found)."""
+    import yaml
+    from tritonclient.grpc import model_config_pb2
+
+    where = f"{model.name}/config.pbtxt"
+
+    def compare(kind: str, expected: LlmApiTensor, declared: dict[str, Any]) -> None:
+        tensor = declared.get(expected.name)
+        if tensor is None:
+            if not expected.optional:
+                report.problems.append(f"{where}: {kind} {expected.name!r} of the llmapi model is not declared")
+            return
+        got = (model_config_pb2.DataType.Name(tensor.data_type), _dims(tensor))
+        if got != (expected.data_type, expected.dims):
+            report.problems.append(f"{where}: {kind} {expected.name!r} is {got[0]} {list(got[1])}, the llmapi "
+                                   f"model's is {expected.data_type} {list(expected.dims)} ({LLMAPI_MODEL_SOURCE})")
+
+    for expected in LLMAPI_INPUTS:
+        compare("input", expected, model.inputs())
+    for expected in LLMAPI_OUTPUTS:
+        compare("output", expected, model.outputs())
+    path = model.directory / "1" / "model.yaml"
+    try:
+        settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        report.problems.append(f"{model.name}/1/model.yaml: not readable YAML ({err})")
+        return
+    if not isinstance(settings, dict) or not isinstance(settings.get("model"), str):
+        report.problems.append(f"{model.name}/1/model.yaml: no LLM-API settings (a mapping with `model`)")
+        return
+    args = {key: value for key, value in settings.items() if key != "triton_config"}
+    report.problems += [f"{model.name}/1/model.yaml: {message}" for _, message in settings_problems(args)]
+    method = (args.get("speculative_config") or {}).get("decoding_type", "no speculation")
+    report.wiring[model.name] = f"llmapi {args['model']} ({method})"
 
 
 def _dims(tensor: Any) -> tuple[int, ...]:

@@ -24,11 +24,12 @@ from rich.console import Console
 
 from specbuild.atomic import atomic_directory, output_lock
 from specbuild.contracts.llm_api import (
+    CODE_NOTE,
     LLM_API_PLAN,
-    LLMAPI_CODE,
     LLMAPI_INPUTS,
     LLMAPI_MODEL,
     LLMAPI_MODEL_SOURCE,
+    LLMAPI_MODEL_YAML,
     LLMAPI_OUTPUTS,
     SERVE_OPTIONS,
     SERVE_SCRIPT,
@@ -55,9 +56,7 @@ from specbuild.manifest import (
 from specbuild.spec import PipelineSpec
 
 CONFIG = f"{LLMAPI_MODEL}/config.pbtxt"
-MODEL_YAML = f"{LLMAPI_MODEL}/1/model.yaml"
-CODE_NOTE = (f"{LLMAPI_MODEL}/{' and '.join(LLMAPI_CODE)} are NVIDIA's, not written here: copy them from the "
-             "TensorRT-LLM 1.2 container's triton_backend/all_models/llmapi/tensorrt_llm/1/")
+MODEL_YAML = LLMAPI_MODEL_YAML
 
 
 @dataclass

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import psutil
 
+from specbuild.contracts.llm_api import refuse_incomplete_llmapi
 from specbuild.errors import SpecbuildError
 from specbuild.serve.launch import (
     Ports,
@@ -153,6 +154,7 @@ class TritonServer:
             raise RuntimeError("server already started")
         if not self.repository.is_dir():
             raise SpecbuildError(f"{self.repository}: no such model repository")
+        refuse_incomplete_llmapi(self.repository, "serve")  # else a generic load failure of tensorrt_llm
         link_repository = check_serving_paths(self.repository)
         installation = self._installation or find_tritonserver()
         self._leftovers = remove_stale_shared_memory()
