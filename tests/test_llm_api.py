@@ -239,6 +239,69 @@ def test_demo_pytorch_config_has_no_problem() -> None:
     _check_llm_args(llm_api.llm_args(spec))
 
 
+def _flags(argv: list[str]) -> dict[str, str | bool]:
+    """`--flag value` and value-less `--flag` (True) as a command line reads them, one name once each."""
+    flags: dict[str, str | bool] = {}
+    index = 0
+    while index < len(argv):
+        name = argv[index]
+        assert name.startswith("--"), f"stray argument {name!r} in {argv}"
+        assert name not in flags, f"{name} given twice"
+        if index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+            flags[name], index = argv[index + 1], index + 2
+        else:
+            flags[name], index = True, index + 1
+    return flags
+
+
+def _conforms(kind: type | None, value: str | bool) -> bool:
+    """A value as trtllm-serve's click option of that type takes it (None: a flag that takes no value)."""
+    if kind is None:
+        return value is True
+    if not isinstance(value, str) or not value:
+        return False
+    if kind is int:
+        return value.isdigit()
+    if kind is float:
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return kind is str
+
+
+def _serve_script_flags(script: str, model: str) -> dict[str, str | bool]:
+    """The trtllm-serve.sh `exec` line's options, each a 1.2 trtllm-serve option with a value of its type."""
+    [line] = [line for line in script.splitlines() if line.startswith("exec ")]
+    words = shlex.split(line)[1:]
+    assert words[:2] == ["trtllm-serve", model] and words[-1] == "$@", words
+    flags = _flags(words[2:-1])
+    for flag, value in flags.items():
+        assert flag in upstream.SERVE_OPTIONS, flag
+        assert _conforms(upstream.SERVE_OPTIONS[flag], value), (flag, value, upstream.SERVE_OPTIONS[flag])
+    assert flags["--backend"] in upstream.SERVE_BACKENDS and flags["--backend"] == "pytorch"
+    options = flags["--extra_llm_api_options"]
+    assert isinstance(options, str) and options.endswith("/trtllm-serve.yaml")
+    return flags
+
+
+def test_serve_script_flags_with_a_value_less_flag(tmp_path: Path) -> None:
+    """trust_remote_code is trtllm-serve's value-less --trust_remote_code: the options after it still pair with
+    their values, and every value has its option's type (1.2 serve.py, tests/llm_api_1_2_schema.py)."""
+    from specbuild.deploy.llmapi import repository_files
+
+    spec = _spec(tmp_path, target={"trust_remote_code": True})
+    script = repository_files(spec, llm_api.llm_args(spec))[llm_api.SERVE_SCRIPT]
+    flags = _serve_script_flags(script, str(tmp_path / "target"))
+    assert flags["--trust_remote_code"] is True
+    assert flags["--max_batch_size"] == "8" and flags["--port"] == str(spec.deploy.http_port)
+    with pytest.raises(AssertionError):  # a value where the option takes none, and a word where it takes a number
+        _serve_script_flags(script.replace("--trust_remote_code", "--trust_remote_code yes"), str(tmp_path / "target"))
+    with pytest.raises(AssertionError):
+        _serve_script_flags(script.replace("--max_batch_size 8", "--max_batch_size eight"), str(tmp_path / "target"))
+
+
 def _tensors(entries: Any) -> dict[str, tuple[str, tuple[int, ...], bool]]:
     from tritonclient.grpc import model_config_pb2
 
@@ -285,20 +348,12 @@ def test_deploy_demo_pytorch_flow(tmp_path: Path, demo_models: dict[str, Path]) 
     for key in options:
         assert key in upstream.LLM_ARGS
     _check_speculative_config(options["speculative_config"])
-    [line] = [line for line in (repository / "trtllm-serve.sh").read_text().splitlines() if line.startswith("exec ")]
-    words = shlex.split(line)[1:]
-    assert words[0] == "trtllm-serve" and words[1] == str(demo_models["target"])
-    flags = dict(zip(words[2:-1:2], words[3:-1:2], strict=False))
-    for flag, value in flags.items():
-        assert flag in upstream.SERVE_OPTIONS, flag
-        kind = upstream.SERVE_OPTIONS[flag]
-        assert kind is not None and kind(value) is not None
-    assert flags["--backend"] in upstream.SERVE_BACKENDS and flags["--backend"] == "pytorch"
+    flags = _serve_script_flags((repository / "trtllm-serve.sh").read_text(), str(demo_models["target"]))
+    assert "--trust_remote_code" not in flags
     served = {"tensor_parallel_size": int(flags["--tp_size"]), "pipeline_parallel_size": int(flags["--pp_size"]),
               "max_batch_size": int(flags["--max_batch_size"]), "max_num_tokens": int(flags["--max_num_tokens"]),
               "max_seq_len": int(flags["--max_seq_len"])}
     assert served == {key: model_yaml[key] for key in served}  # trtllm-serve and Triton serve the same settings
-    assert flags["--extra_llm_api_options"].endswith("/trtllm-serve.yaml")
 
     edited = _spec(tmp_path, demo_models, build={"dtype": "float32", "max_batch_size": 4})
     with pytest.raises(SpecbuildError, match=r"not what the spec says now \(max_batch_size, "):
