@@ -147,22 +147,31 @@ def test_sharded_tensorrt_engines_get_one_mpi_rank_per_gpu(tmp_path: Path, engin
     trt = tensorrt_models(repo)
     assert trt.names == ("tensorrt_llm", "tensorrt_llm_draft")
     assert trt.world_size == 4
+    server_prefix = "specbuild_4242_0123abcd_"  # as TritonServer makes it
     cmd = mpi_command(Path("/opt/tritonserver/bin/tritonserver"), repo, Ports(8000, 8001, 8002),
-                      world_size=trt.world_size, tensorrt_model_names=trt.names)
+                      world_size=trt.world_size, tensorrt_model_names=trt.names, shm_prefix=server_prefix)
     assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
     ranks = " ".join(cmd[2:]).split(" : ")
     assert len(ranks) == 4
+    prefixes = []
     for i, rank in enumerate(ranks):
         args = rank.split()
         assert args[:3] == ["-n", "1", "/opt/tritonserver/bin/tritonserver"]
         assert f"--model-repository={repo}" in args
-        assert f"--backend-config=python,shm-region-prefix-name=prefix{i}_" in args
+        [config] = [a for a in args if a.startswith("--backend-config=python,shm-region-prefix-name=")]
+        prefixes.append(config.split("=", 2)[2])
+        # The server's cleanup (its own prefix) and the stale-region sweep (SHM_REGION, the pid) find every rank's.
+        region = f"{prefixes[-1]}0a1b2c3d-region"
+        assert region.startswith(server_prefix)
+        match = server_watch.SHM_REGION.match(region)
+        assert match is not None and match.group(1) == "4242"
         assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"} <= set(args)
         loads_only_engines = "--model-control-mode=explicit" in args
         assert loads_only_engines == (i > 0)
         if i > 0:
             assert [a for a in args if a.startswith("--load-model=")] == [
                 "--load-model=tensorrt_llm", "--load-model=tensorrt_llm_draft"]
+    assert len(set(prefixes)) == 4, "the ranks share /dev/shm, so each needs its own prefix"
 
 
 def test_single_gpu_engines_need_no_mpi(tmp_path: Path) -> None:

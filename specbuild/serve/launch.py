@@ -3,9 +3,11 @@
 A TensorRT-LLM engine built with tp×pp > 1 needs tp×pp MPI ranks (TensorRT-LLM asserts `mpiSize == tp * pp`).
 We build the same command as the TensorRT-LLM backend's `scripts/launch_triton_server.py`
 (triton-inference-server/tensorrtllm_backend @c2e65b88): `mpirun --allow-run-as-root` followed by one
-`-n 1 tritonserver ... :` block per rank, each with its own python-backend shared-memory prefix `prefix{i}_`;
-ranks above 0 load only the tensorrtllm models (explicit model control), and never reach their endpoints
-because the backend keeps them in its worker loop, so all ranks may name the same ports.
+`-n 1 tritonserver ... :` block per rank, each with its own python-backend shared-memory prefix (the launcher's
+`prefix{i}_`; ours is the server's own prefix plus `r{i}_`, so watch.SHM_REGION and the server's cleanup find the
+regions of every rank of a dead server); ranks above 0 load only the tensorrtllm models (explicit model control),
+and never reach their endpoints because the backend keeps them in its worker loop, so all ranks may name the same
+ports.
 
 Paths. The python backend (r24.10, Triton 2.51) starts each stub as `bash -c " exec <stub> <model path> <shm
 region> <sizes> ..."` with the paths pasted in unquoted (`StubLauncher::Launch`, src/stub_launcher.cc), and the stub
@@ -222,6 +224,12 @@ def server_args(
     return args
 
 
+def rank_shm_prefix(shm_prefix: str, rank: int) -> str:
+    """MPI rank `rank`'s python-backend region prefix: distinct per rank (the ranks share /dev/shm) and starting with
+    the server's prefix, which is what the server's cleanup and `watch.remove_stale_shared_memory` match."""
+    return f"{shm_prefix}r{rank}_"
+
+
 def mpi_command(
     binary: Path,
     repository: Path,
@@ -229,11 +237,13 @@ def mpi_command(
     *,
     world_size: int,
     tensorrt_model_names: tuple[str, ...],
+    shm_prefix: str,
     backend_directory: Path | None = None,
     log_verbose: int = 0,
     mpirun: str = "mpirun",
 ) -> list[str]:
-    """`mpirun` with one tritonserver per rank, as the TensorRT-LLM launcher writes it (see the module docstring)."""
+    """`mpirun` with one tritonserver per rank, as the TensorRT-LLM launcher writes it (see the module docstring);
+    rank i's shared-memory prefix is `{shm_prefix}r{i}_`, under the server's own (`rank_shm_prefix`)."""
     cmd = [mpirun, "--allow-run-as-root"]
     for rank in range(world_size):
         cmd += ["-n", "1", str(binary), f"--model-repository={repository}"]
@@ -243,7 +253,7 @@ def mpi_command(
         cmd += [
             f"--grpc-port={ports.grpc}", f"--http-port={ports.http}", f"--metrics-port={ports.metrics}",
             "--disable-auto-complete-config", f"--log-verbose={log_verbose}",
-            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            f"--backend-config=python,shm-region-prefix-name={rank_shm_prefix(shm_prefix, rank)}",
         ]
         if backend_directory is not None:
             cmd.append(f"--backend-directory={backend_directory}")

@@ -335,7 +335,7 @@ class TritonServer:
                 )
             self.command = mpi_command(
                 installation.binary, repository, self.ports, world_size=trt.world_size,
-                tensorrt_model_names=trt.names, backend_directory=backends,
+                tensorrt_model_names=trt.names, shm_prefix=self._shm_prefix, backend_directory=backends,
                 log_verbose=self.log_verbose, mpirun=mpirun,
             )
         else:

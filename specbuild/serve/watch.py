@@ -12,8 +12,9 @@ Why `serve` watches the stubs itself (python_backend r24.10, the one in Triton 2
   `StubLauncher::Launch` blocked in `parent_message_queue_->Pop()`, which has no timeout: its model stays LOADING.
 
 Shared memory: each stub's region is `<shm-region-prefix-name><uuid>` in /dev/shm, created and unlinked by the
-server; a server killed with SIGKILL leaves them. Our prefix is `specbuild_<pid of the starting process>_<hex>_`,
-so a region is stale when that process is gone and no live process maps or holds it open.
+server; a server killed with SIGKILL leaves them. Our prefix is `specbuild_<pid of the starting process>_<hex>_`
+(with `r<rank>_` after it for each MPI rank of a sharded server, `launch.rank_shm_prefix`), so a region is stale when
+that process is gone and no live process maps or holds it open.
 """
 
 from __future__ import annotations
