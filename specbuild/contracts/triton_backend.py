@@ -142,7 +142,6 @@ def _parameters(table: str, **extra: object) -> tuple[Parameter, ...]:
     return tuple(rows)
 
 
-LOGITS = "${logits_datatype}"
 PLACEHOLDER_TYPES = {
     "${logits_datatype}": "TYPE_FP32",
     "${encoder_input_features_data_type}": "TYPE_FP16",

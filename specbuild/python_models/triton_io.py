@@ -73,15 +73,6 @@ def get(request: Any, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
-def row_scalar(array: np.ndarray | None, row: int, default: Any) -> Any:
-    """Row `row`'s scalar of a [B], [B, 1] or [1]-shaped optional input (a single row broadcasts)."""
-    if array is None or array.size == 0:
-        return default
-    flat = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
-    value = flat[row if flat.shape[0] > row else 0].reshape(-1)[0]
-    return value.item() if hasattr(value, "item") else value
-
-
 def text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 

@@ -244,9 +244,6 @@ class TritonServer:
                 hint=f"full server log: {self.log_file}",
             )
 
-    def log_tail(self, lines: int = 20) -> str:
-        return "\n".join(self._log_text().strip().splitlines()[-lines:])
-
     def models(self, timeout_s: float = 2.0) -> list[dict[str, Any]]:
         """The repository index: name, version, state and (for failures) reason of every model."""
         return _post_json(f"http://{self.http_url}/v2/repository/index", timeout_s)

@@ -7,9 +7,8 @@ and field -> line) -> `describe` (pydantic errors in the spec's words) -> `load`
 `starter` (the `specbuild init` template) and `summary` (the `specbuild validate` table) sit beside them.
 """
 
-from specbuild.medusa.choices import MAX_MEDUSA_DEPTH, medusa_tree_problems
+from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.spec.load import load_spec, parse_spec
-from specbuild.spec.presets import medusa_preset_names
 from specbuild.spec.problems import SpecProblem, SpecValidationError
 from specbuild.spec.schema import (
     MAX_DRAFT_TOKENS,
@@ -29,7 +28,6 @@ from specbuild.spec.summary import summarize_spec
 
 __all__ = [
     "MAX_DRAFT_TOKENS",
-    "MAX_MEDUSA_DEPTH",
     "BuildSpec",
     "CalibSpec",
     "DeploySpec",
@@ -43,7 +41,6 @@ __all__ = [
     "SpeculativeSpec",
     "TargetSpec",
     "load_spec",
-    "medusa_preset_names",
     "medusa_tree_problems",
     "parse_spec",
     "starter_spec_text",
