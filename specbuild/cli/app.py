@@ -39,5 +39,5 @@ app.add_typer(export_app, name="export")
 app.command()(generate.generate)
 
 
-def main() -> None:  # pragma: no cover - console-script entry point
+def main() -> None:  # pragma: no cover - `python -m specbuild.cli` (__main__.py); the console script is `app`
     app()
