@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +233,37 @@ def test_vllm_medusa_converts_the_heads_and_speculates_the_tree_depth(tmp_path: 
     converted = load_file(str(tmp_path / "out" / "medusa" / "model.safetensors"))
     expected = vllm_medusa_parameters(4, 1, 8, 16, bias=True)
     assert {name: tuple(t.shape) for name, t in converted.items()} == expected
+
+
+def _run_serve_sh(script: Path, bin_dir: Path) -> subprocess.CompletedProcess[str]:
+    """serve.sh run with a stand-in `vllm` on PATH that prints the argv it was given as JSON."""
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "vllm"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n", encoding="utf-8")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env, check=False)
+
+
+def test_vllm_medusa_serve_sh_reads_the_heads_beside_it_after_a_move(tmp_path: Path) -> None:
+    """--speculative-config holds the heads' path; serve.sh fills it in from its own directory, so a moved (or
+    copied) export still serves its own heads, and a directory JSON cannot hold is one message."""
+    spec = _spec(tmp_path, "medusa")
+    result = export_spec(spec, "vllm", tmp_path / "out")
+    moved = tmp_path / "elsewhere" / "my export"
+    moved.parent.mkdir()
+    (tmp_path / "out").rename(moved)
+    run = _run_serve_sh(moved / "serve.sh", tmp_path / "bin")
+    assert run.returncode == 0, run.stderr
+    argv = json.loads(run.stdout)
+    assert argv[:-1] == result.plan.argv[1:-1]  # everything but the JSON as planned
+    config = json.loads(argv[-1])
+    assert config == {**json.loads(result.plan.argv[-1]), "model": str(moved / "medusa")}
+    _check(VLLM_SPECULATIVE_FIELDS, config, "--speculative-config")
+    quoted = tmp_path / 'say "hi"'
+    moved.rename(quoted)
+    run = _run_serve_sh(quoted / "serve.sh", tmp_path / "bin")
+    assert run.returncode == 1 and "quote or a backslash" in run.stderr and run.stdout == ""
 
 
 @pytest.mark.parametrize("bad", [{"hidden": 6}, {"vocab": 12}])

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from specbuild.spec import PipelineSpec
 
 ENGINES = ("vllm", "sglang")
+SCRIPT_DIR_LINE = 'here=$(cd "$(dirname "$0")" && pwd)'
+"""Sets `$here` in serve.sh to the directory the script is in, wherever the export was moved."""
 
 
 class ExportRefused(SpecbuildError):
@@ -51,6 +53,11 @@ class ExportPlan:
     """Spec settings the engine has no counterpart for (said, not silently dropped)."""
     medusa: VllmMedusaHeads | None = None
     """Medusa heads converted to vLLM's format, written under MEDUSA_DIR."""
+    script_lines: list[str] = field(default_factory=list)
+    """serve.sh's lines before its command (e.g. SCRIPT_DIR_LINE)."""
+    script_command: str | None = None
+    """serve.sh's command (shell text) where it differs from `command()`: a file of the export is read beside the
+    script (`$here`) rather than where it was written, so the directory can be moved."""
 
     def command(self) -> str:
         """The command as one shell line."""

@@ -9,12 +9,14 @@ checkpoint, which vLLM does not read, so a quantization is passed only where vLL
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 from specbuild.contracts.quant_formats import KV_FORMATS, NONE
 from specbuild.export.medusa_heads import CONFIG_SOURCE, MEDUSA_DIR, MODEL_SOURCE, VllmMedusaHeads, convert_heads
 from specbuild.export.plan import (
+    SCRIPT_DIR_LINE,
     ExportPlan,
     Option,
     command_line,
@@ -110,6 +112,24 @@ def _medusa(spec: PipelineSpec, directory: Path, heads: VllmMedusaHeads, notes: 
     return {"method": "medusa", "model": str(directory / MEDUSA_DIR), "num_speculative_tokens": depth}
 
 
+UNQUOTED_DIR_CHECK = (
+    r'case $here in *[\"\\]*)',
+    r'  echo "$here: a path with a quote or a backslash cannot be pasted into --speculative-config (JSON); move the '
+    r'export to a plainer path" >&2; exit 1;;',
+    "esac",
+)
+"""serve.sh's refusal of a directory it cannot paste into the JSON (one clear message instead of vLLM's parse error)."""
+
+
+def _script_command(argv: list[str], speculative: dict[str, Any]) -> str:
+    """serve.sh's command, with the Medusa heads read from MEDUSA_DIR beside the script: the JSON is quoted in two
+    parts around the model path, which the shell fills in from `$here` (SCRIPT_DIR_LINE; UNQUOTED_DIR_CHECK refuses
+    a directory whose name JSON would need to escape)."""
+    mark = json.dumps("\0")  # no path holds a NUL, so the split finds the model value alone
+    before, after = json.dumps({**speculative, "model": "\0"}, separators=(",", ":")).split(mark)
+    return f'{shlex.join(argv[:-1])} {shlex.quote(before)}"\\"$here/{MEDUSA_DIR}\\""{shlex.quote(after)}'
+
+
 def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
     """The command and config for `spec`, whose files will live in `directory`."""
     mode = spec.speculative.mode
@@ -142,6 +162,10 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         sources.append(VLLM_SPECULATIVE)
         sources += [source for key, source in (("quantization", VLLM_QUANTIZATION), ("kv_cache_dtype", VLLM_CACHE))
                     if key in speculative]
-    if heads is not None:
-        sources += [MODEL_SOURCE, CONFIG_SOURCE]
-    return ExportPlan(ENGINE, argv, files, sources, notes, heads)
+    plan = ExportPlan(ENGINE, argv, files, sources, notes, heads)
+    if heads is not None and speculative is not None:
+        plan.sources += [MODEL_SOURCE, CONFIG_SOURCE]
+        plan.script_lines = [f"# The Medusa heads are read from {MEDUSA_DIR}/ beside this script ({CONFIG_FILE} and "
+                             "manifest.json name where they were written).", SCRIPT_DIR_LINE, *UNQUOTED_DIR_CHECK]
+        plan.script_command = _script_command(argv, speculative)
+    return plan

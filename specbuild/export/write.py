@@ -31,7 +31,8 @@ def serve_script(plan: ExportPlan, spec_path: str) -> str:
     lines = ["#!/bin/sh", f"# Written by `specbuild export {plan.engine}` from {spec_path}.",
              "# Names from: " + "; ".join(str(source) for source in plan.sources)]
     lines += [f"# Note: {note}" for note in plan.notes]
-    lines.append(f'exec {plan.command()} "$@"')
+    lines += plan.script_lines
+    lines.append(f'exec {plan.script_command or plan.command()} "$@"')
     return "\n".join(lines) + "\n"
 
 
