@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from specbuild.contracts import lookahead as la
 from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMAT_NAMES
 from specbuild.dtypes import DTYPES
 from specbuild.medusa.choices import medusa_tree_problems
@@ -50,9 +51,10 @@ MAX_DRAFT_TOKENS = 64
 """Upper bound for `speculative.num_draft_tokens` (K); TensorRT-LLM examples use 4-10."""
 ROLES = ("target", "draft", "medusa")
 
-SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "eagle3"]
+SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "eagle3", "lookahead"]
 """`ngram` (prompt lookup, no draft model) and `eagle3` (an EAGLE-3 draft checkpoint in `draft.model`) run only on
-`build.flow: pytorch`; `specbuild validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason."""
+`build.flow: pytorch`; `specbuild validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason.
+`lookahead` (Lookahead decoding, no draft model; `speculative.lookahead`) runs only on the engine flow."""
 K_MODES = ("draft_target", "ngram", "eagle3")
 """Modes whose draft length is `speculative.num_draft_tokens` (K)."""
 DRAFT_MODES = ("draft_target", "eagle3")
@@ -206,6 +208,37 @@ class Eagle3Spec(_Section):
     choice (the EAGLE-3 low/mid/high layers)."""
 
 
+class LookaheadSpec(_Section):
+    """Lookahead decoding (`speculative.mode: lookahead`): the server's (W, N, G), TensorRT-LLM 1.2's
+    `LookaheadDecodingConfig` (executor; llm_args.py's max_window_size / max_ngram_size / max_verification_set_size)
+    and the tensorrt_llm model's lookahead_window_size / lookahead_ngram_size / lookahead_verification_set_size.
+    The engine's max_draft_len follows from them (`specbuild.contracts.lookahead.max_draft_len`); requests may ask
+    for any (w, n, g) up to these. Defaults: TensorRT-LLM's (4, 3, 4)."""
+
+    window_size: Annotated[int, Strict()] = la.DEFAULT_WINDOW_SIZE
+    """W: n-grams the lookahead branch grows per step (the Jacobi window)."""
+    ngram_size: Annotated[int, Strict()] = la.DEFAULT_NGRAM_SIZE
+    """N: tokens per n-gram, the most draft tokens one step can accept plus one."""
+    verification_set_size: Annotated[int, Strict()] = la.DEFAULT_VERIFICATION_SET_SIZE
+    """G: candidate n-grams from the pool verified per step."""
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> LookaheadSpec:
+        problems = la.server_problems(self.window_size, self.ngram_size, self.verification_set_size)
+        if problems:
+            raise_issues([((name,), message, None) for name, message in problems])
+        return self
+
+    @property
+    def config(self) -> la.LookaheadConfig:
+        return la.LookaheadConfig(self.window_size, self.ngram_size, self.verification_set_size)
+
+    @property
+    def max_draft_len(self) -> int:
+        """The engine's draft-token capacity for (W, N, G), as TensorRT-LLM computes it."""
+        return la.max_draft_len(*self.config)
+
+
 class SpeculativeSpec(_Section):
     """Which speculative-decoding algorithm the service runs."""
 
@@ -217,6 +250,8 @@ class SpeculativeSpec(_Section):
     """Settings of `mode: ngram`; default NGramDecodingConfig's defaults."""
     eagle3: Eagle3Spec | None = None
     """Settings of `mode: eagle3`; default EagleDecodingConfig's defaults."""
+    lookahead: LookaheadSpec | None = None
+    """Settings of `mode: lookahead`; default LookaheadDecodingConfig's (4, 3, 4)."""
     max_draft_len: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     """Draft tokens the engine can verify per step (trtllm-build --max_draft_len). Default: K (draft_target)
     or the tree's node count (medusa). More than that lets the service raise K later without a rebuild, at
@@ -255,13 +290,19 @@ class SpeculativeSpec(_Section):
         elif self.draft_len_schedule is not None and self.mode in K_MODES:
             issues += [(("draft_len_schedule",), problem, None)
                        for problem in schedule_problems(self.draft_len_schedule, self.num_draft_tokens)]
-        for section in ("ngram", "eagle3"):
+        if self.mode == "lookahead":
+            issues += _lookahead_issues(self)
+        for section in ("ngram", "eagle3", "lookahead"):
             if section in given and getattr(self, section) is not None and self.mode != section:
                 issues.append(((section,), f"given, but mode is {self.mode!r}, which does not use it (remove it, "
                                f"or set mode: {section})", None))
         if issues:
             raise_issues(issues)
         return self
+
+    def lookahead_config(self) -> LookaheadSpec:
+        """`speculative.lookahead`, or TensorRT-LLM's defaults when the section is left out."""
+        return self.lookahead if self.lookahead is not None else LookaheadSpec()
 
 
 class BuildSpec(_Section):
@@ -425,7 +466,25 @@ class PipelineSpec(_Section):
             return self.speculative.num_draft_tokens
         if self.speculative.mode == "medusa" and self.medusa is not None:
             return len(self.medusa.resolved_choices())
+        if self.speculative.mode == "lookahead":
+            return self.speculative.lookahead_config().max_draft_len
         return 0
+
+
+def _lookahead_issues(speculative: SpeculativeSpec) -> list[Issue]:
+    """Lookahead fixes its own draft length from (W, N, G), and nothing in it reads a schedule or a concurrency
+    limit; writing one would be silently ignored."""
+    issues: list[Issue] = []
+    need = speculative.lookahead_config().max_draft_len
+    if speculative.max_draft_len is not None and speculative.max_draft_len != need:
+        issues.append((("max_draft_len",), f"{speculative.max_draft_len}, but lookahead (W, N, G) needs exactly "
+                       f"{need}: TensorRT-LLM's executor requires the engine's max_draft_len to equal the one (W, N, "
+                       "G) gives (examples/lookahead/README.md); leave it out", None))
+    for name in ("draft_len_schedule", "max_concurrency"):
+        if getattr(speculative, name) is not None:
+            issues.append(((name,), "not used in lookahead mode (requests choose a smaller (w, n, g) instead); "
+                           "remove it", None))
+    return issues
 
 
 def _mode_issues(mode: str, present: dict[str, bool], k_given: bool) -> Iterator[Issue]:
