@@ -35,6 +35,7 @@ from specbuild.convert.quantize.settings import QuantizeSettings
 from specbuild.convert.quantize.write import write_quantized
 from specbuild.convert.request import ConversionPlan, ConvertRequest
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
+from specbuild.convert.self_draft import SelfDraftArchitecture
 from specbuild.convert.sharding import RowBlocks, ranks
 from specbuild.dtypes import DTYPES, dtype_name, torch_dtype
 from specbuild.errors import CheckpointError, SpecbuildError
@@ -67,6 +68,8 @@ class ConvertResult:
     def summary(self) -> str:
         r = self.request
         what = f"{r.name}: {self.architecture} {self.dtype} tp={r.tp_size} pp={r.pp_size}"
+        if r.self_draft_layers is not None:
+            what += f", self-draft: the first {r.self_draft_layers} layers of {r.source}"
         if r.quantization is not None and r.quantization.enabled:
             what += f" quantized {r.quantization.format}, kv cache {r.quantization.kv_cache}"
         if self.status == "up to date":
@@ -98,6 +101,8 @@ def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint, *, read_v
     arch = architecture_for(checkpoint.config, checkpoint.directory / "config.json")
     if request.medusa_heads is not None:
         arch = with_medusa_heads(arch, checkpoint, request)
+    if request.self_draft_layers is not None:
+        arch = SelfDraftArchitecture(arch, request.self_draft_layers)
     arch.bind_sources(set(checkpoint.infos))
     problems = arch.parallelism_problems(request.tp_size, request.pp_size)
     if problems:
@@ -131,6 +136,13 @@ def with_medusa_heads(arch: Architecture, checkpoint: HFCheckpoint, request: Con
 
 
 def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
+    settings = _base_settings(request, plan)
+    if request.self_draft_layers is not None:  # only then, so other conversions' manifests stay as they were
+        settings["self_draft_layers"] = request.self_draft_layers
+    return settings
+
+
+def _base_settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
     return {
         "architecture": plan.config["architecture"],
         "dtype": plan.dtype,
@@ -352,7 +364,7 @@ def spec_requests(spec: PipelineSpec, *, allow_pickle: bool = False
     """The spec's requests and the problems of the draft/target pair as (message, hint), to be reported with every
     model's problems."""
     pair: list[tuple[str, str | None]] = []
-    if spec.draft is not None:
+    if spec.draft is not None and spec.draft.model is not None:  # a self-draft shares the target's by construction
         try:
             check_draft_target(spec.target.model, spec.draft.model, allow_pickle=allow_pickle)
         except SpecbuildError as err:
@@ -363,7 +375,7 @@ def spec_requests(spec: PipelineSpec, *, allow_pickle: bool = False
 def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
     """The target and (when the spec has them) the draft and the Medusa checkpoint, with the spec's dtype and
     parallelism. A draft is first checked against the target: a bad pair would only fail at serving time."""
-    if spec.draft is not None:
+    if spec.draft is not None and spec.draft.model is not None:  # a self-draft shares the target's by construction
         check_draft_target(spec.target.model, spec.draft.model, allow_pickle=allow_pickle)
     return _requests(spec, allow_pickle=allow_pickle)
 
@@ -376,10 +388,15 @@ def _requests(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[Convert
                                **common)]
     if spec.draft is not None:
         quantization = QuantizeSettings.from_spec(spec.draft.quantization)
+        # A self-draft is read from the target's HF directory, keeping its first draft.layers layers.
+        self_draft = spec.draft.is_self_draft
+        source = spec.target.model if self_draft else spec.draft.model
+        assert source is not None  # the schema requires draft.model unless draft.source is target_layers
         requests.append(
             ConvertRequest(
-                "draft", spec.draft.model, spec.checkpoint_dir("draft"),
-                quantization=quantization if quantization.enabled else None, **common,
+                "draft", source, spec.checkpoint_dir("draft"),
+                quantization=quantization if quantization.enabled else None,
+                self_draft_layers=spec.draft.layers if self_draft else None, **common,
             )
         )
     if spec.medusa is not None:

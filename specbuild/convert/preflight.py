@@ -33,8 +33,17 @@ Finding = tuple[str, Loc, str]
 """(severity "error" or "warning", spec field, message)."""
 
 
-def _model_field(role: str) -> Loc:
-    return ("target", "model") if role in ("target", "medusa") else ("draft", "model")
+def _model_field(request: ConvertRequest) -> Loc:
+    """The spec field a model's problems are reported at: a self-draft's own problem (its layer count) is
+    draft.layers, its checkpoint being the target's."""
+    if request.self_draft_layers is not None:
+        return ("draft", "layers")
+    return ("target", "model") if request.name in ("target", "medusa") else ("draft", "model")
+
+
+def _source_field(request: ConvertRequest) -> Loc:
+    """The spec field that names the HF directory a model is read from (a self-draft's is target.model)."""
+    return ("target", "model") if request.self_draft_layers is not None else _model_field(request)
 
 
 def _planned_bytes(plan: ConversionPlan, quant_format: Format | None) -> int:
@@ -68,7 +77,7 @@ def _check_quantization(request: ConvertRequest, plan: ConversionPlan, findings:
         findings.append(("error", ("draft", "quantization", "calib", "source"), err.message))
     problem = tokenizer_files_problem(request.source)
     if problem is not None:
-        findings.append(("error", ("draft", "model"), problem.message))
+        findings.append(("error", _source_field(request), problem.message))
     fields: dict[str, Any] = {"quant_algo": fmt.quant_algo if fmt else None, "kv_cache_quant_algo": kv}
     if group is not None:
         fields["group_size"] = group
@@ -83,13 +92,13 @@ def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dic
     findings += [("error", ("draft", "model"), message) for message, _ in pair]
     failed_sources: set[Path] = set()
     for request in requests:
-        field = _model_field(request.name)
+        field = _model_field(request)
         if request.source in failed_sources:
-            continue  # the Medusa checkpoint's base is the target, already reported
+            continue  # the Medusa checkpoint's or the self-draft's source is the target, already reported
         try:
             checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
         except SpecbuildError as err:
-            findings.append(("error", field, err.message))
+            findings.append(("error", _source_field(request), err.message))
             failed_sources.add(request.source)
             continue
         try:

@@ -31,6 +31,8 @@ class ConvertRequest:
     # default tree has 63; trtllm-build takes it when --max_draft_len is 0)
     quantization: QuantizeSettings | None = None  # ModelOpt quantization (the draft); None or "none": unquantized
     needs_tokenizer: bool = False  # a spec's target: deploy copies its tokenizer into the repository
+    self_draft_layers: int | None = None  # keep only the source's first N decoder layers (+ final norm, LM head):
+    # a self-draft (draft.source: target_layers), whose source is the target's HF directory
 
 
 @dataclass

@@ -126,10 +126,58 @@ class QuantizationSpec(_Section):
         return self.format != "none" or self.kv_cache != "none"
 
 
-class DraftSpec(ModelSource):
-    """The small model that proposes tokens in `draft_target` mode; it must share the target's tokenizer."""
+DraftSource = Literal["model", "target_layers"]
+"""Where the draft comes from: `model`, a smaller HF checkpoint (`draft.model`); `target_layers`, the target's own
+first `draft.layers` decoder layers with its final norm and LM head (a self-draft: nothing to train or ship)."""
 
+
+class DraftSpec(ModelSource):
+    """The model that proposes tokens in `draft_target` mode: a smaller checkpoint sharing the target's tokenizer
+    (`model`), or the target's first L layers (`source: target_layers` with `layers: L`).
+
+    A self-draft is written by `convert` as an ordinary draft checkpoint (a copy of those layers, no new weights),
+    so build, deploy and the BLS take it as any draft. On the TensorRT path it is a second engine that holds its
+    own copy of the L layers' weights and its own KV cache, because TensorRT-LLM's draft-target mode runs two
+    separate engines (NVIDIA/TensorRT-LLM examples/draft_target_model/README.md @567239fc: two checkpoints, two
+    trtllm-build runs, two tensorrt_llm models each with its own engine_dir and KV-cache fraction); count both in
+    GPU memory. Only a runtime that runs draft and target in one process could share them (specbuild's reference
+    runtime could; it does not yet, and loads the self-draft as any draft)."""
+
+    source: DraftSource = "model"
+    model: SpecPath | None = None  # type: ignore[assignment]  # required unless source is target_layers
+    layers: Count | None = None
+    """`source: target_layers`: how many of the target's decoder layers the draft keeps, 1 <= L < the target's
+    num_hidden_layers (`specbuild validate` checks it against the target's config.json). Fewer layers draft
+    faster; more agree with the target more often."""
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+
+    @model_validator(mode="after")
+    def _check_source(self) -> DraftSpec:
+        issues: list[Issue] = []
+        given = self.model_fields_set
+        if self.source == "model":
+            if self.model is None:
+                issues.append((("model",), "required (or set source: target_layers with layers: L for a draft "
+                               "made of the target's first L layers)", None))
+            if "layers" in given:
+                issues.append((("layers",), "only used with source: target_layers (remove it, or set source: "
+                               "target_layers and remove model)", None))
+        else:
+            if self.layers is None:
+                issues.append((("layers",), "required when source is 'target_layers': how many of the target's "
+                               "first layers the draft keeps", ("source",)))
+            for name in ("model", "trust_remote_code"):
+                if name in given:
+                    issues.append(((name,), f"given, but source is 'target_layers', which reads the target's "
+                                   f"checkpoint (target.{name}); remove it", None))
+        if issues:
+            raise_issues(issues)
+        return self
+
+    @property
+    def is_self_draft(self) -> bool:
+        """True when the draft is the target's first `layers` layers (`source: target_layers`)."""
+        return self.source == "target_layers"
 
 
 class MedusaSpec(_Section):
@@ -513,6 +561,14 @@ def _spec_mode_issues(spec: PipelineSpec) -> list[Issue]:
     present = {"draft": spec.draft is not None, "medusa": spec.medusa is not None}
     k_given = "num_draft_tokens" in spec.speculative.model_fields_set
     issues = list(_mode_issues(spec.speculative.mode, present, k_given))
+    if spec.draft is not None and spec.draft.is_self_draft:
+        if spec.speculative.mode != "draft_target":
+            issues.append((("draft", "source"), f"target_layers makes a draft-target draft; speculative.mode "
+                           f"{spec.speculative.mode!r} needs its own draft checkpoint in draft.model", None))
+        elif spec.build.flow == "pytorch":
+            issues.append((("draft", "source"), "target_layers needs build.flow: engine: `convert` writes the "
+                           "self-draft as a TensorRT-LLM checkpoint, and the PyTorch flow's LLM API loads the draft "
+                           "from a Hugging Face checkpoint (draft.model)", None))
     schedule = spec.speculative.draft_len_schedule
     if schedule is not None and spec.speculative.mode == "medusa" and spec.medusa is not None:
         choices = spec.medusa.resolved_choices()
