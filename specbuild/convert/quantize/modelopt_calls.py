@@ -66,18 +66,25 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def load_model(source: Path, device: torch.device, dtype: str) -> PreTrainedModel:
+def load_model(source: Path, device: torch.device, dtype: str, layers: int | None = None) -> PreTrainedModel:
     """The HF model to calibrate: float32 on CPU (half-precision matmuls are slow and inexact there), the export
-    dtype on CUDA."""
+    dtype on CUDA. `layers` keeps only the first decoder layers (a self-draft): transformers' from_pretrained
+    applies a config keyword such as num_hidden_layers before building the model and leaves the later layers'
+    weights unloaded."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     load_dtype = torch.float32 if device.type == "cpu" else torch_dtype(dtype)
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a second progress bar for a small draft's load is noise
+    verbosity = hf_logging.get_verbosity()
+    if layers is not None:  # the later layers' weights are left out on purpose: no "UNEXPECTED" load report
+        hf_logging.set_verbosity_error()
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype)
+        truncate = {"num_hidden_layers": layers} if layers is not None else {}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype, **truncate)
     finally:
+        hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()
     return model.to(device).eval()

@@ -29,7 +29,8 @@ def write_quantized(request: ConvertRequest, plan: ConversionPlan, qplan: QuantP
     """Calibrate and export into `out` (the atomic temporary directory); returns the written config."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        model = quantize_model(load_model(request.source, default_device(), qplan.dtype), qplan, progress)
+        model = load_model(request.source, default_device(), qplan.dtype, layers=request.self_draft_layers)
+        model = quantize_model(model, qplan, progress)
     match_export(model)
     export_dir = out / _EXPORT_DIR
     try:
