@@ -89,6 +89,14 @@ def draft_quantization(spec: PipelineSpec, engine: str, source: Source) -> str |
     """The engine's quantization for the draft (None: as it is), or the refusal of a format quantized ahead;
     `source` is where the engine's fp8-while-loading is defined."""
     assert spec.draft is not None
+    if spec.draft.is_self_draft:  # the first check of every drafted export, so both engines refuse it here
+        raise refuse(
+            spec, engine, f"draft.source target_layers (layers {spec.draft.layers})",
+            f"{engine} loads the draft from a Hugging Face checkpoint, and specbuild writes the self-draft only as a "
+            "TensorRT-LLM checkpoint",
+            hint="use build.flow: engine (specbuild build/deploy) for a self-draft, or point draft.model at a "
+                 "Hugging Face draft for this export",
+        )
     fmt = spec.draft.quantization.format
     if fmt not in LOAD_TIME_QUANTIZATION:
         raise refuse(
