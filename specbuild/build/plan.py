@@ -67,7 +67,10 @@ class BuildPlan(EngineLimits):
         limits, the build options, the tree (which is served, not a build flag) last."""
         data = {**asdict(self), "checkpoint_dir": str(self.checkpoint_dir), "output_dir": str(self.output_dir)}
         limits = [f.name for f in fields(EngineLimits) if f.name not in ("role", "medusa_choices")]
+        limits.remove("lookahead_config")
         order = ["role", "checkpoint_dir", "output_dir", *limits, "fp8_context_fmha", "workers", "medusa_choices"]
+        if self.lookahead_config is not None:  # only lookahead plans have it, so other plans' records are unchanged
+            order.append("lookahead_config")
         return {name: data[name] for name in order}
 
     def engine_info(self, facts: CheckpointFacts, backend: str) -> EngineInfo:
@@ -87,6 +90,7 @@ class BuildPlan(EngineLimits):
             speculative_decoding_mode=self.speculative_decoding_mode,  # type: ignore[arg-type]
             max_draft_len=self.max_draft_len,
             medusa_choices=self.medusa_choices,
+            lookahead_config=self.lookahead_config,
             gather_generation_logits=self.gather_generation_logits,
             gather_context_logits=self.gather_context_logits,
             quant_algo=facts.quant_algo,

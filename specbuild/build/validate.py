@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from specbuild.build.gpu import Gpu, parse_gpu
 from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, BuildPlan
+from specbuild.contracts import lookahead as la
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, facts_from_config
 from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK
 from specbuild.contracts.quant_formats import format_of, kv_cache_quant_algo, kv_format_of, quant_algo
@@ -197,6 +198,8 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
                          ("speculative", "num_draft_tokens"))
     if plan.role == "medusa":
         yield from tree_problems(plan, fact)
+    if plan.lookahead_config is not None:
+        yield from lookahead_plan_problems(plan)
     if plan.max_draft_len:
         # build() raises max_num_tokens to this under any speculative mode (builder.py @73c0d691), so a smaller
         # build.max_num_tokens is not what the engine gets.
@@ -235,6 +238,31 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
             f"{name}: Medusa engines are supported in FP16/BF16 and with an FP8 base; {fact.quant_algo} is untested "
             "by TensorRT-LLM (weight-only quantization crashed Medusa builds, TensorRT-LLM#1845)"
         )
+
+
+def lookahead_plan_problems(plan: BuildPlan) -> Iterator[BuildProblem]:
+    """The executor's (W, N, G), which deploy writes from the same spec, must give exactly the engine's
+    max_draft_len: the lookahead layer checks its tokens per step equal the engine's (NVIDIA/TensorRT-LLM
+    cpp/tensorrt_llm/layers/lookaheadDecodingLayer.cpp @7ed07f06, "%d != %d"; examples/lookahead/README.md)."""
+    assert plan.lookahead_config is not None
+    need = la.max_draft_len(*plan.lookahead_config)
+    if need != plan.max_draft_len:
+        yield _error(f"{plan.role} engine: max_draft_len {plan.max_draft_len}, but speculative.lookahead (W, N, G) = "
+                     f"{tuple(plan.lookahead_config)} makes the executor expect {need}; leave "
+                     "speculative.max_draft_len out", ("speculative", "max_draft_len"))
+
+
+REFERENCE_LOOKAHEAD = ("speculative.mode lookahead: specbuild's reference runtime has no lookahead decoding yet, so "
+                       "the reference backend cannot build it; build with build.backend: tensorrt (TensorRT-LLM "
+                       "1.2's lookahead_decoding engine), or `specbuild build --dry-run --backend tensorrt` for "
+                       "build.sh")
+
+
+def backend_problems(spec: PipelineSpec, backend: str) -> list[BuildProblem]:
+    """What the chosen backend cannot build for this spec."""
+    if backend == "reference" and spec.speculative.mode == "lookahead":
+        return [_error(REFERENCE_LOOKAHEAD, ("speculative", "mode"))]
+    return []
 
 
 def trtllm_max_num_tokens(plan: BuildPlan) -> int:

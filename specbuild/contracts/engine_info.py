@@ -26,14 +26,16 @@ REFERENCE_CHECKPOINT = "checkpoint"
 
 EngineBackend = Literal["tensorrt", "reference"]
 EngineRole = Literal["target", "draft", "medusa"]
-SpeculativeDecodingMode = Literal["none", "draft_tokens_external", "medusa"]
+SpeculativeDecodingMode = Literal["none", "draft_tokens_external", "medusa", "lookahead_decoding"]
 
 ENGINE_ROLES: dict[str, tuple[str, ...]] = {
     "none": ("target",),
     "draft_target": ("target", "draft"),
     "medusa": ("medusa",),
+    "lookahead": ("target",),
 }
-"""Which engines a spec's `speculative.mode` needs; Medusa is one engine (base model + heads)."""
+"""Which engines a spec's `speculative.mode` needs; Medusa is one engine (base model + heads); Lookahead is the
+target engine alone, built with room for the drafts it makes itself."""
 
 
 def engine_roles(spec: PipelineSpec) -> tuple[str, ...]:
@@ -66,6 +68,9 @@ class EngineInfo:
     speculative_decoding_mode: SpeculativeDecodingMode = "none"
     max_draft_len: int = 0
     medusa_choices: list[list[int]] | None = field(default=None, hash=False)
+    lookahead_config: list[int] | None = field(default=None, hash=False)
+    """[W, N, G] of a lookahead_decoding engine: the executor configuration its max_draft_len was computed from
+    (`specbuild.contracts.lookahead`), which deploy writes as the tensorrt_llm model's lookahead parameters."""
     gather_generation_logits: bool = False
     gather_context_logits: bool = False
     quant_algo: str | None = None

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specbuild.contracts import lookahead as la
 from specbuild.contracts.checkpoint_facts import CheckpointFacts
 from specbuild.contracts.engine_info import EngineInfo
 from specbuild.contracts.quant_formats import kv_cache_quant_algo, quant_algo
 from specbuild.dtypes import quantized_export_dtype
 from specbuild.spec import PipelineSpec
 
-SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa"}
+SPECULATIVE_MODE = {"draft_target": "draft_tokens_external", "medusa": "medusa", "lookahead": la.BUILD_MODE}
+"""spec speculative.mode -> trtllm-build --speculative_decoding_mode (lookahead: examples/lookahead/README.md)."""
 TOKENS_PER_BLOCK = 32
 """The KV-cache block size every engine is built with (`build.trtllm_flags.EXPLICIT` passes it as
 `--tokens_per_block`): the floor TensorRT-LLM 1.2 raises max_num_tokens to."""
@@ -49,6 +51,8 @@ class EngineLimits:
     gather_generation_logits: bool = False
     gather_context_logits: bool = False
     medusa_choices: list[list[int]] | None = field(default=None, hash=False)
+    lookahead_config: list[int] | None = field(default=None, hash=False)
+    """[W, N, G] for a lookahead_decoding engine (its max_draft_len is theirs)."""
 
     @property
     def engine_max_seq_len(self) -> int:
@@ -79,6 +83,7 @@ def engine_limits(spec: PipelineSpec, role: str) -> EngineLimits:
         input_len = seq_len - 1
     max_num_tokens = build.max_num_tokens or default_max_num_tokens(build.max_batch_size, input_len, draft_len)
     medusa_choices = spec.medusa.resolved_choices() if role == "medusa" and spec.medusa is not None else None
+    lookahead = list(speculative.lookahead_config().config) if speculative.mode == "lookahead" else None
     return EngineLimits(
         role=role,
         max_batch_size=build.max_batch_size,
@@ -90,6 +95,7 @@ def engine_limits(spec: PipelineSpec, role: str) -> EngineLimits:
         gather_generation_logits=speculative.mode == "draft_target" and speculative.use_draft_logits,
         gather_context_logits=build.gather_context_logits,
         medusa_choices=medusa_choices,
+        lookahead_config=lookahead,
     )
 
 
@@ -122,6 +128,7 @@ def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
         ("max_draft_len (speculative.max_draft_len / num_draft_tokens / the Medusa tree)", info.max_draft_len,
          limits.max_draft_len),
         ("medusa.choices", info.medusa_choices, limits.medusa_choices),
+        ("speculative.lookahead [W, N, G]", info.lookahead_config, limits.lookahead_config),
         ("gather_generation_logits (speculative.use_draft_logits)", info.gather_generation_logits,
          limits.gather_generation_logits),
         ("build.gather_context_logits", info.gather_context_logits, limits.gather_context_logits),

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specbuild.contracts import lookahead as la
 from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles, read_engine_info
 from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, ensemble_scheduling
 from specbuild.deploy.pbtxt import format_choices
@@ -144,14 +145,17 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
          pad_id: int) -> ModelPlan:
     reference = info.backend == "reference"
     medusa = info.speculative_decoding_mode == "medusa"
+    lookahead = info.speculative_decoding_mode == la.BUILD_MODE
     values = {"model_name": name, "triton_backend": "python" if reference else "tensorrtllm",
               "triton_max_batch_size": spec.deploy.triton_max_batch_size, "decoupled_mode": decoupled,
               "max_queue_delay_microseconds": 0}
     params: dict[str, object] = {
         "gpt_model_path": directory.resolve(),
         "exclude_input_in_output": spec.deploy.exclude_input_in_output,
-        "decoding_mode": "medusa" if medusa else "top_k_top_p",
+        "decoding_mode": "medusa" if medusa else la.DECODING_MODE if lookahead else "top_k_top_p",
     }
+    if lookahead:
+        params.update(_lookahead_parameters(spec, info, directory))
     if info.max_attention_window_size is not None:
         # Mistral's sliding window: TensorRT-LLM applies it only when the runtime is told (trtllm-build has no such
         # flag; NVIDIA/TensorRT-LLM examples/models/core/llama/README.md @076efc2b), one value for every layer.
@@ -169,6 +173,20 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
         params["kv_cache_free_gpu_mem_fraction"] = 0.45  # target and draft share the GPU's free memory
     return ModelPlan(name, TARGET, values, params, python=reference, engine=directory.resolve(),
                      reference=reference)
+
+
+def _lookahead_parameters(spec: PipelineSpec, info: EngineInfo, directory: Path) -> dict[str, object]:
+    """The executor's (W, N, G) from the spec, as the tensorrt_llm model's lookahead parameters. The C++ backend
+    will not load decoding_mode lookahead without all three, and the executor needs them to give exactly the
+    engine's max_draft_len (NVIDIA/TensorRT-LLM examples/lookahead/README.md @7ed07f06)."""
+    config = spec.speculative.lookahead_config().config
+    need = la.max_draft_len(*config)
+    if info.lookahead_config != list(config) or info.max_draft_len != need:
+        raise SpecbuildError(
+            f"{directory}: the engine was built for lookahead {info.lookahead_config} with max_draft_len "
+            f"{info.max_draft_len}, but speculative.lookahead (W, N, G) = {tuple(config)} needs max_draft_len {need}",
+            hint="rebuild with `specbuild build SPEC`, or set speculative.lookahead back to the engine's")
+    return dict(zip(la.PARAMETERS, config, strict=True))
 
 
 def _schedule(spec: PipelineSpec) -> dict[str, object]:

@@ -114,6 +114,11 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
                      "SGLang has no Medusa: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM and NEXTN "
                      f"({SGLANG_SPECULATIVE_DOCS})",
                      hint="`specbuild export vllm` serves the Medusa heads; or use speculative.mode draft_target")
+    elif mode == "lookahead":
+        raise refuse(spec, DISPLAY, "speculative.mode lookahead",
+                     "SGLang has no Lookahead decoding: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM "
+                     f"and NEXTN ({SGLANG_SPECULATIVE_DOCS})",
+                     hint="serve it with TensorRT-LLM (`specbuild deploy`), or export speculative.mode ngram")
     elif mode != "none":
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to SGLang yet")
     if mode != "none":

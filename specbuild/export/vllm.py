@@ -148,6 +148,12 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         assert spec.medusa is not None
         heads = convert_heads(spec.medusa.heads, spec.target.model, allow_pickle=allow_pickle)
         speculative = _medusa(spec, directory, heads, notes)
+    elif mode == "lookahead":
+        raise refuse(spec, DISPLAY, "speculative.mode lookahead",
+                     "vLLM has no Lookahead decoding: SpeculativeConfig.method takes ngram, medusa, mlp_speculator, "
+                     f"draft_model, suffix, the EAGLE/MTP family ({VLLM_SPECULATIVE})",
+                     hint="serve it with TensorRT-LLM (`specbuild deploy`), or export speculative.mode ngram, the "
+                          "nearest draft-free method vLLM has")
     else:
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to vLLM yet")
     if speculative is not None:

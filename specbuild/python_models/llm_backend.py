@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from specbuild.contracts import lookahead as la
 from specbuild.contracts.triton_backend import PERF_METRICS, TENSORRT_LLM
 from specbuild.python_models.detokenize import preceding_tokens
 
@@ -151,6 +152,7 @@ class BackendConfig:
     decoding_mode: str = "top_k_top_p"
     max_beam_width: int = 1
     lookahead: bool = False  # decoding_mode lookahead with its three parameters
+    lookahead_config: la.LookaheadConfig | None = None  # the instance's (W, N, G) when `lookahead`
     guided_decoding: bool = False  # a guided decoding backend is configured
     max_input_len: int = 1 << 30
     max_seq_len: int = 1 << 30
@@ -182,6 +184,7 @@ class BackendConfig:
                             "top_k_top_p if max_beam_width == 1, beam_search otherwise")
             mode = "top_k_top_p" if beam == 1 else "beam_search"
         lookahead = False
+        lookahead_config = None
         if mode == "lookahead":
             sizes = [parse_int(get(k), -1) for k in ("lookahead_window_size", "lookahead_ngram_size",
                                                      "lookahead_verification_set_size")]
@@ -189,7 +192,11 @@ class BackendConfig:
                 raise ModelLoadError(
                     "Decoding mode is set to lookahead but lookahead parameters are not specified. Please set "
                     "parameters lookahead_window_size, lookahead_ngram_size, and lookahead_verification_set_size.")
+            legal = la.legal_problems(*sizes)
+            if legal:  # the executor's LookaheadDecodingConfig is constructed from them (decodingConfig.cpp)
+                raise ModelLoadError(la.ASSERT + legal[0])
             lookahead = True
+            lookahead_config = la.LookaheadConfig(*sizes)
         backend = (get("guided_decoding_backend") or "").strip()
         info_path = (get("xgrammar_tokenizer_info_path") or "").strip()
         guided = bool(backend) and not backend.startswith("${") and bool(info_path) and not info_path.startswith("${")
@@ -209,6 +216,7 @@ class BackendConfig:
             decoding_mode=mode,
             max_beam_width=beam,
             lookahead=lookahead,
+            lookahead_config=lookahead_config,
             guided_decoding=guided,
             max_input_len=engine.max_input_len,
             max_seq_len=engine.max_seq_len,
@@ -270,6 +278,7 @@ class RowRequest:
     prompt_table: bool = False
     prompt_extra_ids: bool = False  # prompt_table_extra_ids given with the input's length (UC only uses those)
     guided: bool = False  # a guide type the backend maps to guided decoding
+    lookahead: la.LookaheadConfig | None = None  # the request's own (w, n, g) (lookahead_* inputs)
 
     @property
     def num_sequences(self) -> int:
@@ -468,11 +477,19 @@ def _row(b: int, row: Mapping[str, np.ndarray], streaming: bool, config: Backend
     drafts = _vector(row, "draft_input_ids")
     draft_logits = row.get("draft_logits")
     _singleton(row, "draft_acceptance_threshold")
+    lookahead = None
     if "lookahead_window_size" in row:
-        for name in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
+        sizes = []
+        for name in la.PARAMETERS:
             if name not in row:
                 raise EnqueueError(f"Failed to extract {name}")
-            _singleton(row, name)
+            sizes.append(int(_singleton(row, name) or 0))
+        # UC getLookaheadDecodingFromTensors constructs the request's LookaheadDecodingConfig (its checks) before
+        # it looks for the instance's (utils.cc @c8c6df08)
+        legal = la.legal_problems(*sizes)
+        if legal:
+            raise EnqueueError(la.ASSERT + legal[0])
+        lookahead = la.LookaheadConfig(*sizes)
         if not config.lookahead:
             raise EnqueueError(f"{ASSERT}Cannot set the request lookahead decoding configuration when model "
                                "instance lookahead parameters are not set.")
@@ -507,6 +524,7 @@ def _row(b: int, row: Mapping[str, np.ndarray], streaming: bool, config: Backend
         prompt_table="prompt_embedding_table" in row,
         prompt_extra_ids=extra_ids is not None and len(extra_ids) == prompt_length,
         guided=guided,
+        lookahead=lookahead,
         **flags,
     )
 
@@ -580,6 +598,12 @@ def admit(row: RowRequest, config: BackendConfig) -> tuple[RowRequest, list[str]
     if row.return_generation_logits and not config.gather_generation_logits:
         raise AdmissionError(f"{ASSERT}To return generation logits, gather_generation_logits must be enabled in "
                              "ExecutorConfig")
+    if row.lookahead is not None and config.lookahead_config is not None:
+        # the lookahead layer's and algorithm's setup (lookaheadDecodingLayer.cpp @7ed07f06, lookaheadAlgorithm.cpp
+        # @2a9abd95): the request's (w, n, g) must fit the instance's (W, N, G)
+        problem = la.request_problem(row.lookahead, config.lookahead_config)
+        if problem is not None:
+            raise AdmissionError(problem)
     if row.guided:
         if not config.guided_decoding:
             raise AdmissionError(f"{ASSERT}Request is specified with GuidedDecodingParams, but GuidedDecoder is not "

@@ -207,6 +207,8 @@ UNMEASURED_MODE_REASON = {
     "eagle3": "tune measures with specbuild's reference runtime, which has no EAGLE-3 drafter; set "
               "speculative.num_draft_tokens by hand (the llmapi model reports acceptance_rate per request to "
               "compare settings by)",
+    "lookahead": "tune measures with specbuild's reference runtime, which has no lookahead decoding yet; set "
+                 "speculative.lookahead (W, N, G) by hand (TensorRT-LLM's examples start from (7, 7, 7))",
 }
 """Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
 
