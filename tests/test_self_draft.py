@@ -281,3 +281,18 @@ def test_export_refuses_a_self_draft(tmp_path: Path, engine: str) -> None:
     assert result.exit_code == 1
     assert "draft.source target_layers (layers 2)" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_changing_the_layer_count_reconverts(tiny: dict[str, tuple[PreTrainedModel, Path]], tmp_path: Path) -> None:
+    """The layer count is a setting in manifest.json: the same L is up to date, another L is written anew."""
+    _, source = tiny["llama"]
+    out = tmp_path / "draft"
+
+    def run(layers: int) -> str:
+        request = ConvertRequest("draft", source, out, "float32", self_draft_layers=layers)
+        return convert_checkpoint(request, console=QUIET).status
+
+    assert run(2) == "written"
+    assert run(2) == "up to date"
+    assert run(3) == "written"
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
