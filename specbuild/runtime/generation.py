@@ -14,6 +14,7 @@ from specbuild.runtime.sequence import (
 )
 
 if TYPE_CHECKING:
+    from specbuild.runtime.lookahead import LookaheadConfig
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.serving import Typical
 
@@ -36,6 +37,7 @@ def run_to_completion(
     *,
     medusa_choices: Sequence[Sequence[int]] | None = None,
     typical: Typical | None = None,
+    lookahead: LookaheadConfig | None = None,
 ) -> GenerationResult:
     """Every prompt as one request of a serving engine sized for the whole batch, stepped until all finish:
     the batch methods and the server run the same steps and the same stop rules."""
@@ -44,7 +46,11 @@ def run_to_completion(
     check_prompts(prompts, model.config.vocab_size)
     start = time.perf_counter()
     extra = len(medusa_choices) + 1 if medusa_choices else 0
-    engine = ServingEngine(model, max_batch=len(prompts), medusa_choices=medusa_choices,
+    if lookahead is not None:
+        from specbuild.runtime.lookahead import max_block_tokens
+
+        extra = max_block_tokens(lookahead)
+    engine = ServingEngine(model, max_batch=len(prompts), medusa_choices=medusa_choices, lookahead=lookahead,
                            max_seq_len=max(len(p) for p in prompts) + stop.max_new_tokens + extra + 1)
     handles = [engine.submit(EngineRequest(list(p), stop.max_new_tokens, params.for_row(row), stop.end_id,
                                            stop.stop_words, stop.include_stop_words, typical=typical))

@@ -30,6 +30,17 @@ from specbuild.medusa.tree import MedusaTree, accept_typical
 from specbuild.medusa.tree import accept_greedy as accept_tree
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
 from specbuild.runtime.decoding import SamplingDecoding, TokenDecoding
+from specbuild.runtime.lookahead import (
+    LookaheadConfig,
+    LookaheadState,
+    StepPlan,
+    ancestors,
+    depths,
+    max_block_tokens,
+    request_problem,
+    tree_mask,
+)
+from specbuild.runtime.lookahead import check_config as check_lookahead
 from specbuild.runtime.model import CausalLM, ForwardOutput
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.schedule import DraftSchedule
@@ -60,6 +71,7 @@ class EngineRequest:
     one_round: bool = False
     speculate: bool = True  # Medusa engines: use the tree when this request allows it
     typical: Typical | None = None  # Medusa: the paper's typical acceptance instead of matching the model's choice
+    lookahead: LookaheadConfig | None = None  # Lookahead engines: this request's (w, n, g), within the engine's
     return_logits: bool = False  # each emitted token's raw logits (generation_logits)
     return_log_probs: bool = False
     return_context_logits: bool = False  # the prompt's raw logits (computes the whole prompt: no prefix reuse)
@@ -174,6 +186,8 @@ class _Block:
     tokens: list[int]
     positions: list[int]
     tree: MedusaTree | None = None  # None: a causal block
+    lookahead: StepPlan | None = None  # Lookahead rows: the step's window and candidates (a tree of its own)
+    mask: torch.Tensor | None = None  # [T, T] bool for a Lookahead row (its tree's ancestors)
 
 
 class _Sequence:
@@ -200,6 +214,10 @@ class _Sequence:
         self.heads_at: int | None = None  # block position whose hidden state the heads read after this step
         self.medusa = engine.tree is not None and request.speculate and request.draft_tokens is None
         self.verify = request.draft_tokens is not None
+        # Lookahead (greedy requests only: its verification matches the model's argmax; others decode plainly).
+        config = LookaheadConfig(*(request.lookahead or engine.lookahead or (1, 1, 0)))  # (1, 1, 0): plain
+        self.lookahead = (LookaheadState(request.prompt, config) if config.ngram_size > 1 and request.speculate
+                          and not self.verify and self.decoding.greedy else None)
 
     # -- what to feed ----------------------------------------------------------------------------------------
     def block(self, tree: MedusaTree | None) -> _Block:
@@ -211,6 +229,10 @@ class _Sequence:
         if self.medusa and tree is not None and self.topk is not None:
             nodes = tree.candidate_tokens(torch.tensor(self.pending[-1:]), self.topk[:, None])[0].tolist()
             return _Block(nodes, (start + tree.depth).tolist(), tree)
+        if self.lookahead is not None and len(self.pending) == 1:
+            plan = self.lookahead.plan(self.pending[0])
+            positions = [start + d for d in depths(plan.parents)]
+            return _Block(plan.tokens, positions, lookahead=plan, mask=tree_mask(plan.parents))
         return _Block(list(self.pending), list(range(start, start + len(self.pending))))
 
     # -- what the forward said ---------------------------------------------------------------------------------
@@ -222,6 +244,8 @@ class _Sequence:
             self.context_logits = logits[: len(self.request.prompt)].float().clone()
         if block.tree is not None:
             return self._after_tree(block, out, row, logits)
+        if block.lookahead is not None:
+            return self._after_lookahead(block.lookahead, logits)
         if self.verify:
             return self._after_verify(block, logits)
         return self._after_linear(block, out, row, logits)
@@ -291,6 +315,23 @@ class _Sequence:
         update = self._emit(emitted, list(logits[path]), list(processed[path]), decoding)
         self.committed += tokens[path].tolist()
         return 0, path, update
+
+    def _after_lookahead(self, plan: StepPlan, logits: torch.Tensor) -> tuple[int, torch.Tensor, Update]:
+        """Lookahead (greedy): the model's choice after every block token (each sees its own ancestors, so
+        penalties and bans apply as in plain decoding); the accepted path's K/V is compacted like a Medusa path."""
+        assert self.lookahead is not None
+        decoding = self.decoding.for_tree()
+        ahead = [[plan.tokens[i] for i in ancestors(plan.parents, node)] for node in range(len(plan.tokens))]
+        processed = decoding.process(logits, self.state.tokens, len(self.state.output), ahead)
+        choice = decoding.choose(processed, None)
+        path, emitted = self.lookahead.after(plan, choice, self.state.tokens)
+        accepted, proposed = len(path) - 1, self.lookahead.config.ngram_size - 1
+        self.accepted += accepted
+        self.drafted += proposed
+        self.engine.stats.acceptance.record_acceptance(proposed, accepted)
+        update = self._emit(emitted, list(logits[path]), list(processed[path]), decoding)
+        self.committed += [plan.tokens[i] for i in path]
+        return 0, torch.tensor(path), update
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _emit(self, tokens: list[int], raw: list[torch.Tensor], processed: list[torch.Tensor],
@@ -373,7 +414,14 @@ class ServingEngine:
 
     def __init__(self, model: CausalLM, *, max_batch: int, max_seq_len: int, max_draft_len: int = 0,
                  medusa_choices: Sequence[Sequence[int]] | None = None, kv_rows: int | None = None,
-                 schedule: DraftSchedule | None = None, accept: AcceptRule | None = None) -> None:
+                 schedule: DraftSchedule | None = None, accept: AcceptRule | None = None,
+                 lookahead: LookaheadConfig | None = None) -> None:
+        if lookahead is not None:
+            if medusa_choices:
+                raise ValueError("an engine runs Medusa or Lookahead, not both")
+            lookahead = LookaheadConfig(*lookahead)
+            check_lookahead(lookahead)
+        self.lookahead = lookahead  # the largest (W, N, G) a request may ask for; None: no Lookahead
         self.choices = [list(path) for path in medusa_choices] if medusa_choices else None
         tree = MedusaTree.from_choices(self.choices) if self.choices else None
         if tree is not None and model.config.num_medusa_heads < tree.max_depth:
@@ -389,7 +437,8 @@ class ServingEngine:
         self.accept = accept or accept_rejection_sampling  # draft-target under sampling (tests swap in wrong rules)
         self.topk_size = int(tree.rank.max()) + 1 if tree is not None else 0
         # A step pads short blocks to one length; longer ones (prompts) run alone.
-        self.short_block = max(16, max_draft_len + 2, (tree.num_nodes + 1) if tree is not None else 0)
+        self.short_block = max(16, max_draft_len + 2, (tree.num_nodes + 1) if tree is not None else 0,
+                               max_block_tokens(lookahead) if lookahead is not None else 0)
         self.rows_total = max(kv_rows or 0, 2 * max_batch, max_batch + 1)
         self.cache = model.new_cache(self.rows_total, max_seq_len + self.short_block + 1)
         self.rows = [_Row() for _ in range(self.rows_total)]
@@ -429,6 +478,12 @@ class ServingEngine:
                              f"the engine's max_seq_len {self.max_seq_len}")
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1 (got {request.max_new_tokens})")
+        if request.lookahead is not None:
+            if self.lookahead is None:
+                raise ValueError("the request asks for Lookahead (w, n, g) but the engine was not made for Lookahead")
+            problem = request_problem(LookaheadConfig(*request.lookahead), self.lookahead)
+            if problem is not None:
+                raise ValueError(f"lookahead (w, n, g) = {tuple(request.lookahead)}: {problem}")
 
     # -- running -------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -507,16 +562,17 @@ class ServingEngine:
         batch = len(blocks)
         ids = torch.zeros(batch, width, dtype=torch.long)
         positions = torch.zeros(batch, width, dtype=torch.long)
-        trees = any(b.tree is not None for b in blocks)
+        trees = any(b.tree is not None or b.mask is not None for b in blocks)
         mask = torch.tril(torch.ones(width, width, dtype=torch.bool)).repeat(batch, 1, 1) if trees else None
         for i, block in enumerate(blocks):
             n = len(block.tokens)
             ids[i, :n] = torch.tensor(block.tokens)
             positions[i, :n] = torch.tensor(block.positions)
             positions[i, n:] = positions[i, n - 1]  # padding: any valid position, its outputs are dropped
-            if block.tree is not None and mask is not None:
+            block_mask = block.tree.attention_mask if block.tree is not None else block.mask
+            if block_mask is not None and mask is not None:
                 mask[i] = torch.eye(width, dtype=torch.bool)
-                mask[i, :n, :n] = block.tree.attention_mask
+                mask[i, :n, :n] = block_mask
         view = self.cache.view(start, stop)
         sequences = self.active[start:stop]
         try:
