@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from rich.console import Console
@@ -293,3 +295,48 @@ def test_demo_greedy_equals_plain_and_takes_fewer_forwards(
         forwards += alone.stats.target_forwards
     print(f"lookahead {config}: {tokens / forwards:.2f} tokens per target forward on the demo text (plain: 1.00)")
     assert tokens / forwards > 1.0
+
+
+def test_the_reference_backend_serves_decoding_mode_lookahead(tiny: CausalLM) -> None:
+    """The tensorrt_llm model deployed with decoding_mode lookahead and its three parameters (what deploy writes)
+    runs Lookahead steps; requests with and without their own lookahead_* inputs answer exactly what a plain
+    instance answers, in fewer forwards."""
+    from specbuild.contracts import lookahead as la
+    from specbuild.python_models.llm_backend import Backend, BackendConfig
+
+    server = LookaheadConfig(4, 3, 4)
+    info = type("Engine", (), dict(max_input_len=32, max_seq_len=96, max_draft_len=la.max_draft_len(*server),
+                                   vocab_size=VOCAB, gather_context_logits=False, gather_generation_logits=False))()
+    params = {"decoding_mode": "lookahead", **{name: str(v) for name, v in zip(la.PARAMETERS, server, strict=True)}}
+    lookahead_config, _ = BackendConfig.from_model(params, {}, info)
+    plain_config, _ = BackendConfig.from_model({}, {}, info)
+    assert lookahead_config.lookahead_config == server
+    engines = {
+        "lookahead": ServingEngine(tiny, max_batch=4, max_seq_len=96, max_draft_len=info.max_draft_len,
+                                   lookahead=lookahead_config.lookahead_config),
+        "plain": ServingEngine(tiny, max_batch=4, max_seq_len=96, max_draft_len=info.max_draft_len),
+    }
+    answers: dict[str, list[list[int]]] = {}
+    for name, engine in engines.items():
+        backend = Backend(lookahead_config if name == "lookahead" else plain_config, engine,
+                          log_info=lambda line: None, log_warn=lambda line: None)
+        engine.start()
+        try:
+            answers[name] = []
+            for i, prompt in enumerate(random_prompts(4, seed=7)):
+                inputs = {"input_ids": np.array([prompt], dtype=np.int32),
+                          "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
+                          "request_output_len": np.array([[40]], dtype=np.int32)}
+                if name == "lookahead" and i % 2:
+                    for input_name, value in zip(la.PARAMETERS, (3, 3, 2), strict=True):
+                        inputs[input_name] = np.array([[value]], dtype=np.int32)
+                sent: list[Any] = []
+                job = backend.receive(inputs, None, sent.append)
+                assert job is not None
+                backend.run(job, timeout=60)
+                assert sent[-1].error is None, sent[-1].error
+                answers[name].append(sent[-1].outputs["output_ids"].reshape(-1).tolist())
+        finally:
+            engine.stop()
+    assert answers["lookahead"] == answers["plain"]
+    assert engines["lookahead"].stats.forwards < engines["plain"].stats.forwards

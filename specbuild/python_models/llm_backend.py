@@ -78,9 +78,6 @@ IGNORED: dict[str, str] = {
     "runtime_top_p_decay": "top-p decay is not applied by the reference runtime",
     "runtime_top_p_reset_ids": "top-p decay is not applied by the reference runtime",
     "draft_acceptance_threshold": "the reference accepts draft tokens by rejection sampling without a threshold",
-    "lookahead_window_size": "the reference decodes lookahead requests without lookahead (the same tokens)",
-    "lookahead_ngram_size": "the reference decodes lookahead requests without lookahead (the same tokens)",
-    "lookahead_verification_set_size": "the reference decodes lookahead requests without lookahead (the same tokens)",
 }
 """Inputs NVIDIA's backend reads for features the reference runtime lacks: accepted (after the checks the C++
 backend applies to them) and ignored, with one logged note per model load and input name. Inputs the C++ backend
@@ -920,7 +917,10 @@ def engine_request(row: RowRequest, index: int, config: BackendConfig, on_update
         draft_tokens=row.draft_ids or None,
         draft_logits=None if row.draft_logits is None else torch.from_numpy(np.ascontiguousarray(row.draft_logits)),
         return_logits=row.return_generation_logits, return_log_probs=row.return_log_probs,
-        return_context_logits=row.return_context_logits, cancelled=cancelled, on_update=on_update)
+        return_context_logits=row.return_context_logits, cancelled=cancelled, on_update=on_update,
+        # decoding_mode lookahead: the request's own (w, n, g), else the instance's (the engine's Lookahead steps;
+        # greedy requests only, others decode plainly, the same tokens)
+        lookahead=row.lookahead if config.lookahead else None)
 
 
 class _Tracker:

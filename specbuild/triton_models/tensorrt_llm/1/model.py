@@ -59,7 +59,8 @@ class TritonPythonModel:
         model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=dtype)
         self.engine = ServingEngine(model, max_batch=info.max_batch_size, max_seq_len=info.max_seq_len,
                                     max_draft_len=info.max_draft_len, medusa_choices=choices,
-                                    kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule)
+                                    kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule,
+                                    lookahead=config.lookahead_config)
         self.engine.start()
         self.backend = Backend(config, self.engine, log_info=io.log_info, log_warn=io.log_warn)
         self.decoupled = config.decoupled
