@@ -37,6 +37,7 @@ ROOT = BENCH.parent
 TOKENS_PER_FORWARD_MIN = 2.0  # target: mean tokens per target forward, both speculative methods
 SPEEDUP_MIN = 1.3  # target: the better speculative method's tokens/s vs plain decoding
 HF_RATIO_MIN = 1.0  # target: specbuild draft-target at least as fast as transformers' assisted generation, equal K
+LOOKAHEAD_SETTINGS = ((4, 3, 4), (7, 5, 7))  # Lookahead (W, N, G): TensorRT-LLM's default, and a larger window
 
 Prompts = list[list[int]]
 
@@ -75,7 +76,7 @@ class Method:
 
     key: str
     runtime: str  # "specbuild" or "transformers"
-    method: str  # "plain", "draft-target", "medusa", "assisted"
+    method: str  # "plain", "draft-target", "medusa", "lookahead", "assisted"
     setting: str  # K or tree name, "" for plain
     batch: int
     run: Runner
@@ -186,6 +187,15 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
 
         return run
 
+    def lookahead(config: tuple[int, int, int]) -> Runner:
+        from specbuild.runtime.lookahead_decoding import LookaheadConfig, generate_lookahead
+
+        def run(p: Prompts) -> tuple[Prompts, Counters]:
+            r = generate_lookahead(target, p, LookaheadConfig(*config), params, stop)
+            return r.output_ids, _counters(r.stats)
+
+        return run
+
     methods: list[Method] = []
     for batch in batch_sizes:
         suffix = "" if batch == 1 else f"_b{batch}"
@@ -197,6 +207,9 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
             for name in trees:
                 methods.append(Method(f"specbuild_medusa_{name}{suffix}", "specbuild", "medusa", name, batch,
                                       medusa_tree(name)))
+    for config in LOOKAHEAD_SETTINGS:  # batch 1 only; rows without a target of their own yet (issue 14)
+        methods.append(Method(f"specbuild_lookahead_w{config[0]}n{config[1]}g{config[2]}", "specbuild", "lookahead",
+                              "W,N,G={},{},{}".format(*config), 1, lookahead(config)))
     if medusa is not None:
         info["medusa_heads"] = medusa.config.num_medusa_heads
         info["medusa_trees"] = {
