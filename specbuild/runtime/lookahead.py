@@ -22,6 +22,14 @@ greedy output is plain greedy output, only in fewer forwards.
 
 The block holds at most 1 + (N-2) + (W-1+G)(N-1) tokens, TensorRT-LLM's `calculateSpeculativeResourceTuple`
 (`specbuild.contracts.lookahead.speculative_resource`), so an engine built for (W, N, G) runs it unchanged.
+
+Upstream facts used (NVIDIA/TensorRT-LLM): the block layout (column 0 keyed by the last accepted token, the first
+guesses one causal line, each column a chain) and the filling phase are those of
+cpp/tensorrt_llm/layers/lookaheadAlgorithm.cpp @22d95135 (`lookahead`, `posIdsToMask`, `update`); the pool keeps
+at most G distinct tails per key, the newest last, and a guess takes the newest G, as
+cpp/tensorrt_llm/layers/lookaheadPoolManager.cpp @1020a8d7 (`insertOne`, `guess`). Written here independently:
+seeds are spread over the prompt instead of drawn at random, the candidates are not merged into a trie
+(`treeEncode`), and column 0's n-gram is keyed by the last accepted token.
 """
 
 from __future__ import annotations
