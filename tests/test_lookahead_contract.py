@@ -11,17 +11,18 @@ parameters from specbuild.contracts.triton_backend (NVIDIA's tensorrt_llm/config
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from specbuild.build.plan import plan_pipeline
-from specbuild.build.validate import backend_problems
 from specbuild.contracts import lookahead as la
-from specbuild.contracts.engine_info import EngineInfo
+from specbuild.contracts.engine_info import EngineInfo, engine_dir, read_engine_info
 from specbuild.contracts.engine_limits import stale_engine_problems
 from specbuild.contracts.llm_api import flow_problems
 from specbuild.contracts.triton_backend import TENSORRT_LLM
@@ -38,6 +39,7 @@ from specbuild.python_models.llm_backend import (
 )
 from specbuild.spec import parse_spec
 from specbuild.spec.problems import SpecValidationError
+from tests.tiny_models import make_checkpoint
 from tests.trtllm_1_2_flags import FLAGS
 
 
@@ -191,11 +193,40 @@ def test_deploy_refuses_an_engine_whose_draft_len_is_not_the_executors(tmp_path:
         plan_repository(loaded, {"target": _engine(loaded, max_draft_len=14)}, end_id=2, pad_id=0)
 
 
-def test_reference_backend_refuses_lookahead(tmp_path: Path) -> None:
-    """The reference runtime has no lookahead decoding: the reference build says so instead of building."""
-    [problem] = backend_problems(spec(tmp_path), "reference")
-    assert problem.severity == "error" and "reference runtime has no lookahead" in problem.message
-    assert backend_problems(spec(tmp_path), "tensorrt") == []
+def test_reference_backend_builds_lookahead(tmp_path: Path) -> None:
+    """The reference runtime decodes Lookahead (runtime/lookahead.py), so `build` on the reference backend writes
+    an engine deploy takes: engine.json with the formula's max_draft_len and the spec's [W, N, G]."""
+    from specbuild.build import build_pipeline
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+
+    make_checkpoint(tmp_path / "hf", "llama")  # no tokenizer: converted directly, not by `convert`, which needs one
+    data = {"name": "la", "output_dir": str(tmp_path / "out"), "target": {"model": str(tmp_path / "hf")},
+            "build": {"backend": "reference", "max_batch_size": 2, "max_input_len": 16, "max_output_len": 16},
+            "speculative": {"mode": "lookahead",
+                            "lookahead": {"window_size": 3, "ngram_size": 3, "verification_set_size": 2}}}
+    loaded = parse_spec(data, tmp_path / "spec.yaml")
+    convert_checkpoint(ConvertRequest("target", tmp_path / "hf", loaded.checkpoint_dir("target")))
+    build_pipeline(loaded, console=Console(file=io.StringIO()))
+    info = read_engine_info(engine_dir(loaded, "target"))
+    assert (info.backend, info.speculative_decoding_mode) == ("reference", la.BUILD_MODE)
+    assert info.max_draft_len == la.max_draft_len(3, 3, 2) == 9 and info.lookahead_config == [3, 3, 2]
+    assert stale_engine_problems(loaded, "target", info) == []
+    plan = plan_repository(loaded, {"target": info}, end_id=2, pad_id=0)
+    [llm] = [model for model in plan.models if model.template == "tensorrt_llm"]
+    assert llm.parameters["decoding_mode"] == la.DECODING_MODE
+
+
+def test_tune_refuses_lookahead_with_what_to_do(tmp_path: Path) -> None:
+    """tune has no search over (W, N, G) yet: it says so (not that the runtime lacks Lookahead) and names what to
+    do instead, before loading any model."""
+    from specbuild.tune.stage import refuse_unmeasurable
+
+    with pytest.raises(SpecbuildError) as caught:
+        refuse_unmeasurable(spec(tmp_path), tmp_path / "spec.yaml")
+    text = f"{caught.value} {caught.value.hint}"
+    assert "which `specbuild tune` cannot measure" in text and "does not measure Lookahead's (W, N, G) yet" in text
+    assert "set speculative.lookahead by hand" in text and "make bench" in text
+    assert "no lookahead decoding" not in text
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

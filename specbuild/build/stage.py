@@ -31,7 +31,7 @@ from specbuild.build.reference import write_reference_bundle
 from specbuild.build.script import script_path, write_build_script
 from specbuild.build.tensorrt import build_engine, gpu_slices
 from specbuild.build.trtllm_flags import TRTLLM_VERSION
-from specbuild.build.validate import BuildProblem, BuildValidationError, backend_problems, build_problems
+from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
 from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
 from specbuild.contracts.engine_limits import attention_window
@@ -182,7 +182,7 @@ def _checked_plans(spec: PipelineSpec, backend: str, status: TensorrtStatus | No
     problems += gpu_issues
     plans = plan_pipeline(spec, {role: facts.get(role) for role in engine_roles(spec)})
     memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
-    problems += build_problems(spec, plans, facts, gpu, memory) + backend_problems(spec, backend)
+    problems += build_problems(spec, plans, facts, gpu, memory)
     if backend == "tensorrt":
         problems += window_warnings(plans, facts)
     if backend == "tensorrt" and status is not None and 0 < len(status.gpus) < spec.build.world_size:

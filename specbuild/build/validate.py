@@ -252,19 +252,6 @@ def lookahead_plan_problems(plan: BuildPlan) -> Iterator[BuildProblem]:
                      "speculative.max_draft_len out", ("speculative", "max_draft_len"))
 
 
-REFERENCE_LOOKAHEAD = ("speculative.mode lookahead: specbuild's reference runtime has no lookahead decoding yet, so "
-                       "the reference backend cannot build it; build with build.backend: tensorrt (TensorRT-LLM "
-                       "1.2's lookahead_decoding engine), or `specbuild build --dry-run --backend tensorrt` for "
-                       "build.sh")
-
-
-def backend_problems(spec: PipelineSpec, backend: str) -> list[BuildProblem]:
-    """What the chosen backend cannot build for this spec."""
-    if backend == "reference" and spec.speculative.mode == "lookahead":
-        return [_error(REFERENCE_LOOKAHEAD, ("speculative", "mode"))]
-    return []
-
-
 def trtllm_max_num_tokens(plan: BuildPlan) -> int:
     """The max_num_tokens TensorRT-LLM 1.2 builds the plan's engine with. `check_max_num_tokens()`
     (tensorrt_llm/_common.py @0fccc5b9, called from builder.py `_init_max_seq_len()` before max_draft_len is

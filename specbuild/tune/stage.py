@@ -198,7 +198,8 @@ def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget:
 # ---------------------------------------------------------------------------------------------- the spec
 
 MEASURED_MODES = ("draft_target", "medusa")
-"""What tune measures: the modes specbuild's reference runtime decodes (runtime/speculative.py, medusa_decoding.py)."""
+"""What tune measures: modes specbuild's reference runtime decodes (runtime/speculative.py, medusa_decoding.py) and
+tune has a search for (lookahead is decoded there too, but not searched)."""
 
 UNMEASURED_MODE_REASON = {
     "ngram": "tune measures with specbuild's reference runtime, which has no n-gram drafter; set "
@@ -207,8 +208,11 @@ UNMEASURED_MODE_REASON = {
     "eagle3": "tune measures with specbuild's reference runtime, which has no EAGLE-3 drafter; set "
               "speculative.num_draft_tokens by hand (the llmapi model reports acceptance_rate per request to "
               "compare settings by)",
-    "lookahead": "tune measures with specbuild's reference runtime, which has no lookahead decoding yet; set "
-                 "speculative.lookahead (W, N, G) by hand (TensorRT-LLM's examples start from (7, 7, 7))",
+    "lookahead": "tune does not measure Lookahead's (W, N, G) yet (the reference runtime decodes it, but tune has "
+                 "no search over windows, n-grams and verification sets); set speculative.lookahead by hand: left "
+                 "out it is TensorRT-LLM's default (4, 3, 4), and `make bench` measures tokens per target forward "
+                 "at (4, 3, 4) and (7, 5, 7) on the demo target (bench/runtime_bench.py); one deployed server compares "
+                 "smaller settings through the tensorrt_llm model's per-request lookahead_* inputs",
 }
 """Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
 
