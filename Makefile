@@ -16,10 +16,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The main job on the built-in demo models, end to end: build the models (cached), convert (the draft
-# quantized with ModelOpt int8 SmoothQuant, the target with Medusa heads, and a plain target), build reference
-# bundles, deploy three Triton repositories, then serve the draft-target and the Medusa repositories with the
-# bundled tritonserver, ask a few prompts over gRPC streaming and HTTP, print answers and acceptance, stop.
-DEMO_SPECS := configs/demo.yaml configs/demo-medusa.yaml configs/demo-plain.yaml
+# quantized with ModelOpt int8 SmoothQuant, the target with Medusa heads, a plain target and one for Lookahead),
+# build reference bundles, deploy four Triton repositories, then serve the draft-target and the Medusa repositories
+# with the bundled tritonserver, ask a few prompts over gRPC streaming and HTTP, print answers and acceptance, stop.
+# (Lookahead is built and deployed, about 8 s; serving it too would add a server start, about 12 s more:
+# `specbuild serve demo/build-lookahead/model_repository` does that by hand.)
+DEMO_SPECS := configs/demo.yaml configs/demo-medusa.yaml configs/demo-plain.yaml configs/demo-lookahead.yaml
 DEMO_PROMPTS := --prompt "The for statement" --prompt "A module can contain" --max-tokens 40
 demo: $(STAMP)
 	$(BIN)/specbuild demo-models $(DEMO)/models
