@@ -27,6 +27,7 @@ from specbuild.cli import app
 from specbuild.errors import SpecbuildError
 from specbuild.export import ExportRefused, export_spec
 from specbuild.spec import PipelineSpec, load_spec
+from tests.command_line import parse_flags
 from tests.export_schemas import (
     SGLANG_ALGORITHMS,
     SGLANG_OPTIONS,
@@ -81,18 +82,6 @@ def _spec(tmp: Path, mode: str = "none", *, target: Path | None = None, heads: P
 
 
 # -- checking against the tables -----------------------------------------------------------------------------------
-def _flags(argv: list[str]) -> dict[str, str | bool]:
-    flags: dict[str, str | bool] = {}
-    index = 0
-    while index < len(argv):
-        name = argv[index]
-        assert name.startswith("--"), f"stray argument {name!r} in {argv}"
-        assert name not in flags, f"{name} given twice"
-        if index + 1 < len(argv) and not argv[index + 1].startswith("--"):
-            flags[name], index = argv[index + 1], index + 2
-        else:
-            flags[name], index = True, index + 1
-    return flags
 
 
 def _conforms(kind: object, value: object) -> bool:
@@ -119,7 +108,7 @@ def _check(table: dict[str, object], fields: dict[str, Any], what: str) -> None:
 
 def _vllm(plan_argv: list[str], spec: PipelineSpec) -> tuple[dict[str, str | bool], dict[str, Any] | None]:
     assert plan_argv[:3] == ["vllm", "serve", str(spec.target.model)]
-    flags = _flags(plan_argv[3:])
+    flags = parse_flags(plan_argv[3:])
     _check(VLLM_SERVE_OPTIONS, flags, "vllm serve")
     assert flags["--tensor-parallel-size"] == "2" and flags["--pipeline-parallel-size"] == "1"
     assert flags["--max-model-len"] == "256"  # max_input_len + max_output_len
@@ -133,7 +122,7 @@ def _vllm(plan_argv: list[str], spec: PipelineSpec) -> tuple[dict[str, str | boo
 
 def _sglang(argv: list[str], spec: PipelineSpec) -> dict[str, str | bool]:
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
-    flags = _flags(argv[3:])
+    flags = parse_flags(argv[3:])
     _check(SGLANG_OPTIONS, flags, "sglang.launch_server")
     assert flags["--model-path"] == str(spec.target.model) and flags["--tp-size"] == "2"
     assert flags["--context-length"] == "256" and flags["--max-running-requests"] == "12"

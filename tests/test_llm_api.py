@@ -20,6 +20,7 @@ from specbuild.contracts import llm_api
 from specbuild.errors import SpecbuildError
 from specbuild.spec import load_spec, parse_spec
 from tests import llm_api_1_2_schema as upstream
+from tests.command_line import parse_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(path for path in (ROOT / "configs").glob("*.yaml") if path.name != "demo-pytorch.yaml")
@@ -239,19 +240,6 @@ def test_demo_pytorch_config_has_no_problem() -> None:
     _check_llm_args(llm_api.llm_args(spec))
 
 
-def _flags(argv: list[str]) -> dict[str, str | bool]:
-    """`--flag value` and value-less `--flag` (True) as a command line reads them, one name once each."""
-    flags: dict[str, str | bool] = {}
-    index = 0
-    while index < len(argv):
-        name = argv[index]
-        assert name.startswith("--"), f"stray argument {name!r} in {argv}"
-        assert name not in flags, f"{name} given twice"
-        if index + 1 < len(argv) and not argv[index + 1].startswith("--"):
-            flags[name], index = argv[index + 1], index + 2
-        else:
-            flags[name], index = True, index + 1
-    return flags
 
 
 def _conforms(kind: type | None, value: str | bool) -> bool:
@@ -276,7 +264,7 @@ def _serve_script_flags(script: str, model: str) -> dict[str, str | bool]:
     [line] = [line for line in script.splitlines() if line.startswith("exec ")]
     words = shlex.split(line)[1:]
     assert words[:2] == ["trtllm-serve", model] and words[-1] == "$@", words
-    flags = _flags(words[2:-1])
+    flags = parse_flags(words[2:-1])
     for flag, value in flags.items():
         assert flag in upstream.SERVE_OPTIONS, flag
         assert _conforms(upstream.SERVE_OPTIONS[flag], value), (flag, value, upstream.SERVE_OPTIONS[flag])
