@@ -489,6 +489,29 @@ def test_build_and_deploy_take_the_lock_too(deployed: tuple[Path, Path]) -> None
     assert leftovers(repository.parent) == []
 
 
+def test_the_pytorch_flow_takes_the_lock_too(tiny_llama: Path, tmp_path: Path) -> None:
+    """build and deploy on `build.flow: pytorch` refuse, as the engine flow does, an output another run is writing:
+    one message naming it, the output as it was, and up to date again once the holder is gone. (That build also
+    reads its manifest under the lock, as every stage does, is not reproduced here: it would need two runs racing.)"""
+    spec = tmp_path / "pt.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "pt", "output_dir": str(tmp_path / "out"), "target": {"model": str(tiny_llama)},
+        "build": {"flow": "pytorch", "max_batch_size": 2, "max_input_len": 16, "max_output_len": 8},
+    }))
+    for stage in ("build", "deploy"):
+        code, text = cli(stage, str(spec))
+        assert code == 0, text
+    for stage, output in (("build", tmp_path / "out" / "llm_api"), ("deploy", tmp_path / "out" / "model_repository")):
+        before = snapshot(output)
+        with holding(output) as (process, _):
+            code, text = cli(stage, str(spec), "--force")
+            assert code == 1 and f"another specbuild run is writing this output now (pid {process.pid}" in text
+        assert snapshot(output) == before
+    for stage in ("build", "deploy"):
+        code, text = cli(stage, str(spec))
+        assert code == 0 and "up to date" in text, text
+
+
 # -- 7 and 9. convert SPEC checks every model before writing any ----------------------------------------------------
 def test_convert_spec_checks_the_draft_before_writing_the_target(tiny_llama: Path, tmp_path: Path) -> None:
     draft = add_tokenizer(make_checkpoint(tmp_path / "draft", "llama", seed=2, num_hidden_layers=1,

@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from specbuild.atomic import atomic_directory
+from specbuild.atomic import atomic_directory, output_lock
 from specbuild.contracts.llm_api import (
     LLM_API_PLAN,
     LLM_ARGS_SOURCE,
@@ -60,7 +60,7 @@ def _config_files(spec: PipelineSpec) -> list[Path]:
         models.append(("draft.model", spec.draft.model))
     missing = [f"{field}: {path / 'config.json'}" for field, path in models if not (path / "config.json").is_file()]
     if missing:
-        raise SpecbuildError(f"{spec.path}: no Hugging Face config.json for " + "; ".join(missing),
+        raise SpecbuildError(f"{spec.where}: no Hugging Face config.json for " + "; ".join(missing),
                              hint="point the field at a Hugging Face checkpoint directory")
     return [path / "config.json" for _, path in models]
 
@@ -76,15 +76,18 @@ def build_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = Fa
     if dry_run:
         console.print_json(json.dumps(settings))
         return LlmApiResult(directory, "planned", settings)
-    known = read_manifest(directory)
-    inputs = fingerprint_files(files, (known or {}).get("inputs"))
-    tools = tool_versions()
     # As the manifest's JSON will read back (draft_len_schedule's keys become strings), or it is never fresh.
     manifest_settings = json.loads(json.dumps({"llm_args": settings, "source": LLM_ARGS_SOURCE}))
-    if not force and is_fresh(known, settings=manifest_settings, tools=tools, inputs=inputs, directory=directory):
-        return LlmApiResult(directory, "up to date", settings)
-    with atomic_directory(directory) as tmp:
-        (tmp / LLM_API_PLAN).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        write_manifest(tmp, {"stage": "build", "flow": "pytorch", "spec": str(spec.path), "inputs": inputs,
-                             "settings": manifest_settings, "tools": tools, "outputs": output_sizes(tmp)})
+    with output_lock(directory):  # the decision and the write, by one run at a time (as every stage)
+        known = read_manifest(directory)
+        inputs = fingerprint_files(files, (known or {}).get("inputs"))
+        tools = tool_versions()
+        if not force and is_fresh(known, settings=manifest_settings, tools=tools, inputs=inputs,
+                                  directory=directory):
+            return LlmApiResult(directory, "up to date", settings)
+        with atomic_directory(directory) as tmp:
+            (tmp / LLM_API_PLAN).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n",
+                                            encoding="utf-8")
+            write_manifest(tmp, {"stage": "build", "flow": "pytorch", "spec": spec.where, "inputs": inputs,
+                                 "settings": manifest_settings, "tools": tools, "outputs": output_sizes(tmp)})
     return LlmApiResult(directory, "written", settings)

@@ -151,6 +151,6 @@ def deploy_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = F
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / name).write_text(text, encoding="utf-8")
             (tmp / SERVE_SCRIPT).chmod(0o755)
-            write_manifest(tmp, {"stage": "deploy", "flow": "pytorch", "spec": str(spec.path), "inputs": inputs,
+            write_manifest(tmp, {"stage": "deploy", "flow": "pytorch", "spec": spec.where, "inputs": inputs,
                                  "settings": settings, "tools": tools, "outputs": output_sizes(tmp)})
     return LlmApiDeployResult(repository, "written", files)

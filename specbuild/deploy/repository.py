@@ -143,7 +143,7 @@ def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[st
         report.raise_for_problems()
         outputs = output_sizes(tmp)
         write_manifest(tmp, {
-            "stage": "deploy", "spec": str(spec.path), "inputs": inputs, "settings": settings,
+            "stage": "deploy", "spec": spec.where, "inputs": inputs, "settings": settings,
             "tools": tools, "outputs": outputs,
             "engines": {role: str(engine_dir(spec, role).resolve()) for role in plan.engines},
         })
