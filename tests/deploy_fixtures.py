@@ -8,6 +8,9 @@ name; import only the helpers (`Deployed`, `PROMPTS`, `write_spec`, ...).
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,3 +188,34 @@ def plain_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFa
 def unary_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """tritonserver on the draft-target repository whose models are all non-decoupled (unary infer only)."""
     yield from _server(deployed.repository("unary"), tmp_path_factory.mktemp("logs") / "unary.log")
+
+
+# -- Triton's HTTP generate extension, as the README's curl calls use it ------------------------------------------
+def http_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    """(status, body) of a JSON POST to a server's HTTP endpoint; an HTTP error is an answer, not an exception."""
+    request = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=180) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def http_generate(url: str, model: str, prompt: str, **fields: Any) -> dict[str, Any]:
+    """Triton's generate extension: the one JSON answer (status 200 asserted)."""
+    status, body = http_post(url, f"/v2/models/{model}/generate",
+                             {"text_input": prompt, "max_tokens": MAX_TOKENS, **fields})
+    data = json.loads(body)
+    assert status == 200, data
+    return data
+
+
+def http_generate_stream(url: str, model: str, prompt: str) -> list[dict[str, Any]]:
+    """Triton's generate_stream: every SSE event's JSON, none an error."""
+    status, body = http_post(url, f"/v2/models/{model}/generate_stream",
+                             {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True})
+    assert status == 200, body
+    events = [json.loads(line[len(b"data:"):]) for line in body.splitlines() if line.startswith(b"data:")]
+    assert events and not any("error" in e for e in events), events
+    return events

@@ -13,10 +13,7 @@ machine.
 
 from __future__ import annotations
 
-import json
 import queue
-import urllib.error
-import urllib.request
 from typing import Any
 
 import numpy as np
@@ -24,7 +21,15 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, Deployed, Greedy, stop_phrase
+from tests.deploy_fixtures import (
+    MAX_TOKENS,
+    PROMPTS,
+    Deployed,
+    Greedy,
+    http_generate,
+    http_generate_stream,
+    stop_phrase,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 
@@ -108,30 +113,12 @@ def generate(url: str, model: str, prompts: list[str], *, stream: bool = False, 
     return texts_by_row(stream_call(url, model, inputs), len(prompts))
 
 
-def http_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    request = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=180) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
+def http_text(url: str, model: str, prompt: str, **fields: Any) -> str:
+    return http_generate(url, model, prompt, **fields)["text_output"]
 
 
-def http_generate(url: str, model: str, prompt: str, **fields: Any) -> str:
-    status, body = http_post(url, f"/v2/models/{model}/generate",
-                             {"text_input": prompt, "max_tokens": MAX_TOKENS, **fields})
-    assert status == 200, body
-    return json.loads(body)["text_output"]
-
-
-def http_generate_stream(url: str, model: str, prompt: str) -> str:
-    status, body = http_post(url, f"/v2/models/{model}/generate_stream",
-                             {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True})
-    assert status == 200, body
-    events = [json.loads(line[len(b"data:"):]) for line in body.splitlines() if line.startswith(b"data:")]
-    assert events and not any("error" in e for e in events), events
-    return "".join(e.get("text_output", "") for e in events)
+def http_stream_text(url: str, model: str, prompt: str) -> str:
+    return "".join(e.get("text_output", "") for e in http_generate_stream(url, model, prompt))
 
 
 # -- the BLS's text ------------------------------------------------------------------------------------------
@@ -150,8 +137,8 @@ def test_bls_text_leads_with_the_prompt_and_equals_the_ensembles(
         assert generate(server.grpc_url, "ensemble", [prompt]) == [expected], prompt
     for prompt in PROMPTS[:2]:
         expected = with_prompt(tokenizer, prompt, greedy_outputs[prompt])
-        assert http_generate(server.http_url, "tensorrt_llm_bls", prompt) == expected
-        assert http_generate(server.http_url, "ensemble", prompt) == expected
+        assert http_text(server.http_url, "tensorrt_llm_bls", prompt) == expected
+        assert http_text(server.http_url, "ensemble", prompt) == expected
 
 
 @pytest.mark.parametrize("server_name", SERVERS)
@@ -165,9 +152,9 @@ def test_bls_excluding_the_prompt_and_streaming_give_the_completion(
         assert generate(server.grpc_url, "tensorrt_llm_bls", [prompt],
                         exclude_input_in_output=np.array([[True]])) == [completion], prompt
         assert generate(server.grpc_url, "tensorrt_llm_bls", [prompt], stream=True) == [completion], prompt
-    assert http_generate(server.http_url, "tensorrt_llm_bls", PROMPTS[0], exclude_input_in_output=True) == \
+    assert http_text(server.http_url, "tensorrt_llm_bls", PROMPTS[0], exclude_input_in_output=True) == \
         greedy_reference[PROMPTS[0]]
-    assert http_generate_stream(server.http_url, "tensorrt_llm_bls", PROMPTS[1]) == greedy_reference[PROMPTS[1]]
+    assert http_stream_text(server.http_url, "tensorrt_llm_bls", PROMPTS[1]) == greedy_reference[PROMPTS[1]]
     if server_name != "dt_server":  # the draft-target ensemble cannot stream (its LLM is not decoupled)
         assert generate(server.grpc_url, "ensemble", [PROMPTS[2]], stream=True) == [greedy_reference[PROMPTS[2]]]
 

@@ -12,8 +12,6 @@ import json
 import queue
 import shutil
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,16 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from specbuild.errors import SpecbuildError
-from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, Deployed, Greedy, stop_phrase
+from tests.deploy_fixtures import (
+    MAX_TOKENS,
+    PROMPTS,
+    Deployed,
+    Greedy,
+    http_generate,
+    http_generate_stream,
+    http_post,
+    stop_phrase,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tritonserver]
 
@@ -72,31 +79,6 @@ def grpc_generate(url: str, model: str, prompts: list[str], max_tokens: int = MA
         client.close()
 
 
-def http_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    request = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
-def http_generate(url: str, model: str, prompt: str, **fields: Any) -> dict[str, Any]:
-    status, body = http_post(url, f"/v2/models/{model}/generate",
-                             {"text_input": prompt, "max_tokens": MAX_TOKENS, **fields})
-    data = json.loads(body)
-    assert status == 200, data
-    return data
-
-
-def http_generate_stream(url: str, model: str, prompt: str) -> list[dict[str, Any]]:
-    status, body = http_post(url, f"/v2/models/{model}/generate_stream",
-                             {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True})
-    assert status == 200, body
-    events = [json.loads(line[len(b"data:"):]) for line in body.splitlines() if line.startswith(b"data:")]
-    assert events and not any("error" in e for e in events), events
-    return events
 
 
 def whole(greedy_reference: dict[str, str], prompt: str) -> str:
