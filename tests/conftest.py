@@ -13,6 +13,7 @@ Markers, set here so no test can forget them:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,16 @@ def demo_models() -> dict[str, Path]:
     from specbuild.demo.models import build_demo_models
 
     return build_demo_models(DEMO_MODELS_DIR, progress=False)
+
+
+@pytest.fixture(scope="session")
+def demo_extra(demo_models: dict[str, Path]) -> Callable[[str], Path]:
+    """`demo_extra(name)`: the directory of a demo artifact trained on the demo target (specbuild.demo.extras),
+    built on first use and cached beside the demo models."""
+    from specbuild.demo.extras import build_extra
+
+    models_dir = demo_models["target"].parent
+    return lambda name: build_extra(models_dir, name)
 
 
 @pytest.fixture(scope="session", autouse=True)
