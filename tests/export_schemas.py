@@ -40,7 +40,7 @@ VLLM_SPECULATIVE_METHODS = (
 
 VLLM_QUANTIZATION_METHODS_USED = ("fp8",)
 """The members of QuantizationMethods (VLLM_QUANTIZATION) an export may pass; "fp8" is one of them."""
-VLLM_CACHE_DTYPES = ("auto", "bfloat16", "int8", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+VLLM_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 """CacheDType (VLLM_CACHE)."""
 
 VLLM_SPECULATIVE_FIELDS: dict[str, object] = {
