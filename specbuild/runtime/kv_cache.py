@@ -136,6 +136,18 @@ class KVCache:
         view._write_start = view._write_slots = None
         return view
 
+    def alias(self) -> KVCache:
+        """A cache over this one's storage with lengths of its own (copied now): a self-draft writes its speculative
+        slots into the target's cache and commits them for its next step without moving the target's lengths."""
+        other = KVCache.__new__(KVCache)
+        other.num_layers, other.batch_size, other.max_len = self.num_layers, self.batch_size, self.max_len
+        other.data = self.data
+        other.lengths = self.lengths.clone()
+        other.pending = torch.zeros_like(self.pending)
+        other.block_size = 0
+        other._write_start = other._write_slots = None
+        return other
+
     def swap_rows(self, a: int, b: int) -> None:
         """Exchange two rows' committed entries and lengths (only the longer one's committed slots move)."""
         if a == b:

@@ -13,7 +13,7 @@ prefix plus the new tokens a tree mask allows, which is what draft-target and Me
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +61,9 @@ class ForwardOutput:
     logits: torch.Tensor  # [B, T, vocab_size] float32
     hidden: torch.Tensor  # [B, T, hidden] final normalised hidden state (lm_head's and Medusa heads' input)
     medusa_logits: torch.Tensor | None = None  # [num_medusa_heads, B, T, vocab_size] float32
+    # The residual stream after each layer of `forward(capture_layers=...)`, in that order, [B, T, hidden] each:
+    # id i is decoder layer i's output (0-based, before ln_f), as TensorRT-LLM's EAGLE-3 capture counts.
+    captured: tuple[torch.Tensor, ...] = ()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -330,9 +333,16 @@ class CausalLM(nn.Module):
     # -- forward -------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, *, position_ids: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, medusa: bool = False) -> ForwardOutput:
+                tree_mask: torch.Tensor | None = None, medusa: bool = False,
+                side_layers: tuple[int, Sequence[nn.Module]] | None = None,
+                capture_layers: Sequence[int] = ()) -> ForwardOutput:
         """Run T new tokens per row after each row's committed cache prefix; their K/V are written to slots
-        lengths[b] .. lengths[b]+T-1 but not committed (see KVCache.advance/compact)."""
+        lengths[b] .. lengths[b]+T-1 but not committed (see KVCache.advance/compact).
+
+        `side_layers` (n, layers): the residual stream after the first n layers also runs through `layers` (with
+        this forward's mask and positions), which only write their own cache layers; their output is dropped. A
+        self-draft's adapter layer fills its cache this way in the target's own forward
+        (specbuild.runtime.self_draft)."""
         input_ids = input_ids.to(self.device)
         position_ids = self._check_inputs(input_ids, cache, position_ids, tree_mask)
         t = input_ids.shape[1]
@@ -351,11 +361,21 @@ class CausalLM(nn.Module):
         else:
             x = x + F.embedding(position_ids, self.position_embedding)
         step = _Step(cache, mask, num_slots, cos, sin)
-        for layer in self.layers:
+        if any(not 0 <= i < len(self.layers) for i in capture_layers):
+            raise ValueError(f"capture_layers {list(capture_layers)} must be layer ids in [0, {len(self.layers)})")
+        captured: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.layers):
+            if side_layers is not None and index == side_layers[0]:
+                side = x
+                for extra in side_layers[1]:
+                    side = extra(side, step)
             x = layer(x, step)
+            if index in capture_layers:
+                captured[index] = x
         hidden = self.ln_f(x)
         logits = F.linear(hidden, self.lm_head).float()
         heads = None
         if medusa and self.medusa_heads is not None:
             heads = self.medusa_heads(hidden)
-        return ForwardOutput(logits=logits, hidden=hidden, medusa_logits=heads)
+        return ForwardOutput(logits=logits, hidden=hidden, medusa_logits=heads,
+                             captured=tuple(captured[i] for i in capture_layers))
