@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from specbuild.contracts.engine_limits import default_max_num_tokens
 from specbuild.errors import SpecbuildError
@@ -229,8 +229,8 @@ def pytorch_flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
         return problems
     problems += list(settings_problems(llm_args(spec)))
     unused = "is an engine-flow setting; build.flow: pytorch builds no engine"
-    if "backend" in spec.build.model_fields_set:
-        problems.append((("build", "backend"), f"{unused} (remove it: the LLM API's backend is 'pytorch')"))
+    if llmapi_backend(spec) == "reference" and spec.speculative.mode in REFERENCE_REFUSED:
+        problems.append((("speculative", "mode"), REFERENCE_REFUSED[spec.speculative.mode]))
     if spec.build.gather_context_logits:
         problems.append((("build", "gather_context_logits"), f"{unused} (remove it)"))
     if spec.speculative.max_draft_len is not None:
@@ -277,8 +277,9 @@ CODE_NOTE = (f"{LLMAPI_MODEL}/{' and '.join(LLMAPI_CODE)} are NVIDIA's, not writ
 
 def missing_llmapi_code(repository: Path) -> list[str]:
     """NVIDIA's llmapi files a PyTorch-flow repository (one with tensorrt_llm/1/model.yaml) still lacks, relative to
-    the repository; [] for an engine-flow repository, or one whose code was copied in."""
-    if not (repository / LLMAPI_MODEL_YAML).is_file():
+    the repository; [] for an engine-flow repository, one whose code was copied in, or a reference one (specbuild's
+    own model.py stands in for NVIDIA's there: `is_reference_llmapi`)."""
+    if not (repository / LLMAPI_MODEL_YAML).is_file() or is_reference_llmapi(repository):
         return []
     return [f"{LLMAPI_MODEL}/{name}" for name in LLMAPI_CODE if not (repository / LLMAPI_MODEL / name).is_file()]
 
@@ -375,3 +376,137 @@ def serve_command(spec: PipelineSpec, args: dict[str, Any], options_path: str) -
     options = {key: value for key, value in args.items()
                if key not in SERVE_FLAGS and key not in ("model", "trust_remote_code")}
     return command, options
+
+
+# -- what the llmapi model does with a request (its model.py and helpers.py) -------------------------------------
+LLMAPI_CODE_SOURCE = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py @044a90d2 "
+                      "(_execute_single_request, _convert_request, _create_response, handle_stop_request) and "
+                      "1/helpers.py @fab2f90b (get_sampling_params_from_request, get_output_config_from_request, "
+                      "get_streaming_from_request, get_input_scalar_by_name)")
+SAMPLING_PARAMS_SOURCE = "NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @195839a7 (HuiGao-NV/TensorRT-LLM)"
+RESULT_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/executor/result.py (CompletionOutput: `text` is the whole text so "
+                 "far, `text_diff` the new part) and cpp/tensorrt_llm/batch_manager/llmRequest.cpp @119c6e60 "
+                 "createResult (not streaming: the prompt tokens lead the output unless exclude_input_from_output; "
+                 "streaming: only tokens not sent yet)")
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """One optional llmapi input that helpers.py reads as a scalar into a SamplingParams keyword (or an output-config
+    flag), and what it fills in when the request does not send it: None means nothing (SamplingParams' own default,
+    SAMPLING_PARAMS_DEFAULTS, applies)."""
+
+    name: str
+    key: str
+    default: Any = None
+
+
+SAMPLING_PARAM_INPUTS: tuple[RequestInput, ...] = (
+    RequestInput("sampling_param_best_of", "best_of", 1),
+    RequestInput("sampling_param_temperature", "temperature"),
+    RequestInput("sampling_param_top_k", "top_k"),
+    RequestInput("sampling_param_top_p", "top_p"),
+    RequestInput("sampling_param_frequency_penalty", "frequency_penalty"),
+    RequestInput("sampling_param_presence_penalty", "presence_penalty"),
+    RequestInput("sampling_param_max_tokens", "max_tokens"),
+    RequestInput("sampling_param_seed", "seed"),
+    RequestInput("sampling_param_exclude_input_from_output", "exclude_input_from_output", False),
+    RequestInput("sampling_param_return_perf_metrics", "return_perf_metrics", False),
+)
+"""helpers.py get_sampling_params_from_request: `sampling_param_<field>` -> SamplingParams(<field>), the defaults its
+default_values dict fills in (note exclude_input_from_output False, where SamplingParams' own default is True: a
+non-streamed llmapi answer leads with the prompt unless the request says otherwise)."""
+STOP_INPUT = "sampling_param_stop"
+"""Read as a whole tensor (not a scalar) into SamplingParams(stop=...): a list of stop strings."""
+SAMPLING_PARAMS_DEFAULTS: dict[str, Any] = {
+    "max_tokens": 32, "temperature": None, "top_k": None, "top_p": None, "seed": None,
+    "frequency_penalty": None, "presence_penalty": None, "stop": None, "include_stop_str_in_output": False,
+    "add_special_tokens": True, "skip_special_tokens": True,
+}
+"""SamplingParams defaults (SAMPLING_PARAMS_SOURCE) for what a request leaves out. Greedy when temperature, top_p and
+top_k are all None, or top_k == 1, top_p == 0 or temperature == 0 (`params_imply_greedy_decoding`); otherwise
+temperature None means 1, top_p None means 1, top_k None means 0 (no top-k)."""
+OUTPUT_CONFIG_INPUTS: dict[str, str] = {
+    "return_finish_reason": "finish_reason", "return_stop_reason": "stop_reason",
+    "return_cumulative_logprob": "cumulative_logprob",
+}
+"""helpers.py get_output_config_from_request (each default False) -> the output model.py adds when true, as the str()
+of the CompletionOutput field (finish_reason 'stop'/'length'/'cancelled', stop_reason the stop string or None,
+cumulative_logprob None: model.py asks for no logprobs)."""
+PERF_METRIC_OUTPUTS = (
+    "kv_cache_reused_block", "kv_cache_hit_rate", "kv_cache_alloc_new_blocks", "kv_cache_alloc_total_blocks",
+    "kv_cache_missed_block", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+    "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+)
+"""The outputs _create_response adds when the result has request_perf_metrics (sampling_param_return_perf_metrics
+true), in its order. model.py builds every output with text_output's numpy dtype (object): on the wire each is a
+BYTES tensor of str(value), whatever config.pbtxt declares for it."""
+STREAMING_INPUT, STOP_REQUEST_INPUT, TEXT_INPUT = "streaming", "stop", "text_input"
+LLMAPI_ERRORS: dict[str, str] = {
+    "no_text_input": "text_input is missing from the request",
+    "not_1d": "The current implementation only supports text_input being a 1D tensor.",
+    "not_scalar": "Expected a scalar tensor for tensor {name}",
+    "streaming_not_decoupled": "Streaming is only supported in decoupled mode.",
+    "wrapped": "Error generating request: {error}",
+    "stop_without_id": "A request id must be provided for request cancellation",
+    "cancelled": "Request cancelled by client",
+    "top_p": "require 0 <= top_p <= 1, got top_p={value}",
+    "top_k": "require top_k >= 0, got top_k={value}",
+    "temperature": "require temperature >= 0, got temperature={value}",
+    "greedy_best_of": ("Greedy decoding in the LLM API does not allow multiple returns. Please set to best_of=1, got "
+                       "best_of={value}. Please set to best_of=1 or set an environment variable "
+                       "TLLM_ALLOW_N_GREEDY_DECODING=1 to allow best_of > 1 under the greedy decoding."),
+}
+"""The texts model.py and SamplingParams._validate answer with (LLMAPI_CODE_SOURCE, SAMPLING_PARAMS_SOURCE). Every
+error of a generation request is one final response: text_output ["N/A"] and the error "Error generating request:
+..." (`wrapped`); a stop request (input `stop` true) aborts the requests with its request id and is itself answered
+with the CANCELLED error `cancelled` (or `stop_without_id`). Only text_input[0] is generated (one prompt per
+request)."""
+ERROR_TEXT_OUTPUT = "N/A"
+
+
+# -- the reference backend's llmapi model (build.flow: pytorch, build.backend: reference) ------------------------
+REFERENCE_FILE = f"{LLMAPI_MODEL}/1/reference.json"
+"""What marks a reference llmapi repository: deploy writes specbuild's tensorrt_llm/1/model.py (the reference that
+serves the llmapi model's interface on CPU) and this side file naming the converted checkpoints it loads; model.yaml
+stays exactly what NVIDIA's model.py reads, and the reference reads its settings from there too."""
+REFERENCE_ROLES: dict[str, tuple[str, ...]] = {"none": ("target",), "draft_target": ("target", "draft"),
+                                               "eagle3": ("target",)}
+"""Which models `convert` writes as TensorRT-LLM checkpoints for the reference runtime, by speculative.mode (an
+EAGLE-3 draft is loaded from its Hugging Face directory as it is)."""
+REFERENCE_REFUSED: dict[str, str] = {
+    "ngram": "ngram on build.backend: reference: specbuild's reference runtime has no NGram drafter; use "
+             "build.backend: tensorrt (NVIDIA's llmapi model on TensorRT-LLM), or draft_target / eagle3",
+}
+
+
+def llmapi_backend(spec: PipelineSpec) -> Literal["tensorrt", "reference"]:
+    """Who serves a PyTorch-flow repository: `reference` only when the spec says so (specbuild's model.py on CPU);
+    `auto` and `tensorrt` mean NVIDIA's llmapi model. Not chosen by what this machine has installed, as the engine
+    flow's auto is: nothing here needs TensorRT-LLM to be written, and such a repository is usually written on one
+    machine and served on a GPU host."""
+    return "reference" if spec.build.backend == "reference" else "tensorrt"
+
+
+def is_reference_llmapi(repository: Path) -> bool:
+    return (repository / REFERENCE_FILE).is_file()
+
+
+def reference_roles(spec: PipelineSpec) -> tuple[str, ...]:
+    """The checkpoints `convert` writes for a reference PyTorch-flow spec (() on the tensorrt backend)."""
+    if spec.build.flow != PYTORCH or llmapi_backend(spec) != "reference":
+        return ()
+    return REFERENCE_ROLES.get(spec.speculative.mode, ("target",))
+
+
+def reference_settings(spec: PipelineSpec) -> dict[str, Any]:
+    """The side file's content: where the reference's checkpoints, tokenizer and EAGLE-3 draft are (absolute:
+    the checkpoints are not copied into the repository)."""
+    settings: dict[str, Any] = {
+        "checkpoints": {role: str(spec.checkpoint_dir(role).resolve()) for role in reference_roles(spec)},
+        "tokenizer": str(Path(spec.target.model).resolve()),
+        "trust_remote_code": spec.target.trust_remote_code,
+    }
+    if spec.speculative.mode == "eagle3" and spec.draft is not None and spec.draft.model is not None:
+        settings["eagle3_draft"] = str(Path(spec.draft.model).resolve())
+    return settings

@@ -9,6 +9,11 @@ Writes `spec.deploy.model_repository` atomically, with the manifest and freshnes
   `--extra_llm_api_options` file (tritonserver ignores files at the repository's top level).
 NVIDIA's `1/model.py` and `1/helpers.py` are not copied (they are TensorRT-LLM's code, shipped in its container
 under triton_backend/all_models/llmapi/tensorrt_llm/1/); the summary says so, and model.yaml's header too.
+
+With `build.backend: reference` the repository is served on CPU instead: `tensorrt_llm/1/model.py` is specbuild's
+(`specbuild/triton_models/llmapi/1/model.py`, answering as NVIDIA's model.py does, over the reference runtime) and
+`tensorrt_llm/1/reference.json` names the checkpoints `convert` wrote for it; model.yaml and config.pbtxt are the
+same files either way. The checkpoints' manifests are inputs, so a reconverted checkpoint redeploys.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +37,17 @@ from specbuild.contracts.llm_api import (
     LLMAPI_MODEL_SOURCE,
     LLMAPI_MODEL_YAML,
     LLMAPI_OUTPUTS,
+    REFERENCE_FILE,
     SERVE_OPTIONS,
     SERVE_SCRIPT,
     SERVE_SOURCE,
     Tensor,
     llm_api_dir,
     llm_args,
+    llmapi_backend,
     model_yaml,
+    reference_roles,
+    reference_settings,
     refuse_pytorch_flow_problems,
     serve_command,
 )
@@ -66,6 +76,9 @@ class LlmApiDeployResult:
     files: dict[str, str]
 
     def summary(self) -> str:
+        if REFERENCE_FILE in self.files:
+            return (f"{self.status}: {self.repository} ({LLMAPI_MODEL}: Triton llmapi model served by specbuild's "
+                    f"reference on CPU, build.backend reference; {SERVE_SCRIPT} for TensorRT-LLM)")
         return (f"{self.status}: {self.repository} ({LLMAPI_MODEL}: Triton llmapi model, PyTorch backend; "
                 f"{SERVE_SCRIPT}); {CODE_NOTE}")
 
@@ -101,13 +114,41 @@ def repository_files(spec: PipelineSpec, args: dict[str, Any]) -> dict[str, str]
     script = ("#!/bin/sh\n"
               f"# TensorRT-LLM's OpenAI server on the same settings ({SERVE_SOURCE}); written by specbuild.\n"
               f'exec {shown} "$@"\n')
-    return {
+    reference = llmapi_backend(spec) == "reference"
+    note = (f"{LLMAPI_MODEL}/1/model.py is specbuild's reference (build.backend: reference); for TensorRT-LLM put "
+            "NVIDIA's model.py and helpers.py there") if reference else CODE_NOTE
+    files = {
         CONFIG: config_text(),
         MODEL_YAML: _yaml(model_yaml(spec, args),
-                          f"# LLM-API settings for Triton's llmapi model ({LLMAPI_MODEL_SOURCE}).\n# {CODE_NOTE}.\n"),
+                          f"# LLM-API settings for Triton's llmapi model ({LLMAPI_MODEL_SOURCE}).\n# {note}.\n"),
         SERVE_OPTIONS: _yaml(options, "# trtllm-serve --extra_llm_api_options: LLM-API settings beyond its flags.\n"),
         SERVE_SCRIPT: script,
     }
+    if reference:
+        files[f"{LLMAPI_MODEL}/1/model.py"] = REFERENCE_MODEL_CODE.read_text(encoding="utf-8")
+        files[REFERENCE_FILE] = json.dumps(reference_settings(spec), indent=2, sort_keys=True) + "\n"
+    return files
+
+
+REFERENCE_MODEL_CODE = resources.files("specbuild").joinpath("triton_models", "llmapi", "1", "model.py")
+"""specbuild's stand-in for NVIDIA's llmapi model.py (a thin entry over specbuild.python_models.llmapi_model)."""
+
+
+def _reference_inputs(spec: PipelineSpec) -> list[Path]:
+    """The checkpoints a reference repository loads: refused when convert has not written them."""
+    paths, missing = [], []
+    for role in reference_roles(spec):
+        directory = spec.checkpoint_dir(role)
+        found = [directory / name for name in ("config.json", "manifest.json") if (directory / name).is_file()]
+        if len(found) < 2:
+            missing.append(f"{role}: {directory}")
+        paths += found
+    if missing:
+        raise SpecbuildError(f"{spec.where}: build.backend reference serves converted checkpoints, and convert has "
+                             f"not written them ({'; '.join(missing)})",
+                             hint="run `specbuild convert SPEC` (on build.flow: pytorch with build.backend: "
+                                  "reference it converts the target and a draft-target draft), then deploy again")
+    return paths
 
 
 def _built_settings(spec: PipelineSpec) -> dict[str, Any]:
@@ -141,7 +182,8 @@ def deploy_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = F
         return LlmApiDeployResult(repository, "planned", files)
     with output_lock(repository):
         known = read_manifest(repository)
-        inputs = fingerprint_files([llm_api_dir(spec) / LLM_API_PLAN], (known or {}).get("inputs"))
+        inputs = fingerprint_files([llm_api_dir(spec) / LLM_API_PLAN, *_reference_inputs(spec)],
+                                   (known or {}).get("inputs"))
         settings = {"files": {name: bytes_hash(text.encode()) for name, text in files.items()}}
         tools = tool_versions()
         if not force and is_fresh(known, settings=settings, tools=tools, inputs=inputs, directory=repository):

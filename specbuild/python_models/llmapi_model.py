@@ -1,0 +1,609 @@
+"""Triton's llmapi model (TensorRT-LLM's PyTorch backend behind Triton) answered by the reference runtime, without
+Triton: plain dicts of numpy arrays in, `Answer`s out.
+
+`triton_models/llmapi/1/model.py` is a thin adapter over this module, as `triton_models/tensorrt_llm/1/model.py` is
+over `llm_backend`: what a client can observe - which inputs are read and their defaults, which requests are
+refused and with which text, what `text_output` holds (the prompt first unless excluded; when streaming the whole
+completion so far in every response), which other outputs a response carries and as what - follows NVIDIA's
+model.py and helpers.py and the LLM API under them (the contract: `specbuild.contracts.llm_api`, LLMAPI_CODE_SOURCE,
+SAMPLING_PARAMS_SOURCE, RESULT_SOURCE). The decoding is the reference runtime's: `none` through the serving engine
+(in-flight batching), DraftTarget as the BLS's draft-target rounds (`bls_loop.speculate`) over a target and a draft
+serving engine, Eagle through `specbuild.runtime.eagle3_decoding` when the runtime has it.
+
+Where the reference departs from NVIDIA's model, on purpose: a request aborted by a stop request still gets a final
+(empty) flag so its stream closes (NVIDIA's sends it nothing when not streaming); `sampling_param_stop` strings are
+decoded from the BYTES tensor as UTF-8 (NVIDIA's passes the numpy array to SamplingParams as it is); limits
+(prompt + max_tokens over max_seq_len) are refused with the serving engine's words.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from specbuild.contracts.llm_api import (
+    ERROR_TEXT_OUTPUT,
+    LLMAPI_ERRORS,
+    OUTPUT_CONFIG_INPUTS,
+    SAMPLING_PARAM_INPUTS,
+    SAMPLING_PARAMS_DEFAULTS,
+    STOP_INPUT,
+    STOP_REQUEST_INPUT,
+    STREAMING_INPUT,
+    TEXT_INPUT,
+)
+from specbuild.python_models.llm_backend import TOKENS_PER_BLOCK, perf_metrics
+
+
+class LlmApiError(Exception):
+    """A request refused with the llmapi model's (or SamplingParams') text; `wrapped` as model.py wraps it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One response (or, `outputs` and `error` None, only the final flag). `cancelled`: the error is Triton's
+    CANCELLED one."""
+
+    outputs: dict[str, np.ndarray] | None
+    error: str | None = None
+    final: bool = True
+    cancelled: bool = False
+
+
+# -- the request, as helpers.py reads it ---------------------------------------------------------------------------
+
+
+def scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any:
+    """helpers.py get_input_scalar_by_name: None when absent, the one element, else "Expected a scalar tensor"."""
+    if name not in inputs:
+        return None
+    array = np.asarray(inputs[name])
+    if array.size != 1:
+        raise LlmApiError(LLMAPI_ERRORS["not_scalar"].format(name=name))
+    return array.item(0)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What _convert_request makes of a request: the prompt (text_input[0]), the SamplingParams keywords, the
+    streaming flag and the output config."""
+
+    prompt: str
+    sampling: dict[str, Any]
+    streaming: bool
+    output_config: dict[str, bool]
+
+    def param(self, key: str) -> Any:
+        """A SamplingParams field as the LLM API sees it: the request's, else SamplingParams' default."""
+        value = self.sampling.get(key)
+        return SAMPLING_PARAMS_DEFAULTS.get(key) if value is None else value
+
+
+def parse_request(inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
+    """model.py _convert_request and helpers.py, in their order; LlmApiError with their texts."""
+    if TEXT_INPUT not in inputs:
+        raise LlmApiError(LLMAPI_ERRORS["no_text_input"])
+    text_input = np.asarray(inputs[TEXT_INPUT])
+    if text_input.ndim > 1:
+        raise LlmApiError(LLMAPI_ERRORS["not_1d"])
+    prompt = _text(text_input.reshape(-1)[0])
+    sampling: dict[str, Any] = {}
+    for entry in SAMPLING_PARAM_INPUTS:
+        value = scalar(inputs, entry.name)
+        if value is None and entry.default is not None:
+            sampling[entry.key] = entry.default
+        elif value is not None:
+            sampling[entry.key] = value
+    stop = inputs.get(STOP_INPUT)
+    sampling["stop"] = None if stop is None else [_text(v) for v in np.asarray(stop).reshape(-1)]
+    output_config = {key: bool(scalar(inputs, key) or False) for key in OUTPUT_CONFIG_INPUTS}
+    streaming = bool(scalar(inputs, STREAMING_INPUT) or False)
+    return ParsedRequest(prompt, sampling, streaming, output_config)
+
+
+def is_greedy(request: ParsedRequest) -> bool:
+    """SamplingParams.params_imply_greedy_decoding (no beam search here)."""
+    t, p, k = (request.sampling.get(key) for key in ("temperature", "top_p", "top_k"))
+    return (t is None and p is None and k is None) or k == 1 or p == 0.0 or t == 0
+
+
+def check_sampling(request: ParsedRequest) -> None:
+    """SamplingParams._validate's refusals (best_of = best_of or n, n = 1)."""
+    top_p, top_k, temperature = (request.sampling.get(key) for key in ("top_p", "top_k", "temperature"))
+    if top_p is not None and (top_p < 0 or top_p > 1):
+        raise LlmApiError(LLMAPI_ERRORS["top_p"].format(value=top_p))
+    if top_k is not None and top_k < 0:
+        raise LlmApiError(LLMAPI_ERRORS["top_k"].format(value=top_k))
+    if temperature is not None and temperature < 0:
+        raise LlmApiError(LLMAPI_ERRORS["temperature"].format(value=temperature))
+    best_of = request.sampling.get("best_of") or 1
+    if best_of > 1 and is_greedy(request):
+        raise LlmApiError(LLMAPI_ERRORS["greedy_best_of"].format(value=best_of))
+
+
+def decoding(request: ParsedRequest, end_id: int | None) -> Any:
+    """The request's token decoding for the runtime: the argmax when SamplingParams implies greedy, else the
+    executor's sampling with the LLM API's unset values (temperature 1, top_p 1, top_k 0) and penalties."""
+    from specbuild.runtime.trtllm_decoding import TrtllmDecoding
+
+    if is_greedy(request):
+        return TrtllmDecoding(top_k=1, end_id=end_id)
+    s = request.sampling
+    return TrtllmDecoding(top_k=int(s.get("top_k") or 0), top_p=float(1.0 if s.get("top_p") is None else s["top_p"]),
+                          temperature=float(1.0 if s.get("temperature") is None else s["temperature"]),
+                          request_seed=int(s.get("seed") or 0), presence_penalty=s.get("presence_penalty"),
+                          frequency_penalty=s.get("frequency_penalty"), end_id=end_id)
+
+
+def runtime_params(request: ParsedRequest) -> Any:
+    """The same choice as `decoding`, as the runtime's SamplingParams (temperature 0: the argmax)."""
+    from specbuild.runtime.sampling import SamplingParams
+
+    if is_greedy(request):
+        return SamplingParams()
+    s = request.sampling
+    return SamplingParams(temperature=float(1.0 if s.get("temperature") is None else s["temperature"]),
+                          top_k=int(s.get("top_k") or 0), top_p=float(1.0 if s.get("top_p") is None else s["top_p"]),
+                          seed=s.get("seed"))
+
+
+# -- running it ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """What a runner reports after each step of one sequence: every token so far (stop words included), and, once
+    `finished`, why (`length`, `end_id`, `stop_word`, `cancelled`, or `error` with `error`)."""
+
+    tokens: list[int]
+    finished: bool = False
+    reason: str | None = None
+    accepted: int = 0
+    drafted: int = 0
+    reused_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Job:
+    """One sequence for a runner."""
+
+    prompt: list[int]
+    max_tokens: int
+    decoding: Any
+    greedy: bool
+    end_id: int | None
+    stop_words: tuple[tuple[int, ...], ...]
+    on_progress: Callable[[Progress], None]
+    cancelled: Callable[[], bool]
+    params: Any = None  # the runtime's SamplingParams (what batch decoders such as EAGLE-3's take)
+
+
+class Runner(Protocol):
+    """Runs jobs (from any thread; progress comes back from the runner's threads)."""
+
+    def check(self, job: Job) -> None: ...
+
+    def start(self, job: Job) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class _Request:
+    """One llmapi request in flight: its answer is built here from each Progress."""
+
+    parsed: ParsedRequest
+    prompt_ids: list[int]
+    stop_strings: list[str]
+    stop_words: tuple[tuple[int, ...], ...]
+    send: Callable[[Answer], None]
+    arrival_ns: int
+    aborted: bool = False  # by a stop request
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    sent_final: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LlmApiModel:
+    """The llmapi model's request handling over a `Runner`; `tokenizer` is the model's (HF) tokenizer."""
+
+    def __init__(self, tokenizer: Any, runner: Runner, *, decoupled: bool,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.tokenizer, self.runner, self.decoupled, self.clock = tokenizer, runner, decoupled, clock
+        self._by_id: dict[str, list[_Request]] = {}
+        self._lock = threading.Lock()
+
+    def receive(self, inputs: Mapping[str, np.ndarray], send: Callable[[Answer], None], *, request_id: str = "",
+                client_cancelled: Callable[[], bool] | None = None) -> None:
+        """model.py _execute_single_request: a stop request, or a generation request (refused as one final error
+        response with text_output "N/A"); responses go to `send`, possibly from another thread."""
+        try:
+            stop = scalar(inputs, STOP_REQUEST_INPUT)
+        except LlmApiError as err:
+            send(_error(err.message))
+            return
+        if stop:
+            self._stop(request_id, send)
+            return
+        arrival = self.clock()
+        try:
+            parsed = parse_request(inputs)
+            if parsed.streaming and not self.decoupled:
+                raise LlmApiError(LLMAPI_ERRORS["streaming_not_decoupled"])
+            check_sampling(parsed)
+            request = self._prepare(parsed, send, arrival)
+            job = self._job(request, client_cancelled)
+            self.runner.check(job)
+        except LlmApiError as err:
+            send(_error(err.message))
+            return
+        except ValueError as err:  # the runtime's limits (prompt + max_tokens over max_seq_len, ...)
+            send(_error(str(err)))
+            return
+        if request_id:
+            with self._lock:
+                self._by_id.setdefault(request_id, []).append(request)
+        request.scheduled_ns = self.clock()
+        self.runner.start(job)
+
+    def _prepare(self, parsed: ParsedRequest, send: Callable[[Answer], None], arrival: int) -> _Request:
+        ids = list(self.tokenizer.encode(parsed.prompt, add_special_tokens=parsed.param("add_special_tokens")))
+        stop_strings = list(parsed.sampling.get("stop") or [])
+        words = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings)
+        return _Request(parsed, ids, stop_strings, words, send, arrival)
+
+    def _job(self, request: _Request, client_cancelled: Callable[[], bool] | None) -> Job:
+        end_id = self.tokenizer.eos_token_id
+        parsed = request.parsed
+
+        def cancelled() -> bool:
+            return request.aborted or bool(client_cancelled and client_cancelled())
+
+        return Job(request.prompt_ids, int(parsed.param("max_tokens")), decoding(parsed, end_id), is_greedy(parsed),
+                   end_id, request.stop_words, lambda progress: self._on_progress(request, progress, cancelled),
+                   cancelled, runtime_params(parsed))
+
+    def _stop(self, request_id: str, send: Callable[[Answer], None]) -> None:
+        """handle_stop_request: abort every request with this id; the stop request itself gets CANCELLED."""
+        if not request_id:
+            send(_error(LLMAPI_ERRORS["stop_without_id"], wrapped=False))
+            return
+        with self._lock:
+            for request in self._by_id.pop(request_id, []):
+                request.aborted = True
+        send(Answer(None, LLMAPI_ERRORS["cancelled"], cancelled=True))
+
+    def _on_progress(self, request: _Request, progress: Progress, cancelled: Callable[[], bool]) -> None:
+        with request.lock:
+            if request.sent_final:
+                return
+            now = self.clock()
+            visible, stop_reason = self._visible(request, progress)
+            if visible and not request.first_token_ns:
+                request.first_token_ns = now
+            if visible:
+                request.last_token_ns = now
+            if progress.finished:
+                request.sent_final = True
+                self._forget(request)
+            if progress.finished and progress.reason == "error":
+                request.send(_error(progress.error or "generation failed"))
+                return
+            if progress.finished and progress.reason == "cancelled":
+                if request.aborted:  # a stop request: its own answer says CANCELLED; close this one's stream
+                    request.send(self._answer(request, visible, progress, "cancelled", None) if request.parsed.streaming
+                                 else Answer(None))
+                else:  # model.py cancellation_loop
+                    request.send(Answer(None, LLMAPI_ERRORS["cancelled"], cancelled=True))
+                return
+            if not request.parsed.streaming and not progress.finished:
+                return
+            reason = None
+            if progress.finished:
+                reason = "length" if progress.reason == "length" else "stop"
+            request.send(self._answer(request, visible, progress, reason, stop_reason))
+
+    def _forget(self, request: _Request) -> None:
+        with self._lock:
+            for key, requests in list(self._by_id.items()):
+                if request in requests:
+                    requests.remove(request)
+                    if not requests:
+                        del self._by_id[key]
+
+    @staticmethod
+    def _visible(request: _Request, progress: Progress) -> tuple[list[int], str | None]:
+        """The output tokens as the LLM API shows them: a stop word that ended the sequence cut off
+        (include_stop_str_in_output false; stop_reason the stop string), and, while running, the tokens that may
+        still become one held back."""
+        tokens = list(progress.tokens)
+        if progress.finished and progress.reason == "stop_word":
+            for text, word in zip(request.stop_strings, request.stop_words, strict=True):
+                if word and tuple(tokens[-len(word):]) == word:
+                    return tokens[: len(tokens) - len(word)], text
+            return tokens, None
+        if not progress.finished:
+            from specbuild.runtime.sequence import StopCriteria
+
+            held = StopCriteria(stop_words=request.stop_words).held_back(tokens)
+            return tokens[: len(tokens) - held], None
+        return tokens, None
+
+    def _answer(self, request: _Request, tokens: list[int], progress: Progress, finish_reason: str | None,
+                stop_reason: str | None) -> Answer:
+        """_create_response: text_output, the asked-for reasons, perf metrics when asked; every output an object
+        array of str (model.py builds them all with text_output's dtype)."""
+        parsed = request.parsed
+        skip = parsed.param("skip_special_tokens")
+        if parsed.streaming:  # the completion so far (createResult streams only new tokens; `text` accumulates)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=skip)
+            if not progress.finished:
+                text = text.rstrip("\ufffd")
+        elif parsed.param("exclude_input_from_output"):
+            text = self.tokenizer.decode(tokens, skip_special_tokens=skip)
+        else:  # not streaming, input not excluded: the prompt's tokens lead the output's
+            text = self.tokenizer.decode(request.prompt_ids + tokens, skip_special_tokens=skip)
+        outputs = {"text_output": _strings([text.encode("utf-8")])}
+        values = {"finish_reason": finish_reason, "stop_reason": stop_reason, "cumulative_logprob": None}
+        for key, name in OUTPUT_CONFIG_INPUTS.items():
+            if parsed.output_config[key]:
+                outputs[name] = _strings([str(values[name])])
+        if parsed.param("return_perf_metrics"):
+            outputs.update(self._perf(request, tokens, progress))
+        return Answer(outputs, final=progress.finished)
+
+    def _perf(self, request: _Request, tokens: list[int], progress: Progress) -> dict[str, np.ndarray]:
+        metrics = perf_metrics(arrival=request.arrival_ns, first_scheduled=request.scheduled_ns,
+                               first_token=request.first_token_ns, last_token=request.last_token_ns,
+                               prompt=len(request.prompt_ids), generated=len(tokens),
+                               reused_tokens=progress.reused_tokens, accepted=progress.accepted,
+                               drafted=progress.drafted)
+        prompt_blocks = math.ceil(len(request.prompt_ids) / TOKENS_PER_BLOCK)
+        reused = metrics["kv_cache_reused_blocks"]
+        missed = max(prompt_blocks - reused, 0)
+        values = {
+            "kv_cache_reused_block": reused,
+            "kv_cache_hit_rate": reused / (reused + missed) if reused + missed else 0.0,
+            "kv_cache_alloc_new_blocks": metrics["kv_cache_alloc_new_blocks"],
+            "kv_cache_alloc_total_blocks": metrics["kv_cache_alloc_total_blocks"],
+            "kv_cache_missed_block": missed,
+            **{name: metrics[name] for name in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                                                "last_token_time_ns", "acceptance_rate",
+                                                "total_accepted_draft_tokens", "total_draft_tokens")},
+        }
+        return {name: _strings([str(value)]) for name, value in values.items()}
+
+
+def _strings(values: Sequence[Any]) -> np.ndarray:
+    return np.asarray(list(values), dtype=np.object_)
+
+
+def _error(message: str, *, wrapped: bool = True) -> Answer:
+    """model.py's except clause: text_output ["N/A"] and "Error generating request: ..." (a stop request without
+    an id is answered with its text alone)."""
+    if not wrapped:
+        return Answer(None, message)
+    return Answer({"text_output": _strings([ERROR_TEXT_OUTPUT.encode()])},
+                  LLMAPI_ERRORS["wrapped"].format(error=message))
+
+
+# -- runners over the reference runtime ------------------------------------------------------------------------------
+_REASONS = {"end_id": "end_id", "stop_word": "stop_word", "length": "length", "stopped": "length"}
+"""bls_loop Row.finish -> Progress.reason ("stopped": the target ended the row early, at its own limits)."""
+
+
+def _engine_request(job: Job, **fields: Any) -> Any:
+    from specbuild.runtime.serving import EngineRequest
+
+    return EngineRequest(prompt=list(job.prompt), max_new_tokens=fields.pop("max_new_tokens", job.max_tokens),
+                         decoding=job.decoding, **fields)
+
+
+class EngineRunner:
+    """No speculation (model.yaml without speculative_config): each job is one request of the serving engine, which
+    batches it in flight with the others; its stop rules are the runtime's (the stop word kept: `_visible` cuts it)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def check(self, job: Job) -> None:
+        self.engine.check(_engine_request(job))
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def start(self, job: Job) -> None:
+        tokens: list[int] = []
+
+        def on_update(update: Any) -> None:
+            tokens.extend(update.tokens)
+            job.on_progress(Progress(list(tokens), update.finished, update.reason, update.accepted_draft_tokens,
+                                     update.draft_tokens, update.reused_tokens, update.error))
+
+        self.engine.submit(_engine_request(job, end_id=job.end_id, stop_words=job.stop_words, include_stop_words=True,
+                                           cancelled=job.cancelled, on_update=on_update))
+
+
+class DraftTargetRunner:
+    """DraftTarget: the BLS's rounds (`bls_loop.speculate`: the draft proposes up to K tokens, the target verifies
+    them and adds its own) over a draft and a target serving engine, one thread per request, so concurrent requests
+    batch in both engines. K per round from the model.yaml's draft_len_schedule / max_concurrency."""
+
+    def __init__(self, target: Any, draft: Any, draft_len: Callable[[int], int]) -> None:
+        self.target, self.draft, self.draft_len = target, draft, draft_len
+        self._active = 0
+        self._lock = threading.Lock()
+
+    def check(self, job: Job) -> None:
+        self.target.check(_engine_request(job))
+
+    def start(self, job: Job) -> None:
+        threading.Thread(target=self._run, args=(job,), daemon=True, name="llmapi-draft-target").start()
+
+    def stop(self) -> None:
+        self.target.stop()
+        self.draft.stop()
+
+    def _run(self, job: Job) -> None:
+        from specbuild.python_models.bls_loop import DraftUnavailable, Proposal, Row, Verdict, speculate
+
+        def propose(sequence: np.ndarray, n: int) -> Proposal:
+            result = self.draft.submit(self._draft_request(job, sequence, n)).wait()
+            if result.error:
+                raise DraftUnavailable(result.error)
+            return Proposal(result.tokens, result.logits)
+
+        def verify(sequence: np.ndarray, drafts: list[int], logits: Any, out_len: int) -> Verdict:
+            from specbuild.runtime.serving import EngineRequest
+
+            result = self.target.submit(EngineRequest(
+                prompt=[int(t) for t in sequence], max_new_tokens=out_len, decoding=job.decoding,
+                draft_tokens=drafts or None, draft_logits=logits, one_round=bool(drafts),
+                cancelled=job.cancelled)).wait()
+            if result.error:
+                raise RuntimeError(result.error)
+            return Verdict(result.tokens, result.accepted_draft_tokens if drafts else None)
+
+        row = Row(job.prompt, job.max_tokens, end_id=job.end_id, stop_words=job.stop_words, keep_stop_words=True)
+
+        def on_chunk(chunk: Any) -> None:
+            job.on_progress(Progress(list(row.generated[: chunk.start + len(chunk.tokens)]), chunk.final,
+                                     _REASONS.get(row.finish) if chunk.final else None, row.accepted, row.drafted))
+
+        with self._lock:
+            self._active += 1
+        try:
+            if not speculate(row, lambda: self.draft_len(self._active), propose, verify, on_chunk=on_chunk,
+                             cancelled=job.cancelled):
+                job.on_progress(Progress(list(row.generated), True, "cancelled", row.accepted, row.drafted))
+        except Exception as err:  # the target refused a round: the request's error response
+            job.on_progress(Progress(list(row.generated), True, "error", error=str(err)))
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    @staticmethod
+    def _draft_request(job: Job, sequence: np.ndarray, n: int) -> Any:
+        from specbuild.runtime.serving import EngineRequest
+
+        return EngineRequest(prompt=[int(t) for t in sequence], max_new_tokens=n, decoding=job.decoding,
+                             return_logits=not job.greedy, cancelled=job.cancelled)
+
+
+class Eagle3Runner:
+    """Eagle (an EAGLE-3 draft): the reference runtime's EAGLE-3 decoding, one request at a time (it decodes a
+    batch to completion, so requests do not join a running one), streamed by its per-round callback."""
+
+    def __init__(self, target: Any, draft: Any, num_draft_tokens: int, max_seq_len: int) -> None:
+        self.target, self.draft, self.k, self.max_seq_len = target, draft, num_draft_tokens, max_seq_len
+        self._lock = threading.Lock()
+
+    def check(self, job: Job) -> None:
+        if len(job.prompt) + max(job.max_tokens, 1) > self.max_seq_len:
+            raise ValueError(f"prompt {len(job.prompt)} + max_new_tokens {job.max_tokens} is more than the "
+                             f"engine's max_seq_len {self.max_seq_len}")
+        if job.max_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1 (got {job.max_tokens})")
+
+    def start(self, job: Job) -> None:
+        threading.Thread(target=self._run, args=(job,), daemon=True, name="llmapi-eagle3").start()
+
+    def stop(self) -> None:
+        pass
+
+    def _run(self, job: Job) -> None:
+        import torch
+
+        from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
+        from specbuild.runtime.sequence import StopCriteria
+
+        tokens: list[int] = []
+
+        def on_tokens(row: int, new: Sequence[int]) -> None:
+            tokens.extend(int(t) for t in new)
+            job.on_progress(Progress(list(tokens)))
+
+        stop = StopCriteria(job.max_tokens, job.end_id, job.stop_words, include_stop_words=True)
+        try:
+            with self._lock, torch.inference_mode():
+                result = generate_eagle3(self.target, self.draft, [list(job.prompt)],
+                                         Eagle3Config(num_draft_tokens=self.k), job.params, stop, on_tokens=on_tokens)
+        except Exception as err:
+            job.on_progress(Progress(list(tokens), True, "error", error=str(err)))
+            return
+        output = [int(t) for t in result.output_ids[0]]
+        stats = result.stats
+        job.on_progress(Progress(output, True, _stop_reason(output, job), sum(stats.accepted_by_position),
+                                 sum(stats.proposed_by_position)))
+
+
+def _stop_reason(output: Sequence[int], job: Job) -> str:
+    """Why a batch decoder's sequence ended, from its output (the decoder keeps stop words)."""
+    if any(word and tuple(output[-len(word):]) == word for word in job.stop_words):
+        return "stop_word"
+    return "length" if len(output) >= job.max_tokens else "end_id"
+
+
+def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
+                log_info: Callable[[str], None] = print) -> Runner:
+    """The runner model.yaml's settings ask for, over the checkpoints reference.json names: none (the serving
+    engine), DraftTarget (two serving engines) or Eagle (EAGLE-3); other decoding types are refused by name."""
+    import json
+    from pathlib import Path
+
+    from specbuild.dtypes import torch_dtype
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.schedule import DraftSchedule
+    from specbuild.runtime.serving import ServingEngine
+
+    checkpoints = reference["checkpoints"]
+
+    def load(role: str) -> Any:
+        directory = Path(checkpoints[role])
+        name = settings.get("dtype") or json.loads((directory / "config.json").read_text())["dtype"]
+        return CausalLM.from_checkpoint(directory, dtype=torch_dtype(str(name), where=f"{directory}: dtype"))
+
+    config = settings.get("speculative_config") or {}
+    kind = config.get("decoding_type")
+    batch, seq = int(settings["max_batch_size"]), int(settings["max_seq_len"])
+    if kind is None:
+        engine = ServingEngine(load("target"), max_batch=batch, max_seq_len=seq)
+        engine.start()
+        return EngineRunner(engine)
+    k = int(config.get("max_draft_len") or 0)
+    if kind == "DraftTarget":
+        steps = {int(size): int(length) for size, length in (config.get("draft_len_schedule") or {}).items()}
+        schedule = DraftSchedule(steps, k, config.get("max_concurrency"))
+        target = ServingEngine(load("target"), max_batch=batch, max_seq_len=seq, max_draft_len=k)
+        draft = ServingEngine(load("draft"), max_batch=batch, max_seq_len=seq)
+        target.start()
+        draft.start()
+        return DraftTargetRunner(target, draft, schedule.draft_len)
+    if kind == "Eagle":
+        try:
+            from specbuild.runtime.eagle3 import Eagle3Draft
+        except ImportError as err:
+            raise RuntimeError("speculative_config decoding_type Eagle: this specbuild's reference runtime has no "
+                               f"EAGLE-3 decoding ({err})") from None
+        target_model = load("target")
+        return Eagle3Runner(target_model, Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target_model),
+                            k, seq)
+    raise RuntimeError(f"speculative_config decoding_type {kind!r}: the reference llmapi model serves no "
+                       "speculative_config, DraftTarget or Eagle (set build.backend: tensorrt for NVIDIA's)")
