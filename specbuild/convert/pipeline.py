@@ -35,7 +35,7 @@ from specbuild.convert.quantize.settings import QuantizeSettings
 from specbuild.convert.quantize.write import write_quantized
 from specbuild.convert.request import ConversionPlan, ConvertRequest
 from specbuild.convert.safetensors_writer import StreamingSafetensorsWriter
-from specbuild.convert.self_draft import SelfDraftArchitecture
+from specbuild.convert.self_draft import self_draft_architecture
 from specbuild.convert.sharding import RowBlocks, ranks
 from specbuild.dtypes import DTYPES, dtype_name, torch_dtype
 from specbuild.errors import CheckpointError, SpecbuildError
@@ -102,7 +102,7 @@ def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint, *, read_v
     if request.medusa_heads is not None:
         arch = with_medusa_heads(arch, checkpoint, request)
     if request.self_draft_layers is not None:
-        arch = SelfDraftArchitecture(arch, request.self_draft_layers)
+        arch = self_draft_architecture(arch, checkpoint, request)
     arch.bind_sources(set(checkpoint.infos))
     problems = arch.parallelism_problems(request.tp_size, request.pp_size)
     if problems:
@@ -139,6 +139,8 @@ def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
     settings = _base_settings(request, plan)
     if request.self_draft_layers is not None:  # only then, so other conversions' manifests stay as they were
         settings["self_draft_layers"] = request.self_draft_layers
+    if request.self_draft_adapter is not None:
+        settings["self_draft_adapter"] = str(request.self_draft_adapter.resolve())
     return settings
 
 
@@ -396,7 +398,8 @@ def _requests(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[Convert
             ConvertRequest(
                 "draft", source, spec.checkpoint_dir("draft"),
                 quantization=quantization if quantization.enabled else None,
-                self_draft_layers=spec.draft.layers if self_draft else None, **common,
+                self_draft_layers=spec.draft.layers if self_draft else None,
+                self_draft_adapter=spec.draft.adapter if self_draft else None, **common,
             )
         )
     if spec.medusa is not None:

@@ -33,6 +33,7 @@ class ConvertRequest:
     needs_tokenizer: bool = False  # a spec's target: deploy copies its tokenizer into the repository
     self_draft_layers: int | None = None  # keep only the source's first N decoder layers (+ final norm, LM head):
     # a self-draft (draft.source: target_layers), whose source is the target's HF directory
+    self_draft_adapter: Path | None = None  # a self-draft's adapter directory (draft.adapter): its layer L
 
 
 @dataclass

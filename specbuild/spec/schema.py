@@ -140,8 +140,9 @@ class DraftSpec(ModelSource):
     own copy of the L layers' weights and its own KV cache, because TensorRT-LLM's draft-target mode runs two
     separate engines (NVIDIA/TensorRT-LLM examples/draft_target_model/README.md @567239fc: two checkpoints, two
     trtllm-build runs, two tensorrt_llm models each with its own engine_dir and KV-cache fraction); count both in
-    GPU memory. Only a runtime that runs draft and target in one process could share them (specbuild's reference
-    runtime could; it does not yet, and loads the self-draft as any draft)."""
+    GPU memory. Only a runtime that runs draft and target in one process can share them: specbuild's reference
+    runtime does (`specbuild.runtime.self_draft.generate_self_draft`: the target's own weight tensors, and the KV
+    cache of the first L layers, which the target's verify forward computes anyway)."""
 
     source: DraftSource = "model"
     model: SpecPath | None = None  # type: ignore[assignment]  # required unless source is target_layers
@@ -149,6 +150,9 @@ class DraftSpec(ModelSource):
     """`source: target_layers`: how many of the target's decoder layers the draft keeps, 1 <= L < the target's
     num_hidden_layers (`specbuild validate` checks it against the target's config.json). Fewer layers draft
     faster; more agree with the target more often."""
+    adapter: SpecPath | None = None
+    """`source: target_layers`: an adapter directory from `specbuild draft train` (one decoder layer after the first
+    L, distilled from the target's logits to raise acceptance); the draft checkpoint then has L + 1 layers."""
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
 
     @model_validator(mode="after")
@@ -162,6 +166,9 @@ class DraftSpec(ModelSource):
             if "layers" in given:
                 issues.append((("layers",), "only used with source: target_layers (remove it, or set source: "
                                "target_layers and remove model)", None))
+            if "adapter" in given:
+                issues.append((("adapter",), "only used with source: target_layers (an adapter extends the "
+                               "target's own first layers)", None))
         else:
             if self.layers is None:
                 issues.append((("layers",), "required when source is 'target_layers': how many of the target's "
@@ -170,6 +177,10 @@ class DraftSpec(ModelSource):
                 if name in given:
                     issues.append(((name,), f"given, but source is 'target_layers', which reads the target's "
                                    f"checkpoint (target.{name}); remove it", None))
+            if self.adapter is not None and self.quantization.enabled:
+                issues.append((("adapter",), "cannot be combined with draft.quantization yet: ModelOpt calibrates "
+                               "the target cut to draft.layers layers, without the adapter; remove one of them",
+                               None))
         if issues:
             raise_issues(issues)
         return self

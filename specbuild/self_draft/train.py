@@ -1,0 +1,181 @@
+"""Training a self-draft adapter: one decoder layer after the frozen target's first L layers, distilled from the
+target's own logits.
+
+The draft is `lm_head(norm(adapter(h_L)))`, where h_L is the target's residual stream after L layers and norm and
+lm_head are the target's own (frozen; only the adapter learns). The loss is KL(p_target || p_draft) over every
+position of windows of the training text: the draft learns to predict what the target will say, not the text
+(what speculative acceptance rewards). The adapter starts as a copy of the target's own layer L, so the untrained
+draft is the (L+1)-layer cut of the target; distillation then teaches that one layer the work of the remaining
+N - L. Seeded: the same inputs and thread count give the same bytes.
+
+LLaMA-family targets (Llama, Mistral, Qwen2): their decoder layers run standalone given rotary embeddings, with
+causal attention over the window (a Mistral window longer than seq_len changes nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from specbuild import corpus
+from specbuild.atomic import atomic_directory
+from specbuild.errors import CheckpointError
+
+# The Medusa trainer's pieces: one token stream, schedule, batch order and progress bar for every trainer.
+from specbuild.medusa.train import bar, lr_schedule, no_transformers_bars, token_stream, window_batches
+from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
+from specbuild.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from transformers import PreTrainedModel
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def train_adapter(
+    target_dir: Path,
+    output_dir: Path,
+    *,
+    layers: int,
+    steps: int = 200,
+    seq_len: int = 64,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    seed: int = 0,
+    texts: Sequence[str] | None = None,
+    eval_texts: Sequence[str] | None = None,
+    progress: bool | Progress = True,
+) -> dict[str, float]:
+    """Train an adapter after the first `layers` layers of the frozen HF model in `target_dir` and write it to
+    `output_dir` atomically (`specbuild.self_draft.adapter_format`). Texts default to the built-in corpus's
+    training and held-out parts. Returns held-out figures, each for the L-layer cut without adapter
+    (`no_adapter_*`), the adapter at its start (`init_*`) and trained: `*_kl` (the distillation loss) and
+    `*_agree` (how often the draft's argmax is the target's: greedy acceptance of the first draft token), with
+    `final_loss` and `train_seconds`."""
+    from transformers import AutoModelForCausalLM
+
+    for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (got {value})")
+    target_dir = Path(target_dir)
+    train_texts = list(texts) if texts is not None else corpus.training_texts()
+    held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
+    with torch.random.fork_rng(devices=[]), no_transformers_bars():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True, trust_remote_code=False,
+                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
+        model.requires_grad_(False)
+        prefix = _check_model(model, target_dir, layers)
+        tokenizer = load_tokenizer(target_dir)
+        train_ids, held_ids = token_stream(tokenizer, train_texts), token_stream(tokenizer, held_texts)
+        for what, ids in (("training", train_ids), ("held-out", held_ids)):
+            if ids.numel() <= seq_len:
+                raise ValueError(f"{what} text has {ids.numel()} tokens, fewer than one window of {seq_len + 1}")
+        adapter = copy.deepcopy(model.get_decoder().layers[layers])
+        evaluate_before = _evaluate(model, adapter, layers, held_ids, seq_len)
+        started = time.perf_counter()
+        final_loss = _train(model, adapter, layers, train_ids, steps, seq_len, batch_size, lr, seed, progress)
+        seconds = time.perf_counter() - started
+        trained = _evaluate(model, adapter, layers, held_ids, seq_len)
+    metrics = {"no_adapter_kl": evaluate_before["cut_kl"], "no_adapter_agree": evaluate_before["cut_agree"],
+               "init_kl": evaluate_before["kl"], "init_agree": evaluate_before["agree"], "kl": trained["kl"],
+               "agree": trained["agree"], "final_loss": round(final_loss, 4), "train_seconds": round(seconds, 1)}
+    config = {"format": FORMAT, "layers": layers, "hidden_size": model.config.hidden_size,
+              "num_hidden_layers": model.config.num_hidden_layers, "model_type": model.config.model_type,
+              "target": str(target_dir.absolute()),
+              "training": {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "seed": seed,
+                           "loss": "KL(target || draft)", "init": f"target layer {layers}"},
+              "metrics": metrics}
+    tensors = {prefix + key: value.detach().contiguous() for key, value in adapter.state_dict().items()}
+    _save(Path(output_dir), tensors, config)
+    return metrics
+
+
+def _check_model(model: PreTrainedModel, target_dir: Path, layers: int) -> str:
+    """The HF name prefix of the target's layer `layers` (the adapter's tensors take its names)."""
+    model_type = model.config.model_type
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{target_dir / 'config.json'}: model_type {model_type!r}: adapters are trained for "
+                              f"the LLaMA family ({', '.join(FAMILIES)})",
+                              hint="use draft.source: target_layers without draft.adapter for this model")
+    total = model.config.num_hidden_layers
+    if not 1 <= layers < total:
+        raise CheckpointError(f"{target_dir / 'config.json'}: --layers {layers} must be 1 to {total - 1} (the "
+                              f"target has {total} layers; the adapter runs after the first L of them)")
+    layer = model.get_decoder().layers[layers]
+    return next(name for name, module in model.named_modules() if module is layer) + "."
+
+
+def _draft_logits(model: PreTrainedModel, adapter: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    decoder = model.get_decoder()
+    positions = torch.arange(hidden.shape[1])[None].expand(hidden.shape[0], -1)
+    out = adapter(hidden, attention_mask=None, position_ids=positions,
+                  position_embeddings=decoder.rotary_emb(hidden, positions))
+    out = out[0] if isinstance(out, tuple) else out
+    return model.get_output_embeddings()(decoder.norm(out))
+
+
+def _teacher(model: PreTrainedModel, ids: torch.Tensor, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the target's log-probabilities, its residual stream after `layers` layers) for a batch of windows."""
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    return torch.log_softmax(out.logits.float(), -1), out.hidden_states[layers]
+
+
+def _kl(teacher: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p_target || p_draft)."""
+    draft = torch.log_softmax(logits.float(), -1)
+    return F.kl_div(draft.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
+def _train(model: PreTrainedModel, adapter: torch.nn.Module, layers: int, ids: torch.Tensor, steps: int,
+           seq_len: int, batch_size: int, lr: float, seed: int, progress: bool | Progress) -> float:
+    adapter.train().requires_grad_(True)
+    optimizer = torch.optim.AdamW(adapter.parameters(), lr=lr, weight_decay=0.0)
+    scheduler = lr_schedule(optimizer, steps)
+    loss_value = float("nan")
+    with bar(progress, steps, "adapter") as advance:
+        for window in window_batches(ids, seq_len, steps, batch_size, seed):
+            teacher, hidden = _teacher(model, window, layers)
+            loss = _kl(teacher, _draft_logits(model, adapter, hidden))
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = float(loss.detach())
+            advance(loss_value)
+    adapter.eval().requires_grad_(False)
+    return loss_value
+
+
+def _evaluate(model: PreTrainedModel, adapter: torch.nn.Module, layers: int, ids: torch.Tensor,
+              seq_len: int) -> dict[str, float]:
+    """Held-out KL and argmax agreement of the adapter draft and of the plain L-layer cut, over disjoint windows."""
+    windows = ids[: (ids.numel() // seq_len) * seq_len].view(-1, seq_len)
+    sums = {"kl": 0.0, "agree": 0.0, "cut_kl": 0.0, "cut_agree": 0.0}
+    head, norm = model.get_output_embeddings(), model.get_decoder().norm
+    with torch.no_grad():
+        for chunk in windows.split(16):
+            teacher, hidden = _teacher(model, chunk, layers)
+            best = teacher.argmax(-1)
+            for key, logits in (("", _draft_logits(model, adapter, hidden)), ("cut_", head(norm(hidden)))):
+                sums[key + "kl"] += float(_kl(teacher, logits)) * chunk.numel()
+                sums[key + "agree"] += float((logits.argmax(-1) == best).sum())
+    return {key: round(value / windows.numel(), 4) for key, value in sums.items()}
+
+
+def _save(output_dir: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Weights and config land together or not at all."""
+    from safetensors.torch import save_file
+
+    with atomic_directory(output_dir) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
