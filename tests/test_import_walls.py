@@ -26,7 +26,7 @@ STAGES = frozenset({"convert", "build", "tune", "deploy", "serve", "bench", "dem
 NEUTRAL = frozenset({
     "specbuild",  # the package itself (`__version__`)
     "errors", "atomic", "manifest", "dtypes", "tokenizer", "corpus", "pickle_weights", "spec",
-    "contracts", "medusa", "runtime", "python_models", "eagle",
+    "contracts", "medusa", "runtime", "python_models", "eagle", "self_draft",
 })
 """Shared modules (second name of `specbuild.<name>`, a module or a package) that any stage may import."""
 
