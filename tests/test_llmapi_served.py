@@ -1,0 +1,120 @@
+"""A `build.flow: pytorch` repository with `build.backend: reference` served by a real tritonserver: Triton's
+llmapi interface (tensorrt_llm, model.yaml) answers the same prompts with the same text as the engine-style
+repository of the same target and draft (tests/deploy_fixtures.py `deployed`, configs/demo.yaml's pipeline), over
+HTTP generate and gRPC streaming, as NVIDIA's docs call the llmapi model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.deploy_fixtures import PROMPTS, Deployed, http_post, pipeline_data, write_spec
+
+pytestmark = pytest.mark.tritonserver
+MAX_TOKENS = 24
+
+
+def _llmapi_repository(root: Path, models: dict[str, Path]) -> Path:
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.convert.run import convert_spec
+    from specbuild.deploy.llmapi import deploy_llm_api
+
+    data = pipeline_data("demo-llmapi", models, "draft_target", root / "out")
+    data["build"]["flow"] = "pytorch"  # backend: reference stays (pipeline_data sets it)
+    data["speculative"]["draft_len_schedule"] = {1: 4, 4: 0}  # as configs/demo-pytorch.yaml
+    spec = write_spec(root, data)
+    convert_spec(spec.path)
+    build_llm_api(spec)
+    return deploy_llm_api(spec).repository
+
+
+@pytest.fixture(scope="module", name="llmapi_server")
+def llmapi_server_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path]) -> Iterator[Any]:
+    from specbuild.serve.server import TritonServer
+
+    root = tmp_path_factory.mktemp("llmapi")
+    repository = _llmapi_repository(root, demo_models)
+    with TritonServer(repository, log_file=root / "server.log", ready_timeout_s=420) as server:
+        yield server
+
+
+def _generate(url: str, prompt: str, **fields: Any) -> tuple[int, dict[str, Any]]:
+    status, body = http_post(url, "/v2/models/tensorrt_llm/generate",
+                             {"text_input": prompt, "sampling_param_max_tokens": MAX_TOKENS, **fields})
+    return status, json.loads(body)
+
+
+def _stream(url: str, prompt: str, **inputs: np.ndarray) -> list[Any]:
+    """gRPC streaming as NVIDIA's llmapi docs send it: text_input and streaming true; every response's outputs."""
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    tensors = {"text_input": np.array([prompt.encode()], dtype=object), "streaming": np.array([True]),
+               "sampling_param_max_tokens": np.array([MAX_TOKENS], dtype=np.int32), **inputs}
+    infer_inputs = []
+    for name, array in tensors.items():
+        dtype = {np.dtype(object): "BYTES", np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}[array.dtype]
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        infer_inputs.append(tensor)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", infer_inputs, enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = responses.get(timeout=120)
+            assert error is None, error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if result.as_numpy("text_output") is not None:
+                got.append(result)
+            if final:
+                return got
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_llmapi_answers_as_the_engine_repository(llmapi_server: Any, dt_server: Any, deployed: Deployed,
+                                                 greedy_reference: dict[str, str]) -> None:
+    """Greedy, not streamed: the llmapi text (prompt first, helpers.py's exclude_input_from_output default false)
+    equals the engine-style BLS's (exclude_input_in_output default false); excluded, it is the completion, equal to
+    the target's plain greedy one; the finish reason and perf metrics come as NVIDIA's model.py sends them."""
+    for prompt in PROMPTS:
+        status, engine = http_post(dt_server.http_url, "/v2/models/tensorrt_llm_bls/generate",
+                                   {"text_input": prompt, "max_tokens": MAX_TOKENS})
+        assert status == 200, engine
+        status, llmapi = _generate(llmapi_server.http_url, prompt)
+        assert status == 200, llmapi
+        assert llmapi["text_output"] == json.loads(engine)["text_output"], prompt
+        status, excluded = _generate(llmapi_server.http_url, prompt, sampling_param_exclude_input_from_output=True,
+                                     return_finish_reason=True, sampling_param_return_perf_metrics=True)
+        assert status == 200, excluded
+        assert excluded["text_output"] == greedy_reference[prompt], prompt
+        assert excluded["finish_reason"] in ("stop", "length")
+        assert int(excluded["total_draft_tokens"]) >= int(excluded["total_accepted_draft_tokens"]) >= 0
+
+
+def test_llmapi_streams_the_whole_text_so_far(llmapi_server: Any, greedy_reference: dict[str, str]) -> None:
+    """gRPC streaming: every response holds the completion so far (CompletionOutput.text, never the prompt), each
+    one extending the last; the last is the whole greedy completion."""
+    for prompt in PROMPTS[:2]:
+        texts = [r.as_numpy("text_output")[0].decode() for r in _stream(llmapi_server.grpc_url, prompt)]
+        assert texts and texts[-1] == greedy_reference[prompt], (prompt, texts)
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts)), texts
+
+
+def test_llmapi_refusals_over_the_wire(llmapi_server: Any) -> None:
+    """Refused as NVIDIA's model.py refuses: SamplingParams' text inside "Error generating request: ...", and the
+    server keeps serving."""
+    status, body = _generate(llmapi_server.http_url, PROMPTS[0], sampling_param_top_k=-1)
+    assert status >= 400 and "Error generating request: require top_k >= 0, got top_k=-1" in body["error"], body
+    status, body = _generate(llmapi_server.http_url, PROMPTS[0], sampling_param_max_tokens=2)
+    assert status == 200 and body["text_output"].startswith(PROMPTS[0][:3])
