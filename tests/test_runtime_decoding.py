@@ -208,16 +208,23 @@ def test_speculative_sampling_matches_target_distribution(
     # The first round drafts from the prompt (as TensorRT-LLM's BLS): with 3 new tokens it proposes K = 2, so
     # positions 0 and 1 are draft tokens accepted or resampled, the rule under test.
     for position in (0, 1):
-        expected = exact_marginal(target, prompt, position)
-        observed = torch.bincount(torch.tensor([o[position] for o in result.output_ids]), minlength=VOCAB).float()
-        keep = expected * trials >= 5  # chi-square needs expected counts >= 5; pool the rest
-        f_exp = torch.cat([expected[keep] * trials, (expected[~keep] * trials).sum()[None]])
-        f_obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
-        if f_exp[-1] < 5:
-            f_exp, f_obs = f_exp[:-1], f_obs[:-1]
-            f_exp = f_exp * (f_obs.sum() / f_exp.sum())
-        p_value = chisquare(f_obs.numpy(), f_exp.numpy()).pvalue
+        p_value = marginal_p_value(target, prompt, position, result.output_ids)
         assert (p_value > 0.01) == should_match, f"position {position}: p={p_value:.2e}"
+
+
+def marginal_p_value(target: CausalLM, prompt: list[int], position: int, outputs: list[list[int]]) -> float:
+    """Chi-square p-value of the tokens at `position` of `outputs` (one sample per output) against the target's
+    exact marginal there (shared with the EAGLE-3 sampling test)."""
+    trials = len(outputs)
+    expected = exact_marginal(target, prompt, position)
+    observed = torch.bincount(torch.tensor([o[position] for o in outputs]), minlength=VOCAB).float()
+    keep = expected * trials >= 5  # chi-square needs expected counts >= 5; pool the rest
+    f_exp = torch.cat([expected[keep] * trials, (expected[~keep] * trials).sum()[None]])
+    f_obs = torch.cat([observed[keep], observed[~keep].sum()[None]])
+    if f_exp[-1] < 5:
+        f_exp, f_obs = f_exp[:-1], f_obs[:-1]
+        f_exp = f_exp * (f_obs.sum() / f_exp.sum())
+    return float(chisquare(f_obs.numpy(), f_exp.numpy()).pvalue)
 
 
 def test_rejection_sampling_on_a_rejection_draws_from_the_residual() -> None:
