@@ -21,7 +21,7 @@ from specbuild.build.gpu import Gpu, parse_gpu
 from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, BuildPlan
 from specbuild.contracts import lookahead as la
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, facts_from_config
-from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK
+from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK, verification_tokens
 from specbuild.contracts.quant_formats import format_of, kv_cache_quant_algo, kv_format_of, quant_algo
 from specbuild.dtypes import quantized_export_dtype
 from specbuild.errors import SpecbuildError
@@ -203,7 +203,7 @@ def plan_problems(spec: PipelineSpec, plan: BuildPlan, fact: CheckpointFacts | N
     if plan.max_draft_len:
         # build() raises max_num_tokens to this under any speculative mode (builder.py @73c0d691), so a smaller
         # build.max_num_tokens is not what the engine gets.
-        need = plan.max_batch_size * (plan.max_draft_len + 1)
+        need = verification_tokens(plan.max_batch_size, plan.max_draft_len)
         if plan.max_num_tokens < need:
             yield _error(
                 f"{name}: build.max_num_tokens {plan.max_num_tokens} is less than max_batch_size x (max_draft_len + 1)"

@@ -35,6 +35,22 @@ def tune(
     inline: Annotated[
         bool, typer.Option("--inline", help="medusa: write the tree into the spec, not medusa_choices/NAME-tuned.json.")
     ] = False,
+    window: Annotated[
+        list[int] | None, typer.Option("--window", metavar="W", help="lookahead: a window size W to try (repeat for "
+                                       "several; default 2, 4, 7).")
+    ] = None,
+    ngram: Annotated[
+        list[int] | None, typer.Option("--ngram", metavar="N", help="lookahead: an n-gram size N to try (default 2, "
+                                       "3, 4, 5).")
+    ] = None,
+    verification_set: Annotated[
+        list[int] | None, typer.Option("--verification-set", metavar="G", help="lookahead: a verification set size G "
+                                       "to try (default 1, 4, 7).")
+    ] = None,
+    layers: Annotated[
+        list[int] | None, typer.Option("--layers", metavar="L", help="self-draft (draft.source: target_layers): a "
+                                       "layer count L to try (repeat; default every L below the target's).")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads while measuring.")] = 1,
     schedule: Annotated[
@@ -46,8 +62,12 @@ def tune(
     spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
     ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
     (next to mc_sim_7b_63), and the load-aware schedule (plain vs speculative at each batch size up to
-    build.max_batch_size). ngram, eagle3 and build.flow: pytorch are refused with what to do instead: the
-    reference runtime has no drafter for the first two, and the PyTorch flow converts no checkpoint to measure.
+    build.max_batch_size). lookahead: every (W, N, G) of the --window x --ngram x --verification-set grid that the
+    spec's engine limits allow is run, and the one with the most tokens per second by the measured cost of its
+    steps is written into speculative.lookahead. A self-draft (draft.source: target_layers): each L is measured
+    for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
+    at it. ngram and build.flow: pytorch are refused with what to do instead: the reference runtime has no n-gram
+    drafter, and the PyTorch flow converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.tune.stage import TuneOptions, run_tune
@@ -55,5 +75,8 @@ def tune(
     with handled_errors():
         options = TuneOptions(calib=calib, output=output, prompts=prompts, prompt_tokens=prompt_tokens,
                               new_tokens=new_tokens, max_k=max_k, repeats=repeats, nodes=nodes, top_k=top_k,
-                              inline=inline, write=not dry_run, threads=threads, schedule=schedule)
+                              inline=inline, write=not dry_run, threads=threads, schedule=schedule,
+                              windows=tuple(window) if window else None, ngrams=tuple(ngram) if ngram else None,
+                              verification_sets=tuple(verification_set) if verification_set else None,
+                              layers=tuple(layers) if layers else None)
         run_tune(spec_path, options, console=console, out=Console())

@@ -64,11 +64,19 @@ def engine_max_draft_len(spec: PipelineSpec) -> int:
     return spec.speculative.max_draft_len or spec.full_draft_len
 
 
+def verification_tokens(batch: int, draft_len: int) -> int:
+    """Tokens one verification step of a full batch feeds the engine, batch x (draft + 1): TensorRT-LLM 1.2's
+    build() raises max_num_tokens to at least this under any speculative mode (NVIDIA/TensorRT-LLM
+    tensorrt_llm/builder.py @73c0d691), so `build` refuses a smaller build.max_num_tokens."""
+    return batch * (draft_len + 1)
+
+
 def default_max_num_tokens(batch: int, input_len: int, draft_len: int) -> int:
     """Room for a whole prompt (no chunked context needed) and for batch x (draft + 1) verification tokens,
     capped at trtllm-build's own default of 8192 unless those two need more; never below tokens_per_block,
     which TensorRT-LLM 1.2 raises it to anyway (`check_max_num_tokens`, tensorrt_llm/_common.py @0fccc5b9)."""
-    return max(min(batch * input_len, DEFAULT_MAX_NUM_TOKENS), input_len, batch * (draft_len + 1), TOKENS_PER_BLOCK)
+    return max(min(batch * input_len, DEFAULT_MAX_NUM_TOKENS), input_len, verification_tokens(batch, draft_len),
+               TOKENS_PER_BLOCK)
 
 
 def engine_limits(spec: PipelineSpec, role: str) -> EngineLimits:

@@ -9,8 +9,10 @@ other work on a shared machine only ever adds time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 
@@ -19,9 +21,13 @@ from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sequence import GenerationStats, StopCriteria
 from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
+from specbuild.spec import MAX_DRAFT_TOKENS
 
 Prompts = list[list[int]]
 Tick = Callable[[], None]
+MAX_BLOCK_TOKENS = MAX_DRAFT_TOKENS + 1
+"""The largest block (new tokens of one forward) whose cost is measured: K + 1 for K up to the spec's maximum
+draft length, a Lookahead block of the grid's (W, N, G)."""
 
 
 def _no_tick() -> None:
@@ -74,11 +80,11 @@ class ForwardCosts:
         return k * self.draft + self.target[k + 1]
 
 
-def _prefilled(model: CausalLM, prompt: list[int], context: int) -> Callable[[int], None]:
-    """A forward of n new tokens after `context` committed ones; the block is never committed, so every call
-    measures the same step."""
+def _prefilled(model: CausalLM, prompt: list[int], context: int, most: int) -> Callable[[int], None]:
+    """A forward of n (at most `most`) new tokens after `context` committed ones; the block is never committed,
+    so every call measures the same step."""
     ids = (prompt * (context // len(prompt) + 1))[:context]
-    cache = model.new_cache(1, context + 70)
+    cache = model.new_cache(1, context + most + 1)
     model(torch.tensor([ids]), cache)
     cache.advance(context)
     token = ids[-1]
@@ -89,19 +95,18 @@ def _prefilled(model: CausalLM, prompt: list[int], context: int) -> Callable[[in
     return step
 
 
-def measure_forward_costs(target: CausalLM, draft: CausalLM, prompt: list[int], context: int, max_tokens: int,
-                          repeats: int = 7, inner: int = 4, tick: Tick = _no_tick) -> ForwardCosts:
-    """Per-forward seconds for the target at 1..max_tokens new tokens and the draft at one, at `context`.
+def measure_forward_seconds(models: Mapping[str, tuple[CausalLM, Sequence[int]]], prompt: list[int], context: int,
+                            repeats: int = 7, inner: int = 4, tick: Tick = _no_tick) -> dict[str, dict[int, float]]:
+    """Seconds of one forward of each model at each of its block sizes (new tokens), after `context` tokens:
+    {name: (model, sizes)} -> {name: {size: seconds}}.
 
-    Every repeat times each configuration once (`inner` forwards in a row), interleaved, so a burst of other
-    work on the machine hits them alike; per configuration the fastest repeat is kept.
+    Every repeat times each (model, size) once (`inner` forwards in a row), interleaved, so a burst of other
+    work on the machine hits them alike; per (model, size) the fastest repeat is kept.
     """
-    if max_tokens > 64:
-        raise ValueError("at most 64 verification tokens")
-    target_step = _prefilled(target, prompt, context)
-    draft_step = _prefilled(draft, prompt, context)
-    jobs: list[tuple[str, int, Callable[[int], None]]] = [("draft", 1, draft_step)]
-    jobs += [("target", n, target_step) for n in range(1, max_tokens + 1)]
+    if any(n > MAX_BLOCK_TOKENS or n < 1 for _, sizes in models.values() for n in sizes):
+        raise ValueError(f"block sizes are 1 to {MAX_BLOCK_TOKENS} tokens")
+    jobs = [(name, n, step) for name, (model, sizes) in models.items()
+            for step in [_prefilled(model, prompt, context, max(sizes))] for n in sorted(set(sizes))]
     best: dict[tuple[str, int], float] = {}
     with torch.inference_mode():
         for _, n, step in jobs:  # warm-up
@@ -114,7 +119,28 @@ def measure_forward_costs(target: CausalLM, draft: CausalLM, prompt: list[int], 
                 seconds = (time.perf_counter() - start) / inner
                 best[name, n] = min(seconds, best.get((name, n), float("inf")))
             tick()
-    return ForwardCosts(context, {n: best["target", n] for n in range(1, max_tokens + 1)}, best["draft", 1])
+    return {name: {n: best[name, n] for n in sorted(set(sizes))} for name, (_, sizes) in models.items()}
+
+
+def measure_forward_costs(target: CausalLM, draft: CausalLM, prompt: list[int], context: int, max_tokens: int,
+                          repeats: int = 7, inner: int = 4, tick: Tick = _no_tick) -> ForwardCosts:
+    """Per-forward seconds for the target at 1..max_tokens new tokens and the draft at one, at `context`
+    (measure_forward_seconds)."""
+    seconds = measure_forward_seconds({"draft": (draft, [1]), "target": (target, range(1, max_tokens + 1))},
+                                      prompt, context, repeats, inner, tick)
+    return ForwardCosts(context, seconds["target"], seconds["draft"][1])
+
+
+@contextmanager
+def fed_tokens(model: CausalLM) -> Iterator[list[int]]:
+    """The tokens each forward of `model` is fed (its block's length), in order, while the block runs: what a
+    step costs depends on it, and the decoding functions do not report it. Batch 1 gives one sequence's steps."""
+    sizes: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _module, args: sizes.append(int(args[0].shape[1])))
+    try:
+        yield sizes
+    finally:
+        handle.remove()
 
 
 # ----------------------------------------------------------------------------------------------- acceptance
@@ -166,6 +192,42 @@ def _stop(new_tokens: int) -> StopCriteria:
     return StopCriteria(max_new_tokens=new_tokens)  # no end id: every prompt yields exactly new_tokens
 
 
+Setting = TypeVar("Setting", bound=Hashable)
+Outcome = TypeVar("Outcome")
+
+
+@dataclass
+class Sweep(Generic[Setting, Outcome]):
+    """What each setting's run gave on each calibration prompt (the last pass), and its wall time."""
+
+    outcomes: dict[Setting, list[Outcome]]  # setting -> one outcome per prompt, in prompt order
+    wall_seconds: dict[Setting, float]  # setting -> summed per-prompt fastest-repeat seconds
+
+
+def sweep(runs: Mapping[Setting, Callable[[list[int]], Outcome]], prompts: Prompts, repeats: int = 1,
+          tick: Tick = _no_tick) -> Sweep[Setting, Outcome]:
+    """Run every prompt with every setting (batch 1), the settings interleaved prompt by prompt and the whole
+    pass repeated; per (setting, prompt) the fastest repeat's wall time is kept. Outcomes come from the last
+    pass (greedy decoding: the same in every pass). One tick per prompt per pass."""
+    best: dict[tuple[Setting, int], float] = {}
+    outcomes: dict[Setting, list[Outcome]] = {}
+    with torch.inference_mode():
+        for run in runs.values():  # warm-up
+            run(prompts[0])
+        for _ in range(max(1, repeats)):
+            outcomes = {setting: [] for setting in runs}
+            for index, prompt in enumerate(prompts):
+                for setting, run in runs.items():
+                    start = time.perf_counter()
+                    outcome = run(prompt)
+                    seconds = time.perf_counter() - start
+                    best[setting, index] = min(seconds, best.get((setting, index), float("inf")))
+                    outcomes[setting].append(outcome)
+                tick()
+    wall = {setting: sum(best[setting, i] for i in range(len(prompts))) for setting in runs}
+    return Sweep(outcomes, wall)
+
+
 @dataclass
 class KSweep:
     """Draft-target at each K over the calibration prompts (batch 1), and plain decoding for reference."""
@@ -179,38 +241,22 @@ class KSweep:
 
 
 def sweep_draft_lengths(target: CausalLM, draft: CausalLM, prompts: Prompts, new_tokens: int, ks: Sequence[int],
-                        repeats: int = 1, tick: Tick = _no_tick) -> KSweep:
-    """Generate every prompt at every K (and plainly), batch 1, the settings interleaved prompt by prompt and
-    the whole pass repeated; per (setting, prompt) the fastest repeat's wall time is kept. Counts come from the
-    last pass (greedy: the same in every pass)."""
+                        repeats: int = 1, tick: Tick = _no_tick, plain: bool = True) -> KSweep:
+    """Generate every prompt at every K (and plainly, unless `plain` is False), batch 1, by `sweep`."""
     stop = _stop(new_tokens)
-    runs: dict[int, Callable[[list[int]], GenerationStats]] = {
-        0: lambda p: generate(target, [p], stop=stop).stats}
+    runs: dict[int, Callable[[list[int]], GenerationStats]] = {}
+    if plain:
+        runs[0] = lambda p: generate(target, [p], stop=stop).stats
     for k in ks:
         runs[k] = (lambda p, k=k: generate_draft_target(
             target, draft, [p], stop=stop, config=DraftTargetConfig(num_draft_tokens=k)).stats)
-    best: dict[tuple[int, int], float] = {}
-    acceptance: dict[int, Acceptance] = {}
-    generated = 0
-    with torch.inference_mode():
-        for setting in runs.values():  # warm-up
-            setting(prompts[0])
-        for _ in range(max(1, repeats)):
-            acceptance = {k: Acceptance() for k in ks}
-            generated = 0
-            for index, prompt in enumerate(prompts):
-                for k, run in runs.items():
-                    start = time.perf_counter()
-                    stats = run(prompt)
-                    seconds = time.perf_counter() - start
-                    best[k, index] = min(seconds, best.get((k, index), float("inf")))
-                    if k:
-                        acceptance[k].add(stats)
-                    else:
-                        generated += stats.generated_tokens
-                tick()
-    wall = {k: sum(best[k, i] for i in range(len(prompts))) for k in runs}
-    return KSweep(acceptance, wall, generated)
+    measured = sweep(runs, prompts, repeats, tick)
+    acceptance = {k: Acceptance() for k in ks}
+    for k in ks:
+        for stats in measured.outcomes[k]:
+            acceptance[k].add(stats)
+    generated = sum(stats.generated_tokens for stats in measured.outcomes.get(0, []))
+    return KSweep(acceptance, measured.wall_seconds, generated)
 
 
 # ----------------------------------------------------------------------------------------------- Medusa

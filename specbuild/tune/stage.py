@@ -10,6 +10,11 @@ medusa: each head's top-k accuracy against the target's own greedy tokens is mea
 greedily under the node budget (the Medusa paper's sparse-tree construction, `tune_tree`); the tuned tree's
 predicted and measured tokens per step are printed next to the same-size prefix of mc_sim_7b_63.
 
+lookahead: every (W, N, G) of a small grid is run and chosen by measured tokens per step over the measured cost of
+its steps' forwards (`specbuild.tune.lookahead`). A self-draft (draft.source: target_layers): each layer count L
+is measured for its acceptance rate and draft cost, L is chosen by the same expected-speedup formula as K, and K
+is then tuned at that L (`specbuild.tune.self_draft`).
+
 Two speed figures per K, and why: "tokens/s" is wall-clock (batch 1, settings interleaved prompt by prompt,
 fastest of --repeats per prompt), what a user sees but noisy on a shared machine; "cost-model tokens/s" is the
 measured tokens per step (exact: greedy decoding) over the measured cost of one step (K draft forwards plus
@@ -36,6 +41,8 @@ from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
 from specbuild.tune import spec_edit as tune_yaml
+from specbuild.tune.lookahead import LookaheadConfig, LookaheadGrid, LookaheadTuning, grid_candidates, lookahead_table
+from specbuild.tune.lookahead import tune_lookahead as measure_lookahead
 from specbuild.tune.measure import (
     Acceptance,
     ForwardCosts,
@@ -51,6 +58,7 @@ from specbuild.tune.measure import (
     sweep_draft_lengths,
 )
 from specbuild.tune.schedule import ScheduleTuning, batch_sizes, tune_schedule
+from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
 from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 
 REFERENCE_TREE = "mc_sim_7b_63"
@@ -74,6 +82,10 @@ class TuneOptions:
     write: bool = True
     threads: int | None = 1
     schedule: bool = True  # also measure which draft length pays at which batch size (draft_len_schedule)
+    windows: tuple[int, ...] | None = None  # lookahead grid; None: specbuild.tune.lookahead's defaults
+    ngrams: tuple[int, ...] | None = None
+    verification_sets: tuple[int, ...] | None = None
+    layers: tuple[int, ...] | None = None  # self-draft layer counts tried; None: 1 .. the target's layers - 1
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_tokens", "new_tokens", "max_k", "repeats", "top_k"):
@@ -85,6 +97,13 @@ class TuneOptions:
             raise SpecbuildError(f"--top-k is at most {MAX_TOP_K}: TensorRT-LLM packs tree indices into 4 bits")
         if self.nodes is not None and self.nodes < 1:
             raise SpecbuildError("--nodes must be at least 1")
+        if self.layers is not None and (not self.layers or min(self.layers) < 1):
+            raise SpecbuildError("--layers values must be at least 1")
+
+    def lookahead_grid(self) -> LookaheadGrid:
+        given = {name: value for name in ("windows", "ngrams", "verification_sets")
+                 if (value := getattr(self, name)) is not None}
+        return LookaheadGrid(**given)
 
 
 # ---------------------------------------------------------------------------------------------- draft length
@@ -128,7 +147,7 @@ def tune_draft_length(target: Any, draft: Any, prompts: Prompts, options: TuneOp
                       ticks: Callable[[str, int], Tick] | None = None) -> DraftLengthTuning:
     """Measure costs and acceptance, pick K by the expected-speedup formula, and sweep every K in `ks`."""
     ticks = ticks or (lambda _label, _total: lambda: None)
-    context = options.prompt_tokens + options.new_tokens // 2  # the mean context of a generated token
+    context = _mean_context(options)
     cost_repeats = 7
     costs = measure_forward_costs(target, draft, prompts[0], context, max(ks) + 1, repeats=cost_repeats,
                                   tick=ticks("forward costs", cost_repeats))
@@ -136,6 +155,34 @@ def tune_draft_length(target: Any, draft: Any, prompts: Prompts, options: TuneOp
                                 tick=ticks(f"K sweep 1..{max(ks)}", options.repeats * len(prompts)))
     alpha = sweep.acceptance[max(ks)].alpha  # the longest rounds see the most positions
     return DraftLengthTuning(costs, sweep, alpha)
+
+
+def _mean_context(options: TuneOptions) -> int:
+    """The mean context of a generated token: where per-forward costs are timed."""
+    return options.prompt_tokens + options.new_tokens // 2
+
+
+# ---------------------------------------------------------------------------------------------- self-draft
+
+
+def _layer_counts(target: Any, options: TuneOptions) -> list[int]:
+    """The L tried: --layers, or every L a self-draft may have (1 .. the target's layers - 1)."""
+    return sorted(set(options.layers)) if options.layers else list(range(1, target.config.num_layers))
+
+
+def _self_draft_maker(target: Any) -> Callable[[int], Any]:
+    """L -> the reference runtime's self-draft of the target's first L layers (sharing the target's weights, so
+    every L tried costs no copy); an L it cannot make is refused with its rule, naming --layers."""
+    from specbuild.runtime.self_draft import self_draft_model
+
+    def make(layers: int) -> Any:
+        try:
+            return self_draft_model(target, layers)
+        except ValueError as err:
+            raise SpecbuildError(f"--layers {layers}: {err}", hint="give --layers values the target has room for") \
+                from err
+
+    return make
 
 
 # ---------------------------------------------------------------------------------------------- Medusa tree
@@ -197,9 +244,9 @@ def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget:
 
 # ---------------------------------------------------------------------------------------------- the spec
 
-MEASURED_MODES = ("draft_target", "medusa")
-"""What tune measures: modes specbuild's reference runtime decodes (runtime/speculative.py, medusa_decoding.py) and
-tune has a search for (lookahead is decoded there too, but not searched)."""
+MEASURED_MODES = ("draft_target", "medusa", "lookahead")
+"""What tune measures: modes specbuild's reference runtime decodes (runtime/speculative.py, medusa_decoding.py,
+lookahead_decoding.py) and tune has a search for."""
 
 UNMEASURED_MODE_REASON = {
     "ngram": "tune measures with specbuild's reference runtime, which has no n-gram drafter; set "
@@ -208,11 +255,6 @@ UNMEASURED_MODE_REASON = {
     "eagle3": "tune measures with specbuild's reference runtime, which has no EAGLE-3 drafter; set "
               "speculative.num_draft_tokens by hand (the llmapi model reports acceptance_rate per request to "
               "compare settings by)",
-    "lookahead": "tune does not measure Lookahead's (W, N, G) yet (the reference runtime decodes it, but tune has "
-                 "no search over windows, n-grams and verification sets); set speculative.lookahead by hand: left "
-                 "out it is TensorRT-LLM's default (4, 3, 4), and `make bench` measures tokens per target forward "
-                 "at (4, 3, 4) and (7, 5, 7) on the demo target (bench/runtime_bench.py); one deployed server compares "
-                 "smaller settings through the tensorrt_llm model's per-request lookahead_* inputs",
 }
 """Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
 
@@ -275,6 +317,8 @@ class SpecUpdate:
     choices: list[list[int]] | None = None
     tree_source: str = ""
     draft_len_schedule: dict[int, int] | None = None
+    lookahead: LookaheadConfig | None = None
+    draft_layers: int | None = None
 
 
 def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inline: bool) -> list[Path]:
@@ -293,6 +337,10 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     if update.num_draft_tokens is not None:
         edits.append(tune_yaml.set_value(text, root, ("speculative", "num_draft_tokens"),
                                          tune_yaml.scalar(update.num_draft_tokens)))
+    if update.lookahead is not None:
+        edits += _lookahead_edits(text, root, update.lookahead)
+    if update.draft_layers is not None:
+        edits.append(tune_yaml.set_value(text, root, ("draft", "layers"), tune_yaml.scalar(update.draft_layers)))
     if update.draft_len_schedule is not None:
         flow = "{" + ", ".join(f"{size}: {length}" for size, length in sorted(update.draft_len_schedule.items())) + "}"
         edits.append(tune_yaml.set_value(text, root, ("speculative", "draft_len_schedule"), flow))
@@ -326,6 +374,17 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     return [tree_path, final]
 
 
+def _lookahead_edits(text: str, root: Any, config: LookaheadConfig) -> list[tune_yaml.Edit]:
+    """(W, N, G) value by value into an existing speculative.lookahead section (its comments stay), or the
+    section as one flow mapping where the spec leaves it out."""
+    values = dict(zip(LookaheadConfig._fields, config, strict=True))
+    if tune_yaml.find(root, ("speculative", "lookahead")) is None:
+        flow = "{" + ", ".join(f"{name}: {value}" for name, value in values.items()) + "}"
+        return [tune_yaml.set_value(text, root, ("speculative", "lookahead"), flow)]
+    return [tune_yaml.set_value(text, root, ("speculative", "lookahead", name), tune_yaml.scalar(value))
+            for name, value in values.items()]
+
+
 def _replace_checked(final: Path, text: str, update: SpecUpdate) -> None:
     temporary = stage_text(final, text)
     try:
@@ -348,6 +407,11 @@ def _check_written(path: Path, update: SpecUpdate) -> None:
         raise SpecbuildError("internal error: the edited spec does not hold the tuned tree; nothing was replaced")
     if update.draft_len_schedule is not None and reloaded.speculative.draft_len_schedule != update.draft_len_schedule:
         raise SpecbuildError("internal error: the edited spec does not hold the tuned schedule; nothing was replaced")
+    if update.lookahead is not None and tuple(reloaded.speculative.lookahead_config().config) != update.lookahead:
+        raise SpecbuildError("internal error: the edited spec does not hold the tuned (W, N, G); nothing was replaced")
+    if update.draft_layers is not None and (reloaded.draft is None or reloaded.draft.layers != update.draft_layers):
+        raise SpecbuildError("internal error: the edited spec does not hold the tuned draft.layers; nothing was "
+                             "replaced")
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -360,6 +424,8 @@ class TuneReport:
     draft_length: DraftLengthTuning | None = None
     tree: TreeTuning | None = None
     schedule: ScheduleTuning | None = None
+    lookahead: LookaheadTuning | None = None
+    layers: LayerTuning | None = None
     written: list[Path] = field(default_factory=list)
 
 
@@ -384,6 +450,16 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     spec = load_spec(spec_path)
     refuse_unmeasurable(spec, spec_path)
     mode = spec.speculative.mode
+    self_draft = mode == "draft_target" and spec.draft is not None and spec.draft.is_self_draft
+    if self_draft and spec.draft is not None and spec.draft.adapter is not None:
+        # The adapter was trained after layer L: another L has no adapter, so only K is searched, with the
+        # converted self-draft (its L layers and the adapter) as any draft.
+        if options.layers:
+            raise SpecbuildError(f"--layers: draft.adapter {spec.draft.adapter} was trained after the target's first "
+                                 f"{spec.draft.layers} layers, so tune keeps draft.layers {spec.draft.layers}",
+                                 hint="leave out --layers, or remove draft.adapter to search L without one")
+        self_draft = False
+    candidates = grid_candidates(options.lookahead_grid(), spec) if mode == "lookahead" else None
 
     import torch
 
@@ -392,7 +468,9 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    roles = ("target", "draft") if mode == "draft_target" else ("medusa",)
+    # A self-draft is made from the target for every L tried, so only the target's conversion is read.
+    roles = {"draft_target": ("target",) if self_draft else ("target", "draft"), "lookahead": ("target",)}.get(
+        mode, ("medusa",))
     directories = {role: _checkpoint(spec, role) for role in roles}
     tokenizer = load_tokenizer(spec.target.model)
     try:
@@ -408,8 +486,20 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
               highlight=False)
     update = SpecUpdate()
     with _progress(console) as phase:
-        if mode == "draft_target":
+        if mode == "lookahead":
+            assert candidates is not None
+            report.lookahead = measure_lookahead(models["target"], prompts, candidates,
+                                                 spec.speculative.lookahead_config().config, options.new_tokens,
+                                                 _mean_context(options), options.repeats, phase)
+            update.lookahead = report.lookahead.chosen
+        elif mode == "draft_target":
             ks = list(range(1, min(options.max_k, spec.speculative.max_draft_len or options.max_k) + 1))
+            if self_draft:
+                report.layers = tune_layers(models["target"], _self_draft_maker(models["target"]),
+                                            _layer_counts(models["target"], options), prompts, options.new_tokens,
+                                            ks, _mean_context(options), phase)
+                update.draft_layers = report.layers.chosen
+                models["draft"] = report.layers.drafts[report.layers.chosen]
             report.draft_length = tune_draft_length(models["target"], models["draft"], prompts, options, ks, phase)
             update.num_draft_tokens = report.draft_length.chosen
         else:
@@ -423,9 +513,13 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
             update.choices = report.tree.tree.choices
             update.tree_source = (f"specbuild tune: greedy sparse tree ({budget} nodes) from head top-{options.top_k} "
                                   f"accuracies on {calib} ({len(prompts)} prompts)")
-        if options.schedule:
+        if options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
             report.schedule = _tune_schedule(spec, models, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
+    if report.lookahead is not None:
+        out.print(lookahead_table(report.lookahead))
+    if report.layers is not None:
+        out.print(layer_table(report.layers))
     if report.draft_length is not None:
         out.print(draft_length_table(report.draft_length))
     if report.tree is not None:
