@@ -36,6 +36,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 TOKENS_PER_FORWARD_MIN = 2.0  # target: mean tokens per target forward, both speculative methods
 SPEEDUP_MIN = 1.3  # target: the better speculative method's tokens/s vs plain decoding
+EAGLE3_EXTRA = "eagle3-draft"  # the demo extra the EAGLE-3 trainer registers (specbuild.demo.extras)
 HF_RATIO_MIN = 1.0  # target: specbuild draft-target at least as fast as transformers' assisted generation, equal K
 LOOKAHEAD_SETTINGS = ((4, 3, 4), (7, 5, 7))  # Lookahead (W, N, G): TensorRT-LLM's default, and a larger window
 
@@ -146,8 +147,10 @@ def _counters(stats: Any) -> Counters:
 
 
 def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence[str], new_tokens: int,
-                      batch_sizes: Sequence[int], batch_k: int) -> tuple[list[Method], dict[str, Any]]:
-    """Rows for specbuild's runtime: plain, draft-target per K, Medusa per tree (batch 1; a few at larger batch)."""
+                      batch_sizes: Sequence[int], batch_k: int,
+                      eagle3_draft: Path | None = None) -> tuple[list[Method], dict[str, Any]]:
+    """Rows for specbuild's runtime: plain, draft-target per K, Medusa per tree (batch 1; a few at larger batch),
+    EAGLE-3 per K (batch 1) when an EAGLE-3 draft is given."""
     from specbuild.medusa.tree import MedusaTree, load_choices
     from specbuild.runtime.generation import generate
     from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
@@ -187,6 +190,19 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
 
         return run
 
+    def eagle3(k: int) -> Runner:
+        from specbuild.runtime.eagle3 import Eagle3Draft
+        from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
+
+        assert eagle3_draft is not None
+        drafter, config = Eagle3Draft.from_directory(eagle3_draft, target), Eagle3Config(num_draft_tokens=k)
+
+        def run(p: Prompts) -> tuple[Prompts, Counters]:
+            r = generate_eagle3(target, drafter, p, config, params, stop)
+            return r.output_ids, _counters(r.stats)
+
+        return run
+
     def lookahead(config: tuple[int, int, int]) -> Runner:
         from specbuild.runtime.lookahead_decoding import LookaheadConfig, generate_lookahead
 
@@ -207,6 +223,8 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
             for name in trees:
                 methods.append(Method(f"specbuild_medusa_{name}{suffix}", "specbuild", "medusa", name, batch,
                                       medusa_tree(name)))
+    for k in ks if eagle3_draft is not None else []:  # batch 1 only
+        methods.append(Method(f"specbuild_eagle3_k{k}", "specbuild", "eagle3", f"K={k}", 1, eagle3(k), k=k))
     for config in LOOKAHEAD_SETTINGS:  # batch 1 only; rows without a target of their own yet (issue 14)
         methods.append(Method(f"specbuild_lookahead_w{config[0]}n{config[1]}g{config[2]}", "specbuild", "lookahead",
                               "W,N,G={},{},{}".format(*config), 1, lookahead(config)))
@@ -362,6 +380,7 @@ def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f">= {SPEEDUP_MIN}",
             "value": winner["speedup_vs_plain"], "unit": "x", "pass": winner["speedup_vs_plain"] >= SPEEDUP_MIN,
         })
+    targets.append(eagle3_target(ours))
     hf = {r["setting"]: r for r in rows if r["runtime"] == "transformers" and r["method"] == "assisted"}
     for r in ours:
         if r["method"] == "draft-target" and r["setting"] in hf:
@@ -372,6 +391,34 @@ def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "value": round(ratio, 2), "unit": "x", "pass": ratio >= HF_RATIO_MIN,
             })
     return targets
+
+
+def eagle3_target(ours: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 15's target: EAGLE-3's best tokens per target forward at least the best of draft-target and Medusa
+    in the same run (batch 1)."""
+    eagle = [r for r in ours if r["method"] == "eagle3"]
+    others = [r for r in ours if r["method"] in ("draft-target", "medusa")]
+    name = "EAGLE-3: best tokens per target forward >= the best of draft-target and Medusa"
+    if not eagle or not others:
+        return {"target": name, "value": None, "unit": "", "pass": False,
+                "note": "not measured" + ("" if eagle else f" (no EAGLE-3 draft: demo extra {EAGLE3_EXTRA!r})")}
+    best, rival = (max(rs, key=lambda r: r["tokens_per_target_forward"]) for rs in (eagle, others))
+    return {"target": f"{name} ({rival['method']} {rival['setting']}: {rival['tokens_per_target_forward']:.2f})",
+            "value": best["tokens_per_target_forward"], "unit": f"tokens at {best['setting']}",
+            "pass": best["tokens_per_target_forward"] >= rival["tokens_per_target_forward"]}
+
+
+def find_eagle3_draft(models: Path) -> Path | None:
+    """The demo EAGLE-3 draft (demo extra `EAGLE3_EXTRA`, trained on first use), or None with a message when no
+    module registers one."""
+    from specbuild.demo.extras import build_extra
+    from specbuild.errors import SpecbuildError
+
+    try:
+        return build_extra(models, EAGLE3_EXTRA)
+    except SpecbuildError as err:
+        print(f"warning: no EAGLE-3 draft ({err.message}): EAGLE-3 rows skipped", flush=True)
+        return None
 
 
 def _verdict(flag: bool | None) -> str:
@@ -534,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     ckpts = convert_models(dirs, heads, tree_nodes, args.work)
     prompts = load_prompts(dirs["target"], args.prompts, args.prompt_tokens)
     batch_sizes = [1] + ([args.batch] if args.batch > 1 else [])
-    methods, model_info = specbuild_methods(ckpts, ks, trees, args.max_new_tokens, batch_sizes, args.batch_k)
+    eagle3_draft = find_eagle3_draft(args.models)
+    methods, model_info = specbuild_methods(ckpts, ks, trees, args.max_new_tokens, batch_sizes, args.batch_k,
+                                            eagle3_draft)
     hf_settings: dict[str, Any] = {}
     if not args.no_transformers:
         hf_methods, hf_settings = transformers_methods(dirs, ks, args.max_new_tokens)
