@@ -52,7 +52,7 @@ class Eagle3Draft(nn.Module):
     """An EAGLE-3 draft paired with its target: `fuse` the captured features, run positions with `forward`."""
 
     def __init__(self, config: Eagle3DraftConfig, tensors: dict[str, torch.Tensor], target: CausalLM,
-                 *, source: Path | None = None) -> None:
+                 *, dtype: torch.dtype | None = None, source: Path | None = None) -> None:
         super().__init__()
         where = f"{source}: " if source else ""
         t = target.config
@@ -68,7 +68,7 @@ class Eagle3Draft(nn.Module):
             head_dim=config.head_size, max_position_embeddings=config.max_position_embeddings,
             intermediate_size=config.intermediate_size, hidden_act=config.hidden_act, norm_epsilon=config.rms_norm_eps,
             rotary_base=config.rope_theta, rotary_scaling=config.rope_scaling, rotary_dim=config.head_size)
-        dtype, device = target.dtype, target.device
+        dtype, device = dtype or target.dtype, target.device
         named = {k: v.to(device=device, dtype=dtype) for k, v in _runtime_tensors(tensors).items()}
         cfg = self.model_config
         self.input_layernorm = Norm(cfg, named, _P + "input_layernorm.")
@@ -80,8 +80,8 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("fc", tensors["fc.weight"].to(device=device, dtype=dtype))
         self.register_buffer("lm_head", tensors["lm_head.weight"].to(device=device, dtype=dtype))
         own = tensors.get("embed_tokens.weight")
-        self.register_buffer("embedding", own.to(device=device, dtype=dtype) if own is not None
-                             else target.vocab_embedding)
+        shared = target.vocab_embedding  # no copy when the dtypes agree
+        self.register_buffer("embedding", (own if own is not None else shared).to(device=device, dtype=dtype))
         self.register_buffer("draft_ids", draft_to_target(config, tensors).to(device))  # draft index -> target id
         self.target_vocab = t.vocab_size
         self.rope = RotaryEmbedding(cfg.rotary_dim, cfg.rotary_base, cfg.rotary_scaling,
@@ -90,11 +90,9 @@ class Eagle3Draft(nn.Module):
     @classmethod
     def from_directory(cls, directory: Path, target: CausalLM, *, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
         """Load an EAGLE-3 draft checkpoint (`specbuild.eagle.format`) for `target`; it runs on the target's
-        device in the target's dtype (`dtype` must be that dtype: the draft reads the target's features)."""
-        if dtype != target.dtype:
-            raise ValueError(f"the draft runs in its target's dtype ({target.dtype}), not {dtype}")
+        device in `dtype` (the target's features are cast to it)."""
         config, tensors = read_eagle3_draft(Path(directory))
-        return cls(config, tensors, target, source=Path(directory)).eval()
+        return cls(config, tensors, target, dtype=dtype, source=Path(directory)).eval()
 
     @property
     def dtype(self) -> torch.dtype:
