@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from specbuild.cli import bench, build, convert, demo, deploy, generate, init, serve, tune
 from specbuild.cli.draft import draft_app
+from specbuild.cli.eagle import eagle_app
 from specbuild.cli.export import export_app
 from specbuild.cli.help import App
 from specbuild.cli.medusa import medusa_app
@@ -37,6 +38,7 @@ app.command()(serve.serve)
 app.command()(bench.bench)
 app.add_typer(medusa_app, name="medusa")
 app.add_typer(draft_app, name="draft")
+app.add_typer(eagle_app, name="eagle")
 app.add_typer(export_app, name="export")
 app.command()(generate.generate)
 

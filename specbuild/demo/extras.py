@@ -113,5 +113,6 @@ def _register_known() -> None:
         __import__(module)
 
 
-KNOWN_EXTRA_MODULES: tuple[str, ...] = ("specbuild.demo.self_draft_extra", "specbuild.demo.medusa2_extra")
+KNOWN_EXTRA_MODULES: tuple[str, ...] = ("specbuild.demo.self_draft_extra", "specbuild.demo.medusa2_extra",
+                                        "specbuild.demo.eagle3_extra")
 """The modules that train demo extras (each calls `register` when imported)."""
