@@ -44,9 +44,20 @@ __all__ = [
     "WEIGHTS_NAME",
     "ResBlock",
     "apply_heads",
+    "bar",
     "build_heads",
+    "check_hidden_state",
+    "evaluate_heads",
+    "final_hidden",
+    "head_loss",
     "load_medusa_heads",
+    "lr_schedule",
+    "no_transformers_bars",
+    "token_stream",
+    "train_frozen_heads",
     "train_medusa_heads",
+    "window_batches",
+    "write_heads",
 ]
 
 CONFIG_NAME = "config.json"
@@ -169,7 +180,7 @@ def train_medusa_heads(
     train_texts = list(texts) if texts is not None else corpus.training_texts()
     held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
 
-    with torch.random.fork_rng(devices=[]), _no_transformers_bars():
+    with torch.random.fork_rng(devices=[]), no_transformers_bars():
         torch.manual_seed(seed)
         tokenizer = load_tokenizer(base_dir)
         model = AutoModelForCausalLM.from_pretrained(
@@ -178,18 +189,18 @@ def train_medusa_heads(
         model.requires_grad_(False)
         lm_head = model.get_output_embeddings()
         vocab_size, hidden_size = lm_head.weight.shape
-        train_ids = _token_stream(tokenizer, train_texts)
-        held_ids = _token_stream(tokenizer, held_texts)
+        train_ids = token_stream(tokenizer, train_texts)
+        held_ids = token_stream(tokenizer, held_texts)
         span = seq_len + num_heads + 1  # inputs plus every head's label for the last input
         if train_ids.numel() <= span:
             raise ValueError(f"training text has {train_ids.numel()} tokens, fewer than one window of {span}")
-        _check_hidden_state(model, train_ids[:span][None, :seq_len])
+        check_hidden_state(model, train_ids[:span][None, :seq_len])
 
         heads = build_heads(hidden_size, vocab_size, num_heads, num_layers, lm_head.weight.detach())
         started = time.perf_counter()
-        final_loss = _train(heads, model, train_ids, span, seq_len, steps, batch_size, lr, seed, progress)
+        final_loss = train_frozen_heads(heads, model, train_ids, span, seq_len, steps, batch_size, lr, seed, progress)
         train_seconds = time.perf_counter() - started
-        metrics = _evaluate(heads, model, held_ids, train_ids, seq_len, span)
+        metrics = evaluate_heads(heads, model, held_ids, train_ids, seq_len, span)
     metrics = {**metrics, "final_loss": round(final_loss, 4), "train_seconds": round(train_seconds, 1)}
     _save(heads, Path(output_dir), base_dir, base_model_name_or_path or str(base_dir.absolute()), metrics,
           {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "seed": seed,
@@ -198,7 +209,7 @@ def train_medusa_heads(
 
 
 @contextlib.contextmanager
-def _no_transformers_bars() -> Iterator[None]:
+def no_transformers_bars() -> Iterator[None]:
     """transformers' "Loading weights" bar would interleave with ours; the caller's setting is restored."""
     from transformers.utils import logging as hf_logging
 
@@ -211,7 +222,7 @@ def _no_transformers_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
+def token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
     """All documents as one `<s> doc </s> <s> doc </s> ...` stream (as the demo models were trained on)."""
     ids: list[int] = []
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
@@ -221,17 +232,17 @@ def _token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _hidden(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
+def final_hidden(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
     """The final normalised hidden state: the decoder's `last_hidden_state` (Llama/Qwen2/Mistral apply the
     final norm inside `model.model`, GPT-2 its ln_f inside `transformer`)."""
     return model.get_decoder()(input_ids=input_ids).last_hidden_state
 
 
-def _check_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor) -> None:
+def check_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor) -> None:
     """The heads are only right if they read what lm_head reads; models that scale or soft-cap their logits
     after lm_head (or apply the norm outside the decoder) would silently train on the wrong tensor."""
     with torch.no_grad():
-        through_head = model.get_output_embeddings()(_hidden(model, input_ids))
+        through_head = model.get_output_embeddings()(final_hidden(model, input_ids))
         logits = model(input_ids=input_ids).logits
     if not torch.allclose(through_head, logits, rtol=1e-4, atol=1e-4):
         difference = float((through_head - logits).abs().max())
@@ -248,7 +259,7 @@ def _lr_factor(step: int, steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
 
 
-def _head_loss(heads: nn.ModuleList, hidden: torch.Tensor, window: torch.Tensor, seq_len: int) -> torch.Tensor:
+def head_loss(heads: nn.ModuleList, hidden: torch.Tensor, window: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Σ_k 0.8^k · CE(head k at t, token t+k+2)."""
     loss = hidden.new_zeros(())
     for k, head in enumerate(heads):
@@ -257,7 +268,21 @@ def _head_loss(heads: nn.ModuleList, hidden: torch.Tensor, window: torch.Tensor,
     return loss
 
 
-def _train(
+def lr_schedule(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The one schedule of every Medusa trainer: linear warmup over WARMUP_FRACTION, then cosine to zero; it
+    scales each parameter group's own learning rate, so Medusa-2's base and heads keep their ratio."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
+
+
+def window_batches(ids: torch.Tensor, span: int, steps: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+    """`steps` batches of `batch_size` random `span`-token windows of the stream `ids`, seeded."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, ids.numel() - span + 1, (batch_size,), generator=generator)
+        yield torch.stack([ids[s : s + span] for s in starts.tolist()])
+
+
+def train_frozen_heads(
     heads: nn.ModuleList,
     model: PreTrainedModel,
     ids: torch.Tensor,
@@ -268,19 +293,18 @@ def _train(
     lr: float,
     seed: int,
     progress: bool | Progress,
+    description: str = "medusa",
 ) -> float:
+    """Medusa-1's loop: the heads learn on the frozen base's hidden states; returns the last step's loss."""
     heads.train()
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
-    generator = torch.Generator().manual_seed(seed)
+    scheduler = lr_schedule(optimizer, steps)
     loss_value = float("nan")
-    with _bar(progress, steps) as advance:
-        for _ in range(steps):
-            starts = torch.randint(0, ids.numel() - span + 1, (batch_size,), generator=generator)
-            window = torch.stack([ids[s : s + span] for s in starts.tolist()])
+    with bar(progress, steps, description) as advance:
+        for window in window_batches(ids, span, steps, batch_size, seed):
             with torch.no_grad():  # the base is frozen: its hidden states are inputs, not part of the graph
-                hidden = _hidden(model, window[:, :seq_len])
-            loss = _head_loss(heads, hidden, window, seq_len)
+                hidden = final_hidden(model, window[:, :seq_len])
+            loss = head_loss(heads, hidden, window, seq_len)
             loss.backward()
             optimizer.step()
             scheduler.step()
@@ -292,7 +316,7 @@ def _train(
 
 
 @contextlib.contextmanager
-def _bar(progress: bool | Progress, steps: int) -> Iterator[Any]:
+def bar(progress: bool | Progress, steps: int, description: str = "medusa") -> Iterator[Any]:
     """A rich bar on stderr: our own, a task on the caller's running Progress, or nothing."""
     if progress is False:
         yield lambda loss: None
@@ -304,14 +328,14 @@ def _bar(progress: bool | Progress, steps: int) -> Iterator[Any]:
         columns = (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn())
         with Progress(*columns, console=Console(stderr=True)) as bars:
-            task = bars.add_task("medusa", total=steps, loss=float("nan"))
+            task = bars.add_task(description, total=steps, loss=float("nan"))
             yield lambda loss: bars.update(task, advance=1, loss=loss)
         return
-    task = progress.add_task("medusa", total=steps, loss=float("nan"))
+    task = progress.add_task(description, total=steps, loss=float("nan"))
     yield lambda loss: progress.update(task, advance=1, loss=loss)
 
 
-def _evaluate(
+def evaluate_heads(
     heads: nn.ModuleList,
     model: PreTrainedModel,
     held_ids: torch.Tensor,
@@ -319,20 +343,27 @@ def _evaluate(
     seq_len: int,
     span: int,
 ) -> dict[str, float]:
-    """Teacher-forced accuracies on held-out windows; each position is scored once for every head."""
+    """Teacher-forced scores on held-out windows; each position is scored once for every head. Besides each
+    head's top-1/top-5 and the chance levels, `base_heldout_loss` (the base's next-token cross-entropy) and
+    `heads_heldout_loss` (the training loss, Σ_k 0.8^k CE_k) on the same positions: Medusa-2 changes the base,
+    and these are what say by how much, and whether the heads gained."""
     count = (held_ids.numel() - span) // seq_len + 1
     if count < 1:
         raise ValueError(f"held-out text has {held_ids.numel()} tokens, fewer than one window of {span}")
     windows = held_ids[: (count - 1) * seq_len + span].unfold(0, span, seq_len)
     top1 = torch.zeros(len(heads))
     top5 = torch.zeros(len(heads))
-    base_top1 = base_at_t2 = unigram = 0.0
+    base_top1 = base_at_t2 = unigram = base_loss = heads_loss = 0.0
     most_frequent = int(torch.bincount(train_ids).argmax())
     with torch.no_grad():
         for chunk in windows.split(16):
-            hidden = _hidden(model, chunk[:, :seq_len])
-            guesses = model.get_output_embeddings()(hidden).argmax(-1)
-            base_top1 += float((guesses == chunk[:, 1 : 1 + seq_len]).sum())
+            hidden = final_hidden(model, chunk[:, :seq_len])
+            logits = model.get_output_embeddings()(hidden)
+            guesses = logits.argmax(-1)
+            next_tokens = chunk[:, 1 : 1 + seq_len]
+            base_loss += float(F.cross_entropy(logits.flatten(0, 1), next_tokens.flatten(), reduction="sum"))
+            heads_loss += float(head_loss(heads, hidden, chunk, seq_len)) * chunk.shape[0] * seq_len
+            base_top1 += float((guesses == next_tokens).sum())
             base_at_t2 += float((guesses == chunk[:, 2 : 2 + seq_len]).sum())
             unigram += float((chunk[:, 2 : 2 + seq_len] == most_frequent).sum())
             for k, head in enumerate(heads):
@@ -348,6 +379,8 @@ def _evaluate(
     metrics["base_top1"] = round(base_top1 / positions, 4)
     metrics["base_top1_at_t2"] = round(base_at_t2 / positions, 4)
     metrics["unigram_top1"] = round(unigram / positions, 4)
+    metrics["base_heldout_loss"] = round(base_loss / positions, 4)
+    metrics["heads_heldout_loss"] = round(heads_loss / positions, 4)
     metrics["eval_positions"] = positions
     return metrics
 
@@ -362,6 +395,21 @@ def _save(
 ) -> None:
     """Weights, config and tokenizer land together or not at all; manifest.json marks the directory as ours,
     so a rerun may replace it (and records how the heads were made)."""
+    with atomic_directory(output_dir) as tmp:
+        write_heads(tmp, heads, base_dir, base_name, metrics, settings)
+
+
+def write_heads(
+    directory: Path,
+    heads: nn.ModuleList,
+    base_dir: Path,
+    base_name: str,
+    metrics: Mapping[str, float],
+    settings: Mapping[str, Any],
+    producer: str = "specbuild.medusa.train",
+) -> None:
+    """The FasterDecoding files of `heads` into `directory` (the caller makes it atomic): the weights,
+    config.json naming `base_name` as the base, the tokenizer files of `base_dir`, and manifest.json."""
     from safetensors.torch import save_file
 
     num_layers = len(heads[0]) - 1
@@ -374,14 +422,14 @@ def _save(
         "hidden_size": int(hidden_size),
         "vocab_size": int(vocab_size),
     }
-    with atomic_directory(output_dir) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        _write_json(tmp / CONFIG_NAME, config)
-        for name in TOKENIZER_OWN_FILES:
-            if (base_dir / name).is_file():
-                shutil.copy2(base_dir / name, tmp / name)
-        _write_json(tmp / "manifest.json", {"producer": "specbuild.medusa.train", "settings": dict(settings),
-                                            "metrics": dict(metrics)})
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+    _write_json(directory / CONFIG_NAME, config)
+    for name in TOKENIZER_OWN_FILES:
+        if (base_dir / name).is_file():
+            shutil.copy2(base_dir / name, directory / name)
+    _write_json(directory / "manifest.json", {"producer": producer, "settings": dict(settings),
+                                              "metrics": dict(metrics)})
 
 
 def _write_json(path: Path, data: Any) -> None:
