@@ -235,6 +235,9 @@ def spec_error(path: Path) -> str:
      "draft.source: target_layers makes a draft-target draft"),
     ({"source": "target_layers", "layers": 2}, {"build": {"flow": "pytorch", "backend": "auto"}},
      "draft.source: target_layers needs build.flow: engine"),
+    ({"model": "d", "adapter": "a"}, {}, "draft.adapter: only used with source: target_layers"),
+    ({"source": "target_layers", "layers": 2, "adapter": "a", "quantization": {"format": "int8_wo"}}, {},
+     "draft.adapter: cannot be combined with draft.quantization"),
 ])
 def test_spec_refuses_what_cannot_make_a_self_draft(tmp_path: Path, draft: dict[str, Any],
                                                     sections: dict[str, Any], expected: str) -> None:
@@ -296,3 +299,71 @@ def test_changing_the_layer_count_reconverts(tiny: dict[str, tuple[PreTrainedMod
     assert run(2) == "up to date"
     assert run(3) == "written"
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+
+
+# -- the adapter (`specbuild draft train`) on the demo target ---------------------------------------------------------
+def test_adapter_training_lowers_the_distillation_loss_and_raises_acceptance(
+    demo_models: dict[str, Path], demo_extra: Any, tmp_path: Path
+) -> None:
+    """The demo extra's own held-out figures (same run as its training): the trained adapter's KL to the target
+    is below its starting point's and the bare cut's, and its draft agrees with the target more often; then, in
+    the runtime on held-out prompts, the adapter accepts more draft tokens per round than the bare L-layer cut,
+    and both return the target's own greedy output."""
+    from specbuild.demo.models import heldout_texts
+    from specbuild.runtime.self_draft import generate_self_draft
+    from specbuild.self_draft.adapter_format import read_adapter
+    from specbuild.tokenizer import load_tokenizer
+
+    adapter_dir = demo_extra("self-draft-adapter")
+    info = read_adapter(adapter_dir)
+    metrics = json.loads((adapter_dir / "adapter.json").read_text())["metrics"]
+    assert metrics["kl"] < metrics["init_kl"] and metrics["kl"] < metrics["no_adapter_kl"]
+    assert metrics["agree"] > metrics["no_adapter_agree"]
+    target_ckpt = convert(demo_models["target"], tmp_path / "target")
+    adapted = convert(demo_models["target"], tmp_path / "draft", self_draft_layers=info.layers,
+                      self_draft_adapter=adapter_dir)
+    target = CausalLM.from_checkpoint(target_ckpt)
+    tokenizer = load_tokenizer(demo_models["target"])
+    prompts = [tokenizer(text)["input_ids"][:24] for text in heldout_texts()[:3]]
+    stop = StopCriteria(max_new_tokens=32)
+    plain = generate(target, prompts, stop=stop)
+    accepted = {}
+    for adapter in (None, adapted):
+        result = generate_self_draft(target, info.layers, prompts, DraftTargetConfig(4), stop=stop, adapter=adapter)
+        assert result.output_ids == plain.output_ids
+        stats = result.stats
+        accepted[adapter is not None] = sum(stats.accepted_by_position) / stats.proposed_by_position[0]
+    assert accepted[True] > accepted[False]
+
+
+def test_demo_pipeline_with_an_adapter(demo_models: dict[str, Path], demo_extra: Any, tmp_path: Path) -> None:
+    """draft.adapter end to end, as a separate draft: convert writes an L + 1 layer draft, the reference build and
+    deploy take it, the repository check passes, the built draft speculates to the target's greedy output, and
+    the built draft checkpoint serves as the shared runtime's adapter."""
+    from specbuild.build import build_pipeline
+    from specbuild.contracts.engine_info import engine_dir, reference_checkpoint
+    from specbuild.convert.run import convert_spec
+    from specbuild.deploy.check import check_repository
+    from specbuild.deploy.repository import deploy_repository
+    from specbuild.runtime.self_draft import generate_self_draft
+
+    adapter_dir = demo_extra("self-draft-adapter")
+    layers = json.loads((adapter_dir / "adapter.json").read_text())["layers"]
+    path = write_spec(tmp_path, {"source": "target_layers", "layers": layers, "adapter": str(adapter_dir)},
+                      target=demo_models["target"])
+    convert_spec(path, console=QUIET)
+    spec = load_spec(path)
+    assert json.loads((spec.checkpoint_dir("draft") / "config.json").read_text())["num_hidden_layers"] == layers + 1
+    build_pipeline(spec, backend="reference", console=QUIET)
+    deploy_repository(spec, console=QUIET)
+    assert spec.deploy.model_repository is not None
+    report = check_repository(spec.deploy.model_repository)
+    assert not report.problems, report.problems
+    target_dir, draft_dir = (reference_checkpoint(engine_dir(spec, role)) for role in ("target", "draft"))
+    target, draft = CausalLM.from_checkpoint(target_dir), CausalLM.from_checkpoint(draft_dir)
+    prompts = [[5, 9, 11, 2, 40, 41], [7, 7, 1], [300, 12, 9, 8, 1, 4, 6, 2, 77]]
+    plain = generate(target, prompts, stop=STOP)
+    separate = generate_draft_target(target, draft, prompts, stop=STOP, config=DraftTargetConfig(3))
+    shared = generate_self_draft(target, layers, prompts, DraftTargetConfig(3), stop=STOP, adapter=draft_dir)
+    assert separate.output_ids == plain.output_ids == shared.output_ids
+    assert shared.stats.acceptance_by_position == separate.stats.acceptance_by_position

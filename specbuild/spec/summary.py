@@ -16,8 +16,9 @@ def _model_row(source: ModelSource) -> str:
 def _speculation_rows(spec: PipelineSpec) -> Iterator[tuple[str, str]]:
     if spec.draft is not None:
         quant = spec.draft.quantization
-        yield "draft", (f"the target's first {spec.draft.layers} layers (a copy: the TensorRT engines share no "
-                        "weights or KV cache)" if spec.draft.is_self_draft else _model_row(spec.draft))
+        adapter = f" + the adapter {spec.draft.adapter}" if spec.draft.adapter is not None else ""
+        yield "draft", (f"the target's first {spec.draft.layers} layers{adapter} (a copy: the TensorRT engines "
+                        "share no weights or KV cache)" if spec.draft.is_self_draft else _model_row(spec.draft))
         if quant.enabled:
             calib = quant.calib
             yield "draft quantization", (
