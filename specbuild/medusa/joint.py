@@ -74,7 +74,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from transformers import PreTrainedModel
 
-__all__ = ["BASE_DIR", "HEADS_BASE_NAME", "HEADS_DIR", "JointSettings", "train_medusa_joint"]
+__all__ = ["BASE_DIR", "HEADS_BASE_NAME", "HEADS_DIR", "JointSettings", "own_text_scores", "train_medusa_joint",
+           "unigram_loss"]
 
 BASE_DIR = "base"
 HEADS_DIR = "heads"
@@ -172,20 +173,20 @@ def train_medusa_joint(
             warmup_loss = train_frozen_heads(heads, model, train_ids, span, settings.seq_len, settings.warmup_steps,
                                  settings.batch_size, settings.warmup_lr, settings.seed, progress, "heads")
         before = evaluate_heads(heads, original, held_ids, train_ids, settings.seq_len, span)
-        before.update(_own_text_scores(original, heads, held_ids, settings, span, tokenizer.eos_token_id))
+        before.update(own_text_scores(original, heads, held_ids, settings, span, tokenizer.eos_token_id))
         generated = _generate(original, train_ids, settings.generated_sequences, settings, span,
                               tokenizer.eos_token_id)
         final_loss = _train_joint(model, original, heads, train_ids, generated, span, settings, progress)
         train_seconds = time.perf_counter() - started
         after = evaluate_heads(heads, model, held_ids, train_ids, settings.seq_len, span)
-        after.update(_own_text_scores(model, heads, held_ids, settings, span, tokenizer.eos_token_id))
+        after.update(own_text_scores(model, heads, held_ids, settings, span, tokenizer.eos_token_id))
         closeness = _closeness(model, original, held_ids, settings.seq_len)
 
     metrics: dict[str, Any] = {
         "before": before,
         "after": after,
         **closeness,
-        "unigram_heldout_loss": _unigram_loss(train_ids, held_ids, int(vocab_size)),
+        "unigram_heldout_loss": unigram_loss(train_ids, held_ids, int(vocab_size)),
         "final_loss": round(final_loss, 4),
         "heads_warmup_loss": None if warmup_loss is None else round(warmup_loss, 4),
         "generated_sequences": 0 if generated is None else int(generated.shape[0]),
@@ -335,7 +336,7 @@ def _closeness(model: PreTrainedModel, original: PreTrainedModel, held_ids: torc
     return {"kl_to_original": round(kl / positions, 4), "greedy_agreement": round(agree / positions, 4)}
 
 
-def _own_text_scores(model: PreTrainedModel, heads: nn.ModuleList, held_ids: torch.Tensor, settings: JointSettings,
+def own_text_scores(model: PreTrainedModel, heads: nn.ModuleList, held_ids: torch.Tensor, settings: JointSettings,
                      span: int, eos_id: int | None) -> dict[str, float]:
     """The heads scored on `model`'s own greedy continuations of held-out prompts: what they must guess when
     they speculate for it. `heads_own_loss` is the training loss (Σ_k 0.8^k CE_k), `head{k}_own_top1` how often
@@ -352,7 +353,7 @@ def _own_text_scores(model: PreTrainedModel, heads: nn.ModuleList, held_ids: tor
     return scores
 
 
-def _unigram_loss(train_ids: torch.Tensor, held_ids: torch.Tensor, vocab_size: int) -> float:
+def unigram_loss(train_ids: torch.Tensor, held_ids: torch.Tensor, vocab_size: int) -> float:
     """Held-out cross-entropy of the training text's token frequencies (add-one smoothed): what a model that has
     learnt nothing about context scores, the far end of the scale the base's loss is judged on."""
     counts = torch.bincount(train_ids, minlength=vocab_size).double() + 1
