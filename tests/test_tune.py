@@ -396,17 +396,18 @@ def _unconverted_spec(tmp_path: Path, flow: str, mode: str) -> Path:
 
 @pytest.mark.parametrize(("flow", "mode", "says", "fix"), [
     ("pytorch", "ngram", "'ngram', which `specbuild tune` cannot measure", "no n-gram drafter"),
-    ("pytorch", "eagle3", "'eagle3', which `specbuild tune` cannot measure", "no EAGLE-3 drafter"),
+    ("pytorch", "eagle3", "build.flow is pytorch with build.backend auto, which `specbuild tune` cannot measure",
+     "tune a copy of the spec with build.backend: reference"),
     ("engine", "ngram", "'ngram', which `specbuild tune` cannot measure", "set speculative.num_draft_tokens"),
-    ("pytorch", "draft_target", "build.flow is pytorch, which `specbuild tune` cannot measure",
-     "tune a copy of the spec with build.flow: engine"),
+    ("pytorch", "draft_target", "build.flow is pytorch with build.backend auto, which `specbuild tune` cannot "
+     "measure", "tune a copy of the spec with build.backend: reference"),
     ("pytorch", "medusa", "Medusa runs only on the engine flow", "set build.flow: engine"),
 ])
 def test_tune_refuses_what_it_cannot_measure_without_a_loop(tmp_path: Path, flow: str, mode: str, says: str,
                                                             fix: str) -> None:
-    """ngram and eagle3 (no drafter in the reference runtime) and the PyTorch flow (nothing converted to measure)
-    are refused with what to do instead, never with "run `specbuild convert` first", which on those specs has
-    nothing to convert; Medusa on the PyTorch flow gets the flow refusal every stage gives."""
+    """ngram (no drafter in the reference runtime) and the PyTorch flow on NVIDIA's backend (nothing converted to
+    measure) are refused with what to do instead, never with "run `specbuild convert` first", which on those specs
+    has nothing to convert; Medusa on the PyTorch flow gets the flow refusal every stage gives."""
     spec_path = _unconverted_spec(tmp_path, flow, mode)
     result = CliRunner().invoke(app, ["tune", str(spec_path)])
     output = " ".join(result.output.split())

@@ -80,7 +80,14 @@ class ForwardCosts:
         return k * self.draft + self.target[k + 1]
 
 
-def _prefilled(model: CausalLM, prompt: list[int], context: int, most: int) -> Callable[[int], None]:
+Step = Callable[[int], None]
+"""One forward of n new tokens after a fixed context, never committed, so every call measures the same step."""
+StepFactory = Callable[[list[int], int, int], Step]
+"""(prompt, context, most new tokens) -> a Step after `context` tokens made from the prompt: how a model that is
+not a CausalLM (an EAGLE-3 draft) is timed."""
+
+
+def prefilled(model: CausalLM, prompt: list[int], context: int, most: int) -> Step:
     """A forward of n (at most `most`) new tokens after `context` committed ones; the block is never committed,
     so every call measures the same step."""
     ids = (prompt * (context // len(prompt) + 1))[:context]
@@ -95,10 +102,11 @@ def _prefilled(model: CausalLM, prompt: list[int], context: int, most: int) -> C
     return step
 
 
-def measure_forward_seconds(models: Mapping[str, tuple[CausalLM, Sequence[int]]], prompt: list[int], context: int,
-                            repeats: int = 7, inner: int = 4, tick: Tick = _no_tick) -> dict[str, dict[int, float]]:
+def measure_forward_seconds(models: Mapping[str, tuple[CausalLM | StepFactory, Sequence[int]]], prompt: list[int],
+                            context: int, repeats: int = 7, inner: int = 4,
+                            tick: Tick = _no_tick) -> dict[str, dict[int, float]]:
     """Seconds of one forward of each model at each of its block sizes (new tokens), after `context` tokens:
-    {name: (model, sizes)} -> {name: {size: seconds}}.
+    {name: (model or its StepFactory, sizes)} -> {name: {size: seconds}}.
 
     Every repeat times each (model, size) once (`inner` forwards in a row), interleaved, so a burst of other
     work on the machine hits them alike; per (model, size) the fastest repeat is kept.
@@ -106,7 +114,9 @@ def measure_forward_seconds(models: Mapping[str, tuple[CausalLM, Sequence[int]]]
     if any(n > MAX_BLOCK_TOKENS or n < 1 for _, sizes in models.values() for n in sizes):
         raise ValueError(f"block sizes are 1 to {MAX_BLOCK_TOKENS} tokens")
     jobs = [(name, n, step) for name, (model, sizes) in models.items()
-            for step in [_prefilled(model, prompt, context, max(sizes))] for n in sorted(set(sizes))]
+            for step in [prefilled(model, prompt, context, max(sizes)) if isinstance(model, CausalLM)
+                         else model(prompt, context, max(sizes))]
+            for n in sorted(set(sizes))]
     best: dict[tuple[str, int], float] = {}
     with torch.inference_mode():
         for _, n, step in jobs:  # warm-up
@@ -122,11 +132,28 @@ def measure_forward_seconds(models: Mapping[str, tuple[CausalLM, Sequence[int]]]
     return {name: {n: best[name, n] for n in sorted(set(sizes))} for name, (_, sizes) in models.items()}
 
 
-def measure_forward_costs(target: CausalLM, draft: CausalLM, prompt: list[int], context: int, max_tokens: int,
+@dataclass(frozen=True)
+class Drafter:
+    """What the draft-length search needs of a drafting method (a draft model, an EAGLE-3 draft head): one
+    generation at K, and how one draft forward of one token is timed. One K search serves every method."""
+
+    name: str
+    generate: Callable[[Prompts, int, StopCriteria], GenerationStats]  # (prompts run side by side, K, stop)
+    draft_forward: CausalLM | StepFactory
+
+
+def draft_model(target: CausalLM, draft: CausalLM) -> Drafter:
+    """Draft-target speculative decoding with a separate draft model (or a self-draft made into one)."""
+    return Drafter("draft-target", lambda prompts, k, stop: generate_draft_target(
+        target, draft, prompts, stop=stop, config=DraftTargetConfig(num_draft_tokens=k)).stats, draft)
+
+
+def measure_forward_costs(target: CausalLM, drafter: Drafter, prompt: list[int], context: int, max_tokens: int,
                           repeats: int = 7, inner: int = 4, tick: Tick = _no_tick) -> ForwardCosts:
     """Per-forward seconds for the target at 1..max_tokens new tokens and the draft at one, at `context`
     (measure_forward_seconds)."""
-    seconds = measure_forward_seconds({"draft": (draft, [1]), "target": (target, range(1, max_tokens + 1))},
+    seconds = measure_forward_seconds({"draft": (drafter.draft_forward, [1]),
+                                       "target": (target, range(1, max_tokens + 1))},
                                       prompt, context, repeats, inner, tick)
     return ForwardCosts(context, seconds["target"], seconds["draft"][1])
 
@@ -240,16 +267,16 @@ class KSweep:
         return self.generated_tokens / self.wall_seconds[k]
 
 
-def sweep_draft_lengths(target: CausalLM, draft: CausalLM, prompts: Prompts, new_tokens: int, ks: Sequence[int],
+def sweep_draft_lengths(target: CausalLM, drafter: Drafter, prompts: Prompts, new_tokens: int, ks: Sequence[int],
                         repeats: int = 1, tick: Tick = _no_tick, plain: bool = True) -> KSweep:
-    """Generate every prompt at every K (and plainly, unless `plain` is False), batch 1, by `sweep`."""
+    """Generate every prompt at every K with the drafter (and plainly, unless `plain` is False), batch 1, by
+    `sweep`."""
     stop = _stop(new_tokens)
     runs: dict[int, Callable[[list[int]], GenerationStats]] = {}
     if plain:
         runs[0] = lambda p: generate(target, [p], stop=stop).stats
     for k in ks:
-        runs[k] = (lambda p, k=k: generate_draft_target(
-            target, draft, [p], stop=stop, config=DraftTargetConfig(num_draft_tokens=k)).stats)
+        runs[k] = lambda p, k=k: drafter.generate([p], k, stop)
     measured = sweep(runs, prompts, repeats, tick)
     acceptance = {k: Acceptance() for k in ks}
     for k in ks:

@@ -20,8 +20,8 @@ from rich.table import Table
 
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sequence import GenerationStats, StopCriteria
-from specbuild.runtime.speculative import DraftTargetConfig, expected_speedup, generate_draft_target
-from specbuild.tune.measure import Acceptance, ForwardCosts, Prompts, Tick, measure_forward_seconds, sweep
+from specbuild.runtime.speculative import expected_speedup
+from specbuild.tune.measure import Acceptance, ForwardCosts, Prompts, Tick, draft_model, measure_forward_seconds, sweep
 
 
 @dataclass
@@ -71,8 +71,7 @@ def tune_layers(target: CausalLM, make_draft: Callable[[int], CausalLM], layers:
     stop = StopCriteria(max_new_tokens=new_tokens)  # no end id: every prompt yields exactly new_tokens
 
     def run(draft: CausalLM) -> Callable[[list[int]], GenerationStats]:
-        return lambda p: generate_draft_target(target, draft, [p], stop=stop,
-                                               config=DraftTargetConfig(num_draft_tokens=k)).stats
+        return lambda p: draft_model(target, draft).generate([p], k, stop)
 
     measured = sweep({count: run(draft) for count, draft in drafts.items()}, prompts, 1,
                      ticks(f"self-draft: acceptance of L = {', '.join(map(str, layers))} at K={k}", len(prompts)))

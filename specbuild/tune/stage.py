@@ -37,20 +37,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from specbuild.atomic import stage_text
-from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
+from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
 from specbuild.tune import spec_edit as tune_yaml
+from specbuild.tune.eagle3 import eagle3_drafter, load_eagle3_draft
 from specbuild.tune.lookahead import LookaheadConfig, LookaheadGrid, LookaheadTuning, grid_candidates, lookahead_table
 from specbuild.tune.lookahead import tune_lookahead as measure_lookahead
 from specbuild.tune.measure import (
     Acceptance,
+    Drafter,
     ForwardCosts,
     HeadAccuracy,
     KSweep,
     Prompts,
     Tick,
     calibration_prompts,
+    draft_model,
     greedy_continuations,
     measure_forward_costs,
     measure_head_accuracy,
@@ -143,15 +146,16 @@ class DraftLengthTuning:
         return max(self.ks, key=self.model_tokens_per_second)
 
 
-def tune_draft_length(target: Any, draft: Any, prompts: Prompts, options: TuneOptions, ks: Sequence[int],
+def tune_draft_length(target: Any, drafter: Drafter, prompts: Prompts, options: TuneOptions, ks: Sequence[int],
                       ticks: Callable[[str, int], Tick] | None = None) -> DraftLengthTuning:
-    """Measure costs and acceptance, pick K by the expected-speedup formula, and sweep every K in `ks`."""
+    """Measure costs and acceptance, pick K by the expected-speedup formula, and sweep every K in `ks`: the one
+    K search of every drafting method (a draft model, a self-draft, an EAGLE-3 draft)."""
     ticks = ticks or (lambda _label, _total: lambda: None)
     context = _mean_context(options)
     cost_repeats = 7
-    costs = measure_forward_costs(target, draft, prompts[0], context, max(ks) + 1, repeats=cost_repeats,
+    costs = measure_forward_costs(target, drafter, prompts[0], context, max(ks) + 1, repeats=cost_repeats,
                                   tick=ticks("forward costs", cost_repeats))
-    sweep = sweep_draft_lengths(target, draft, prompts, options.new_tokens, ks, repeats=options.repeats,
+    sweep = sweep_draft_lengths(target, drafter, prompts, options.new_tokens, ks, repeats=options.repeats,
                                 tick=ticks(f"K sweep 1..{max(ks)}", options.repeats * len(prompts)))
     alpha = sweep.acceptance[max(ks)].alpha  # the longest rounds see the most positions
     return DraftLengthTuning(costs, sweep, alpha)
@@ -244,24 +248,22 @@ def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget:
 
 # ---------------------------------------------------------------------------------------------- the spec
 
-MEASURED_MODES = ("draft_target", "medusa", "lookahead")
+MEASURED_MODES = ("draft_target", "medusa", "lookahead", "eagle3")
 """What tune measures: modes specbuild's reference runtime decodes (runtime/speculative.py, medusa_decoding.py,
-lookahead_decoding.py) and tune has a search for."""
+lookahead_decoding.py, eagle3_decoding.py) and tune has a search for."""
 
 UNMEASURED_MODE_REASON = {
     "ngram": "tune measures with specbuild's reference runtime, which has no n-gram drafter; set "
              "speculative.num_draft_tokens and speculative.ngram by hand (the llmapi model reports "
              "acceptance_rate per request to compare settings by)",
-    "eagle3": "tune measures with specbuild's reference runtime, which has no EAGLE-3 drafter; set "
-              "speculative.num_draft_tokens by hand (the llmapi model reports acceptance_rate per request to "
-              "compare settings by)",
 }
 """Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
 
 PYTORCH_FLOW_REASON = (
-    "tune measures the checkpoints `specbuild convert` writes for the engine flow, and build.flow: pytorch "
-    "converts nothing; tune a copy of the spec with build.flow: engine (`specbuild convert COPY`, then "
-    "`specbuild tune COPY`) and carry speculative.num_draft_tokens and draft_len_schedule over, or set them by hand")
+    "tune measures the checkpoints `specbuild convert` writes for specbuild's reference runtime, and on build.flow: "
+    "pytorch it writes them only for build.backend: reference; tune a copy of the spec with build.backend: reference "
+    "(`specbuild convert COPY`, then `specbuild tune COPY`) and carry speculative.num_draft_tokens and "
+    "draft_len_schedule over, or set them by hand")
 
 
 def refuse_unmeasurable(spec: PipelineSpec, spec_path: Path) -> None:
@@ -279,9 +281,9 @@ def refuse_unmeasurable(spec: PipelineSpec, spec_path: Path) -> None:
         raise SpecbuildError(f"{spec_path}: speculative.mode is {mode!r}, which `specbuild tune` cannot measure",
                              hint=UNMEASURED_MODE_REASON[mode])
     refuse_other_flow(spec, "tune")
-    if spec.build.flow == PYTORCH:
-        raise SpecbuildError(f"{spec_path}: build.flow is pytorch, which `specbuild tune` cannot measure",
-                             hint=PYTORCH_FLOW_REASON)
+    if spec.build.flow == PYTORCH and not reference_roles(spec):
+        raise SpecbuildError(f"{spec_path}: build.flow is pytorch with build.backend {spec.build.backend}, which "
+                             "`specbuild tune` cannot measure", hint=PYTORCH_FLOW_REASON)
     assert mode in MEASURED_MODES, mode
 
 
@@ -469,8 +471,9 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     # A self-draft is made from the target for every L tried, so only the target's conversion is read.
-    roles = {"draft_target": ("target",) if self_draft else ("target", "draft"), "lookahead": ("target",)}.get(
-        mode, ("medusa",))
+    # An EAGLE-3 draft is read from its own directory, as the PyTorch flow's reference backend reads it.
+    roles = {"draft_target": ("target",) if self_draft else ("target", "draft"), "lookahead": ("target",),
+             "eagle3": ("target",)}.get(mode, ("medusa",))
     directories = {role: _checkpoint(spec, role) for role in roles}
     tokenizer = load_tokenizer(spec.target.model)
     try:
@@ -485,6 +488,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
               f"{options.new_tokens} new tokens each, greedy, torch threads {torch.get_num_threads()}",
               highlight=False)
     update = SpecUpdate()
+    drafter: Drafter | None = None
     with _progress(console) as phase:
         if mode == "lookahead":
             assert candidates is not None
@@ -492,7 +496,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                                                  spec.speculative.lookahead_config().config, options.new_tokens,
                                                  _mean_context(options), options.repeats, phase)
             update.lookahead = report.lookahead.chosen
-        elif mode == "draft_target":
+        elif mode in ("draft_target", "eagle3"):
             ks = list(range(1, min(options.max_k, spec.speculative.max_draft_len or options.max_k) + 1))
             if self_draft:
                 report.layers = tune_layers(models["target"], _self_draft_maker(models["target"]),
@@ -500,7 +504,12 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                                             ks, _mean_context(options), phase)
                 update.draft_layers = report.layers.chosen
                 models["draft"] = report.layers.drafts[report.layers.chosen]
-            report.draft_length = tune_draft_length(models["target"], models["draft"], prompts, options, ks, phase)
+            if mode == "eagle3":
+                assert spec.draft is not None and spec.draft.model is not None
+                drafter = eagle3_drafter(models["target"], load_eagle3_draft(spec.draft.model, models["target"]))
+            else:
+                drafter = draft_model(models["target"], models["draft"])
+            report.draft_length = tune_draft_length(models["target"], drafter, prompts, options, ks, phase)
             update.num_draft_tokens = report.draft_length.chosen
         else:
             assert spec.medusa is not None
@@ -514,7 +523,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
             update.tree_source = (f"specbuild tune: greedy sparse tree ({budget} nodes) from head top-{options.top_k} "
                                   f"accuracies on {calib} ({len(prompts)} prompts)")
         if options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
-            report.schedule = _tune_schedule(spec, models, prompts, options, update, phase)
+            report.schedule = _tune_schedule(spec, models, drafter, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
     if report.lookahead is not None:
         out.print(lookahead_table(report.lookahead))
@@ -526,7 +535,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         out.print(head_accuracy_table(report.tree.accuracy))
         out.print(tree_table(report.tree))
     if report.schedule is not None:
-        out.print(schedule_table(report.schedule, "K" if mode == "draft_target" else "tree paths"))
+        out.print(schedule_table(report.schedule, "tree paths" if mode == "medusa" else "K"))
     if options.write:
         report.written = write_spec(spec, update, options.output, options.inline)
         for path in report.written:
@@ -538,24 +547,22 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     return report
 
 
-def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], prompts: Prompts, options: TuneOptions,
-                   update: SpecUpdate, phase: Callable[[str, int], Tick]) -> ScheduleTuning:
+def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter | None, prompts: Prompts,
+                   options: TuneOptions, update: SpecUpdate, phase: Callable[[str, int], Tick]) -> ScheduleTuning:
     """Plain against the tuned length and half of it at every batch size up to the engines' (see
     tune_schedule)."""
     from specbuild.runtime.generation import generate
     from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
     from specbuild.runtime.sequence import StopCriteria
-    from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
     stop = StopCriteria(options.new_tokens)
     if update.num_draft_tokens is not None:
-        target, draft = models["target"], models["draft"]
-        full = update.num_draft_tokens
+        assert drafter is not None
+        target, full = models["target"], update.num_draft_tokens
 
         def run(batch: list[list[int]], k: int) -> int:
-            result = (generate_draft_target(target, draft, batch, stop=stop, config=DraftTargetConfig(k)) if k
-                      else generate(target, batch, stop=stop))
-            return result.stats.generated_tokens
+            stats = drafter.generate(batch, k, stop) if k else generate(target, batch, stop=stop).stats
+            return stats.generated_tokens
     else:
         assert update.choices is not None
         model, choices = models["medusa"], update.choices
