@@ -39,6 +39,7 @@ SPEEDUP_MIN = 1.3  # target: the better speculative method's tokens/s vs plain d
 EAGLE3_EXTRA = "eagle3-draft"  # the demo extra the EAGLE-3 trainer registers (specbuild.demo.extras)
 HF_RATIO_MIN = 1.0  # target: specbuild draft-target at least as fast as transformers' assisted generation, equal K
 LOOKAHEAD_SETTINGS = ((4, 3, 4), (7, 5, 7))  # Lookahead (W, N, G): TensorRT-LLM's default, and a larger window
+SELF_DRAFT_TOKENS_MIN = 2.0  # target (issue 14): self-draft with adapter, tokens per target forward
 
 Prompts = list[list[int]]
 
@@ -86,6 +87,7 @@ class Method:
     counters: Counters = field(default_factory=Counters)  # of the last round (greedy: the same every round)
     outputs: Prompts = field(default_factory=list)
     error: str | None = None  # the exception that stopped this method; it is then left out of the timing
+    greedy_of: Method | None = None  # whose outputs are this method's greedy reference (Medusa-2: its own base)
 
     @property
     def passes_s(self) -> list[float]:
@@ -137,6 +139,40 @@ def convert_models(dirs: dict[str, Path], heads: Path | None, tree_nodes: int, w
         request = ConvertRequest("medusa", dirs["target"], out["medusa"], "float32", medusa_heads=heads,
                                  medusa_tree_nodes=tree_nodes)
         convert_checkpoint(request, console=quiet)
+    return out
+
+
+def convert_self_draft(models: Path, work: Path) -> dict[str, Path]:
+    """The demo self-draft with its adapter (demo extra self-draft-adapter, trained now unless cached) as the
+    checkpoint `convert` writes for draft.adapter: the runtime takes the adapter layer from it."""
+    from rich.console import Console
+
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.demo.extras import build_extra
+
+    adapter = build_extra(models, "self-draft-adapter")
+    layers = json.loads((adapter / "adapter.json").read_text())["layers"]
+    out = work / "self-draft-adapter"
+    request = ConvertRequest("self-draft-adapter", models / "target", out, "float32", self_draft_layers=layers,
+                             self_draft_adapter=adapter)
+    convert_checkpoint(request, console=Console(stderr=True, quiet=True))
+    return {"self_draft_adapter": out}
+
+
+def convert_medusa2(models: Path, tree_nodes: int, work: Path) -> dict[str, Path]:
+    """The demo's Medusa-2 base and heads (demo extra medusa2, trained now unless cached), converted as the
+    Medusa-1 pair is: the new base alone (its own plain greedy is the rows' reference) and with its heads."""
+    from rich.console import Console
+
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.demo.extras import build_extra
+
+    trained = build_extra(models, "medusa2")
+    quiet = Console(stderr=True, quiet=True)
+    out = {"medusa2_base": work / "medusa2-base", "medusa2": work / "medusa2"}
+    convert_checkpoint(ConvertRequest("target", trained / "base", out["medusa2_base"], "float32"), console=quiet)
+    convert_checkpoint(ConvertRequest("medusa", trained / "base", out["medusa2"], "float32",
+                                      medusa_heads=trained / "heads", medusa_tree_nodes=tree_nodes), console=quiet)
     return out
 
 
@@ -223,8 +259,52 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
             for name in trees:
                 methods.append(Method(f"specbuild_medusa_{name}{suffix}", "specbuild", "medusa", name, batch,
                                       medusa_tree(name)))
+    if "medusa2" in ckpts:  # batch 1: the new base plainly (the reference of its rows), then per tree
+        base2 = CausalLM.from_checkpoint(ckpts["medusa2_base"])
+        medusa2 = CausalLM.from_checkpoint(ckpts["medusa2"])
+
+        def plain2(p: Prompts) -> tuple[Prompts, Counters]:
+            r = generate(base2, p, params, stop)
+            return r.output_ids, _counters(r.stats)
+
+        def medusa2_tree(name: str) -> Runner:
+            config = MedusaConfig(choices=tuple(tuple(c) for c in load_choices(name)))
+
+            def run(p: Prompts) -> tuple[Prompts, Counters]:
+                r = generate_medusa(medusa2, p, config, params, stop)
+                return r.output_ids, _counters(r.stats)
+
+            return run
+
+        reference = Method("specbuild_plain_medusa2_base", "specbuild", "plain (medusa-2 base)", "", 1, plain2)
+        reference.greedy_of = reference
+        methods.append(reference)
+        for name in trees:
+            methods.append(Method(f"specbuild_medusa2_{name}", "specbuild", "medusa-2", name, 1, medusa2_tree(name),
+                                  greedy_of=reference))
     for k in ks if eagle3_draft is not None else []:  # batch 1 only
         methods.append(Method(f"specbuild_eagle3_k{k}", "specbuild", "eagle3", f"K={k}", 1, eagle3(k), k=k))
+    if "self_draft_adapter" in ckpts:  # batch 1: the target's first L layers, bare and with the demo adapter
+        from specbuild.runtime.self_draft import generate_self_draft, self_draft_model, shared_memory
+
+        layers = json.loads((ckpts["self_draft_adapter"] / "config.json").read_text())["num_hidden_layers"] - 1
+
+        def self_draft(k: int, adapter: Path | None) -> Runner:
+            def run(p: Prompts) -> tuple[Prompts, Counters]:
+                r = generate_self_draft(target, layers, p, DraftTargetConfig(num_draft_tokens=k), params, stop,
+                                        adapter=adapter)
+                return r.output_ids, _counters(r.stats)
+
+            return run
+
+        for adapter, method, tag in ((None, "self-draft", "selfdraft"),
+                                     (ckpts["self_draft_adapter"], "self-draft+adapter", "selfdraft_adapter")):
+            for k in ks:
+                methods.append(Method(f"specbuild_{tag}_l{layers}_k{k}", "specbuild", method, f"L={layers} K={k}", 1,
+                                      self_draft(k, adapter), k=k))
+        info["self_draft"] = {"layers": layers, "memory_bare": shared_memory(target, self_draft_model(target, layers)),
+                              "memory_adapter": shared_memory(target, self_draft_model(target, layers,
+                                                                                       ckpts["self_draft_adapter"]))}
     for config in LOOKAHEAD_SETTINGS:  # batch 1 only; rows without a target of their own yet (issue 14)
         methods.append(Method(f"specbuild_lookahead_w{config[0]}n{config[1]}g{config[2]}", "specbuild", "lookahead",
                               "W,N,G={},{},{}".format(*config), 1, lookahead(config)))
@@ -327,6 +407,8 @@ def row(method: Method, plain: dict[tuple[str, int], Method], greedy: Prompts) -
     assert c is not None
     base = plain[(method.runtime, method.batch)]
     reference = greedy if method.runtime == "specbuild" else plain[("transformers", 1)].outputs
+    if method.greedy_of is not None:  # a method serving another base (Medusa-2) answers that base's greedy output
+        reference = method.greedy_of.outputs
     return {
         "key": method.key,
         "runtime": method.runtime,
@@ -373,6 +455,24 @@ def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "value": low["tokens_per_target_forward"], "unit": "tokens",
             "pass": low["tokens_per_target_forward"] >= TOKENS_PER_FORWARD_MIN,
         })
+    adapted = [r for r in ours if r["method"] == "self-draft+adapter"]
+    if adapted:
+        low = min(adapted, key=lambda r: r["tokens_per_target_forward"])
+        targets.append({
+            "target": f"self-draft with adapter: mean tokens per target forward >= {SELF_DRAFT_TOKENS_MIN} at every "
+            f"K (lowest: {low['setting']})",
+            "value": low["tokens_per_target_forward"], "unit": "tokens",
+            "pass": low["tokens_per_target_forward"] >= SELF_DRAFT_TOKENS_MIN,
+        })
+    medusa1 = {r["setting"]: r for r in ours if r["method"] == "medusa"}
+    for r in ours:  # Medusa-2 heads on their fine-tuned base against Medusa-1's on the original, tree by tree
+        if r["method"] == "medusa-2" and r["setting"] in medusa1:
+            m1 = medusa1[r["setting"]]["tokens_per_target_forward"]
+            targets.append({
+                "target": f"medusa-2 {r['setting']}: tokens per target forward >= medusa-1's ({m1:.2f})",
+                "value": r["tokens_per_target_forward"], "unit": "tokens",
+                "pass": r["tokens_per_target_forward"] >= m1,
+            })
     if best:
         winner = max(best.values(), key=lambda r: r["speedup_vs_plain"])
         targets.append({
@@ -429,6 +529,22 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _self_draft_memory(models: dict[str, Any]) -> list[str]:
+    """What the self-draft rows cost in memory beyond plain decoding: shared (these rows) and as a copy (the
+    TensorRT path's second engine)."""
+    if "self_draft" not in models:
+        return []
+    sd = models["self_draft"]
+    lines = [f"Self-draft memory beyond plain decoding (L={sd['layers']}, float32; KV bytes per token of one "
+             "sequence):", "", "| draft | extra params, shared | extra KV B/token, shared | extra params, copied "
+             "(two engines) | extra KV B/token, copied |", "|---|---:|---:|---:|---:|"]
+    for name, key in (("bare", "memory_bare"), ("with adapter", "memory_adapter")):
+        m = sd[key]
+        lines.append(f"| {name} | {m['shared_extra_params']:,} | {m['shared_extra_kv_bytes_per_token']:,} "
+                     f"| {m['copied_extra_params']:,} | {m['copied_extra_kv_bytes_per_token']:,} |")
+    return [*lines, ""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     m, cfg = report["machine"], report["config"]
     mi = report["models"]
@@ -474,13 +590,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     c = report["correctness"]
     lines += [
         "",
-        "Output == greedy: specbuild rows against specbuild's plain greedy at batch 1, transformers rows against "
+        "Output == greedy: specbuild rows against specbuild's plain greedy at batch 1 (medusa-2 rows against "
+        "their fine-tuned base's plain greedy: that is the model they serve), transformers rows against "
         f"transformers' plain greedy. transformers' plain greedy equals specbuild's: "
         f"**{str(c['transformers_plain_equals_specbuild_plain']).lower()}**.",
         "",
         "Acceptance by draft position (fraction of rounds whose accepted prefix reaches the position): "
         "`acceptance.png`.",
         "",
+        *_self_draft_memory(mi),
         f"Whole benchmark: {report['bench_runtime_s']:.0f} s.",
         "",
     ]
@@ -579,6 +697,9 @@ def main(argv: list[str] | None = None) -> int:
         heads = None
     tree_nodes = max((MedusaTree.from_choices(load_choices(t)).num_nodes for t in trees), default=63)
     ckpts = convert_models(dirs, heads, tree_nodes, args.work)
+    ckpts.update(convert_self_draft(args.models, args.work))
+    if heads is not None:
+        ckpts.update(convert_medusa2(args.models, tree_nodes, args.work))
     prompts = load_prompts(dirs["target"], args.prompts, args.prompt_tokens)
     batch_sizes = [1] + ([args.batch] if args.batch > 1 else [])
     eagle3_draft = find_eagle3_draft(args.models)
