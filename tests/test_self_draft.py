@@ -367,3 +367,21 @@ def test_demo_pipeline_with_an_adapter(demo_models: dict[str, Path], demo_extra:
     shared = generate_self_draft(target, layers, prompts, DraftTargetConfig(3), stop=STOP, adapter=draft_dir)
     assert separate.output_ids == plain.output_ids == shared.output_ids
     assert shared.stats.acceptance_by_position == separate.stats.acceptance_by_position
+
+
+def test_draft_train_command_writes_an_adapter_convert_takes(demo_models: dict[str, Path], tmp_path: Path) -> None:
+    """`specbuild draft train` writes an adapter directory that read_adapter accepts for the given L; an L the
+    target cannot take is refused naming its config.json, and nothing is written."""
+    from specbuild.self_draft.adapter_format import read_adapter
+
+    out = tmp_path / "adapter"
+    args = ["draft", "train", "--target", str(demo_models["target"]), "--output", str(out), "--steps", "2",
+            "--seq-len", "16", "--batch-size", "2"]
+    result = CliRunner().invoke(app, [*args, "--layers", "2"])
+    assert result.exit_code == 0, result.output
+    assert read_adapter(out).layers == 2 and f"wrote {out}" in result.output
+    layers = json.loads((demo_models["target"] / "config.json").read_text())["num_hidden_layers"]
+    refused = CliRunner().invoke(app, [*args, "--layers", str(layers), "--output", str(tmp_path / "no")])
+    assert refused.exit_code == 1
+    assert "config.json" in refused.output and f"--layers {layers} must be 1 to {layers - 1}" in refused.output
+    assert not (tmp_path / "no").exists()
