@@ -155,7 +155,8 @@ def broken(directory: Path, how: str) -> Path:
     elif how == "wrong shape":
         tensors[f"model.layers.{L}.mlp.down_proj.weight"] = tensors[f"model.layers.{L}.mlp.down_proj.weight"][:, :8]
     elif how == "other layer":
-        tensors[f"model.layers.{L + 1}.mlp.down_proj.weight"] = tensors[f"model.layers.{L}.mlp.down_proj.weight"].clone()
+        down = tensors[f"model.layers.{L}.mlp.down_proj.weight"]
+        tensors[f"model.layers.{L + 1}.mlp.down_proj.weight"] = down.clone()
     if how in ("missing tensor", "wrong shape", "other layer"):
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(weights))
     if how == "corrupt":

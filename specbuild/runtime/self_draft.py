@@ -76,7 +76,7 @@ def adapter_layer(target: CausalLM, num_layers: int, checkpoint: Path) -> Decode
         theirs = dict(DecoderLayer(config, loaded.tensors, index).named_buffers())
         for name, tensor in target.layers[index].named_buffers():
             other = theirs.get(name)
-            if (tensor is None) != (other is None) or (tensor is not None and not torch.equal(other.to(tensor.device), tensor)):
+            if other is None or not torch.equal(other.to(tensor.device), tensor):  # named_buffers skips None
                 raise RuntimeCheckpointError(
                     f"{path}: layer {index}'s {name} is not the target's: this checkpoint was not converted from "
                     "this target (draft.source: target_layers)")
