@@ -191,3 +191,36 @@ def test_cli_heads_without_joint_is_refused(tmp_path: Path) -> None:
                                       "--heads", str(tmp_path)])
     assert result.exit_code == 1
     assert "add --joint" in result.output
+
+
+# ---------------------------------------------------------------------------------------------- the demo spec
+
+
+def test_demo_spec_converts_builds_and_deploys(medusa2: Path, tmp_path: Path) -> None:
+    """configs/demo-medusa2.yaml (paths pointed at this session's extra) goes through the pipeline like
+    demo-medusa.yaml, and the engine it builds serves the new base: its reference checkpoint holds the new
+    base's weights, not the original target's."""
+    import yaml
+    from safetensors.torch import load_file
+
+    from specbuild.contracts.engine_info import engine_dir, reference_checkpoint
+    from specbuild.deploy.check import check_repository
+    from specbuild.deploy.repository import deploy_repository
+    from tests.deploy_fixtures import convert_and_build, write_spec
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "demo-medusa2.yaml"
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["target"]["model"] = str(medusa2 / "base")
+    data["medusa"]["heads"] = str(medusa2 / "heads")
+    data["output_dir"] = str(tmp_path / "out")
+    data["build"]["backend"] = "reference"
+    spec = write_spec(tmp_path / "specs", data)
+    convert_and_build(spec)
+    deploy_repository(spec)
+    repository = spec.deploy.model_repository
+    assert repository is not None
+    assert check_repository(repository).problems == []
+    checkpoint = reference_checkpoint(engine_dir(spec, "medusa"))
+    served = load_file(checkpoint / "rank0.safetensors")["transformer.layers.0.mlp.fc.weight"]
+    new_base = load_file(medusa2 / "base/model.safetensors")["model.layers.0.mlp.gate_proj.weight"]
+    assert torch.equal(served, new_base)
