@@ -17,7 +17,7 @@ from specbuild.cli import app
 from specbuild.contracts import lookahead as la
 from specbuild.errors import SpecbuildError
 from specbuild.spec import load_spec
-from specbuild.tune.lookahead import PLAIN, LookaheadGrid, grid_candidates
+from specbuild.tune.lookahead import PLAIN, LookaheadGrid, grid_candidates, non_decreasing
 from specbuild.tune.stage import TuneOptions, run_tune
 
 QUIET = Console(quiet=True)
@@ -87,6 +87,12 @@ def test_the_grid_keeps_only_what_the_engine_limits_hold(tmp_path: Path) -> None
     assert limited.excluded and all("build.max_num_tokens 40" in why for why in limited.excluded.values())
     with pytest.raises(SpecbuildError, match="no \\(W, N, G\\) of the lookahead grid fits"):
         grid_candidates(LookaheadGrid(windows=(7,), ngrams=(5,), verification_sets=(7,)), budget)
+
+
+def test_block_costs_never_fall_with_more_tokens() -> None:
+    """A burst of other work makes one size's timing too high; the cost model takes the least measured at that
+    size or any larger one, so a bigger block is never cheaper than a smaller one."""
+    assert non_decreasing({1: 3.0, 2: 2.5, 4: 4.0, 8: 3.9, 9: 5.0}) == {1: 2.5, 2: 2.5, 4: 3.9, 8: 3.9, 9: 5.0}
 
 
 # ------------------------------------------------------------------------------------------------ demo target

@@ -10,7 +10,9 @@ Lookahead has no draft model, so there is no acceptance rate to plug into a form
 
 Cost model: a step costs one target forward over its block, and a forward's seconds depend on the block's size
 (on a CPU a 16-token forward costs visibly more than a 1-token one; on a GPU much less so), measured once per size
-at the calibration's mean context (fastest of interleaved repeats, `measure_forward_seconds`). A candidate's
+at the calibration's mean context (fastest of interleaved repeats, `measure_forward_seconds`), then made
+non-decreasing in the block size (a size's cost is the least measured at it or any larger size: a forward over
+more tokens never costs less, and other work on the machine only ever adds time). A candidate's
 cost-model tokens/s is its tokens over the summed cost of its steps; plain decoding's is one token per 1-token
 forward. The candidate with the highest cost-model tokens/s is chosen. Per-step bookkeeping (the pool, the tree
 mask) is left out, so the figure reads higher than wall-clock, which is printed next to it.
@@ -208,7 +210,17 @@ def tune_lookahead(model: CausalLM, prompts: Prompts, candidates: Candidates, cu
     cost_repeats = 7
     seconds = measure_forward_seconds({"target": (model, sizes)}, prompts[0], context, repeats=cost_repeats,
                                       tick=ticks(f"forward costs at {len(sizes)} block sizes", cost_repeats))
-    return LookaheadTuning(runs, seconds["target"], context, LookaheadConfig(*current), candidates.excluded)
+    return LookaheadTuning(runs, non_decreasing(seconds["target"]), context, LookaheadConfig(*current),
+                           candidates.excluded)
+
+
+def non_decreasing(seconds_at: dict[int, float]) -> dict[int, float]:
+    """Each block size's cost as the least measured at that size or any larger one (see the module docstring)."""
+    envelope: dict[int, float] = {}
+    least = float("inf")
+    for size in sorted(seconds_at, reverse=True):
+        least = envelope[size] = min(least, seconds_at[size])
+    return dict(sorted(envelope.items()))
 
 
 def lookahead_table(t: LookaheadTuning) -> Table:
