@@ -25,6 +25,7 @@ ones and the tune tables use)."""
 TUNE_TABLES = {
     "tune-draft-target.txt": [["configs/demo.yaml", "--dry-run"]],
     "tune-medusa.txt": [["configs/demo-medusa.yaml", "--dry-run", "--nodes", str(n)] for n in (8, 24, 63)],
+    "tune-lookahead.txt": [["configs/demo-lookahead.yaml", "--dry-run"]],
 }
 """bench/results/ files holding `specbuild tune ... --dry-run` tables (no targets: figures to compare by eye)."""
 

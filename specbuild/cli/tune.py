@@ -66,8 +66,9 @@ def tune(
     spec's engine limits allow is run, and the one with the most tokens per second by the measured cost of its
     steps is written into speculative.lookahead. A self-draft (draft.source: target_layers): each L is measured
     for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
-    at it. ngram and build.flow: pytorch are refused with what to do instead: the reference runtime has no n-gram
-    drafter, and the PyTorch flow converts no checkpoint to measure.
+    at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the draft_target search. ngram and the
+    PyTorch flow on NVIDIA's backend are refused with what to do instead: the reference runtime has no n-gram
+    drafter, and there the PyTorch flow converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.tune.stage import TuneOptions, run_tune

@@ -13,7 +13,8 @@ predicted and measured tokens per step are printed next to the same-size prefix 
 lookahead: every (W, N, G) of a small grid is run and chosen by measured tokens per step over the measured cost of
 its steps' forwards (`specbuild.tune.lookahead`). A self-draft (draft.source: target_layers): each layer count L
 is measured for its acceptance rate and draft cost, L is chosen by the same expected-speedup formula as K, and K
-is then tuned at that L (`specbuild.tune.self_draft`).
+is then tuned at that L (`specbuild.tune.self_draft`). eagle3: K by the draft_target search itself, with the
+EAGLE-3 draft as the drafter (`specbuild.tune.eagle3`).
 
 Two speed figures per K, and why: "tokens/s" is wall-clock (batch 1, settings interleaved prompt by prompt,
 fastest of --repeats per prompt), what a user sees but noisy on a shared machine; "cost-model tokens/s" is the
