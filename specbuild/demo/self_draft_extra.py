@@ -20,9 +20,20 @@ SETTINGS: dict[str, Any] = {"layers": 2, "steps": 150, "seq_len": 64, "batch_siz
 
 
 def build(models_dir: Path, output: Path, settings: dict[str, Any], progress: Progress | None) -> dict[str, Any]:
+    """Train the adapter; a target too shallow for the recipe's L (a shrunk test recipe) gets L = its layers - 1,
+    and one of a single layer, which has no self-draft at all, gets a note instead of an adapter."""
+    import json
+
     import torch
 
     from specbuild.self_draft.train import train_adapter
+
+    total = json.loads((models_dir / "target" / "config.json").read_text())["num_hidden_layers"]
+    if total < 2:
+        reason = f"the demo target has {total} layer: a self-draft needs at least 2"
+        (output / "SKIPPED.txt").write_text(reason + "\n")
+        return {"skipped": reason}
+    settings = {**settings, "layers": min(settings["layers"], total - 1)}
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same bytes on every machine with the same demo target
