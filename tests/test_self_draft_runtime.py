@@ -194,3 +194,8 @@ def test_a_checkpoint_of_another_target_is_refused(target: CausalLM, tmp_path: P
                       self_draft_adapter=write_adapter(tmp_path / "adapter", L, seed=7))
     with pytest.raises(SpecbuildError, match="is not the target's"):
         self_draft_model(target, L, adapted)
+
+
+def test_an_adapter_directory_is_pointed_to_its_converted_checkpoint(target: CausalLM, tiny: dict[str, Path]) -> None:
+    with pytest.raises(SpecbuildError, match="this is an adapter directory"):
+        self_draft_model(target, L, tiny["adapter"])

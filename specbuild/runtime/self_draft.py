@@ -37,6 +37,7 @@ from specbuild.runtime.model import CausalLM, DecoderLayer
 from specbuild.runtime.sampling import SamplingParams, draw, probabilities
 from specbuild.runtime.sequence import GenerationResult, GenerationStats, SequenceState, StopCriteria, check_prompts
 from specbuild.runtime.speculative import DraftTargetConfig, best_k
+from specbuild.self_draft.adapter_format import CONFIG_NAME as ADAPTER_CONFIG
 
 __all__ = ["generate_self_draft", "self_draft_model", "shared_memory"]
 
@@ -58,6 +59,11 @@ def adapter_layer(target: CausalLM, num_layers: int, checkpoint: Path) -> Decode
     checking that the checkpoint is a self-draft of this very target: the same shape of model, num_layers + 1
     layers, and its layers below `num_layers` the target's own tensors (a quantized draft's are not)."""
     _check_layers(target, num_layers)
+    if (Path(checkpoint) / ADAPTER_CONFIG).is_file():
+        raise RuntimeCheckpointError(
+            f"{checkpoint}: this is an adapter directory (`specbuild draft train`); the runtime takes the self-draft "
+            "checkpoint `convert` writes from it (draft.adapter in the spec, or ConvertRequest(self_draft_layers=L, "
+            "self_draft_adapter=DIR)), whose layer L is the adapter in the runtime's tensor layout")
     loaded = load_checkpoint(Path(checkpoint), dtype=target.dtype)
     path = loaded.directory / "config.json"
     config = loaded.model_config

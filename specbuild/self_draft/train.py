@@ -8,8 +8,16 @@ position of windows of the training text: the draft learns to predict what the t
 draft is the (L+1)-layer cut of the target; distillation then teaches that one layer the work of the remaining
 N - L. Seeded: the same inputs and thread count give the same bytes.
 
-LLaMA-family targets (Llama, Mistral, Qwen2): their decoder layers run standalone given rotary embeddings, with
-causal attention over the window (a Mistral window longer than seq_len changes nothing).
+The design is Kangaroo's (Liu et al. 2024, arXiv 2404.18911: a shallow sub-network of the target plus a small
+trained adapter drafts, the whole target verifies); the loss is the forward KL, one of the divergences DistillSpec
+(Zhou et al. 2023, arXiv 2310.08461) compares for aligning a draft with its target (here on the training text,
+not on the draft's own samples).
+
+LLaMA-family targets (Llama, Mistral, Qwen2): their decoder layers run standalone given rotary embeddings
+(huggingface/transformers 5.14 src/transformers/models/llama/modeling_llama.py, `LlamaDecoderLayer.forward(
+hidden_states, attention_mask, position_ids, ..., position_embeddings)`), with causal attention when no mask is
+given (src/transformers/integrations/sdpa_attention.py: `is_causal` when `attention_mask is None`); a Mistral
+window longer than seq_len changes nothing.
 """
 
 from __future__ import annotations
