@@ -320,11 +320,6 @@ def test_cli_builds_and_lists_the_models(tmp_path: Path, monkeypatch: pytest.Mon
     from specbuild.cli import app
 
     monkeypatch.setattr(dr, "RECIPE", tiny_recipe())
-    import specbuild.demo.eagle3_extra  # noqa: F401  (registered first, so that removing it below sticks)
-    from specbuild.demo import extras
-
-    # an EAGLE-3 draft captures three distinct target layers: TensorRT-LLM refuses targets of <= 5, this one has 1
-    monkeypatch.delitem(extras.EXTRAS, "eagle3-draft")
     result = CliRunner().invoke(app, ["demo-models", str(tmp_path / "models")])
     assert result.exit_code == 0, result.output
     for name in dm.ALL_NAMES:
