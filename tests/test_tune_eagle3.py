@@ -1,11 +1,12 @@
 """`specbuild tune` on an EAGLE-3 spec (build.flow: pytorch, build.backend: reference): K by the draft-target search.
 
-The draft is a random EAGLE-3 head in the real checkpoint format (tests/eagle3_fixtures.py): the search's rule
-must hold for any draft, and the expectations are derived from the run's own measurements.
+The draft is the demo extra "eagle3-draft" (trained on the demo target); the expectations are derived from the
+run's own measurements, never from figures only these weights give.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,6 @@ from specbuild.runtime.speculative import expected_speedup
 from specbuild.spec import load_spec
 from specbuild.tune.measure import Acceptance
 from specbuild.tune.stage import TuneOptions, run_tune
-from tests.eagle3_fixtures import write_random_draft
 
 QUIET = Console(quiet=True)
 
@@ -47,20 +47,16 @@ build:
 
 
 @pytest.fixture(scope="module")
-def eagle3_spec(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path]) -> Path:
-    """The spec on the demo target and a random EAGLE-3 draft for it; the target converted as `specbuild convert`
-    does for the reference backend."""
+def eagle3_spec(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path],
+                demo_extra: Callable[[str], Path]) -> Path:
+    """The spec on the demo target and its EAGLE-3 draft; the target converted as `specbuild convert` does for
+    the reference backend."""
     from specbuild.convert.run import convert_spec
-    from specbuild.runtime.model import CausalLM
 
     root = tmp_path_factory.mktemp("tune-eagle3")
-    plain = root / "plain-target"  # the draft is made for the target's shapes before convert checks the pair
-    result = CliRunner().invoke(app, ["convert", "--model", str(demo_models["target"]), "--output", str(plain),
-                                      "--dtype", "float32"])
-    assert result.exit_code == 0, result.output
-    write_random_draft(root / "eagle3", CausalLM.from_checkpoint(plain))
     path = root / "pipeline.yaml"
-    path.write_text(EAGLE3_SPEC.format(out=root / "build", target=demo_models["target"], draft=root / "eagle3"))
+    path.write_text(EAGLE3_SPEC.format(out=root / "build", target=demo_models["target"],
+                                       draft=demo_extra("eagle3-draft")))
     convert_spec(path, console=QUIET)
     return path
 
