@@ -151,3 +151,71 @@ def test_stop_string_is_cut_and_named() -> None:
     assert _text(answer) == "w7"
     assert answer.outputs["finish_reason"].tolist() == ["stop"]
     assert answer.outputs["stop_reason"].tolist() == ["w8 w9"]
+
+
+# -- EAGLE-3 (speculative_config decoding_type Eagle) over the reference runtime ------------------------------------
+def _eagle3_model(demo_models: dict[str, Any], demo_extra: Any, tmp_path: Any) -> tuple[LlmApiModel, Any, Any]:
+    """The llmapi model as model.py builds it for an Eagle speculative_config (load_runner), on the demo target and
+    the demo extra eagle3-draft; also the target and the tokenizer, for the expectation."""
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.python_models.llmapi_model import load_runner
+    from specbuild.runtime.model import CausalLM
+    from specbuild.tokenizer import load_tokenizer
+
+    convert_checkpoint(ConvertRequest("target", demo_models["target"], tmp_path / "target", "float32"))
+    settings = {"max_batch_size": 4, "max_seq_len": 128,
+                "speculative_config": {"decoding_type": "Eagle", "max_draft_len": 4}}
+    reference = {"checkpoints": {"target": str(tmp_path / "target")}, "eagle3_draft": str(demo_extra("eagle3-draft"))}
+    tokenizer = load_tokenizer(demo_models["target"])
+    model = LlmApiModel(tokenizer, load_runner(settings, reference), decoupled=True)
+    return model, CausalLM.from_checkpoint(tmp_path / "target"), tokenizer
+
+
+def _wait_final(answers: list[Answer], timeout_s: float = 120.0) -> list[Answer]:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (answers and answers[-1].final):
+        assert time.monotonic() < deadline, answers
+        time.sleep(0.01)
+    return answers
+
+
+def test_eagle3_runner_answers_concurrent_requests_with_the_greedy_text(demo_models: dict[str, Any], demo_extra: Any,
+                                                                        tmp_path: Any) -> None:
+    """Several requests at once, streamed or not: each the target's own plain greedy completion (derived here),
+    drafts reported in the perf metrics; a request whose client went away ends cancelled, and the next one is
+    still served."""
+    import torch
+
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.sequence import StopCriteria
+
+    model, target, tokenizer = _eagle3_model(demo_models, demo_extra, tmp_path)
+    prompts = ["The for statement", "Class definitions", "The import statement"]
+    with torch.inference_mode():
+        expected = {p: tokenizer.decode(generate(target, [tokenizer.encode(p)], stop=StopCriteria(
+            16, tokenizer.eos_token_id)).output_ids[0], skip_special_tokens=True) for p in prompts}
+    streams: dict[str, list[Answer]] = {p: [] for p in prompts}
+    for index, prompt in enumerate(prompts):
+        model.receive({"text_input": np.array([prompt.encode()], dtype=object),
+                       "sampling_param_max_tokens": np.array([16]), "streaming": np.array([index % 2 == 0]),
+                       "sampling_param_exclude_input_from_output": np.array([True]),
+                       "sampling_param_return_perf_metrics": np.array([True])}, streams[prompt].append)
+    for prompt in prompts:
+        answers = _wait_final(streams[prompt])
+        assert not any(a.error for a in answers), answers
+        assert _text(answers[-1]) == expected[prompt], prompt
+        drafted = int(answers[-1].outputs["total_draft_tokens"][0])
+        assert drafted >= int(answers[-1].outputs["total_accepted_draft_tokens"][0]) >= 0 and drafted > 0
+
+    gone: list[Answer] = []
+    model.receive({"text_input": np.array([prompts[0].encode()], dtype=object)}, gone.append,
+                  client_cancelled=lambda: True)
+    assert _wait_final(gone)[-1].cancelled
+    again: list[Answer] = []
+    model.receive({"text_input": np.array([prompts[1].encode()], dtype=object),
+                   "sampling_param_max_tokens": np.array([16]),
+                   "sampling_param_exclude_input_from_output": np.array([True])}, again.append)
+    assert _text(_wait_final(again)[-1]) == expected[prompts[1]]
+    model.runner.stop()

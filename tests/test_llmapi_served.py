@@ -21,28 +21,51 @@ pytestmark = pytest.mark.tritonserver
 MAX_TOKENS = 24
 
 
-def _llmapi_repository(root: Path, models: dict[str, Path]) -> Path:
+def _deploy(root: Path, data: dict[str, Any]) -> Path:
+    """convert -> build -> deploy of a PyTorch-flow spec on the reference backend (pipeline_data sets it)."""
     from specbuild.build.llm_api import build_llm_api
     from specbuild.convert.run import convert_spec
     from specbuild.deploy.llmapi import deploy_llm_api
 
-    data = pipeline_data("demo-llmapi", models, "draft_target", root / "out")
-    data["build"]["flow"] = "pytorch"  # backend: reference stays (pipeline_data sets it)
-    data["speculative"]["draft_len_schedule"] = {1: 4, 4: 0}  # as configs/demo-pytorch.yaml
+    data["build"]["flow"] = "pytorch"
     spec = write_spec(root, data)
     convert_spec(spec.path)
     build_llm_api(spec)
     return deploy_llm_api(spec).repository
 
 
-@pytest.fixture(scope="module", name="llmapi_server")
-def llmapi_server_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path]) -> Iterator[Any]:
+def _llmapi_repository(root: Path, models: dict[str, Path]) -> Path:
+    data = pipeline_data("demo-llmapi", models, "draft_target", root / "out")
+    data["speculative"]["draft_len_schedule"] = {1: 4, 4: 0}  # as configs/demo-pytorch.yaml
+    return _deploy(root, data)
+
+
+def _eagle3_repository(root: Path, models: dict[str, Path], draft: Path) -> Path:
+    """configs/demo-eagle3.yaml's pipeline: the demo target with the demo extra eagle3-draft, K = 4."""
+    data = pipeline_data("demo-eagle3", models, "eagle3", root / "out")
+    data["draft"] = {"model": str(draft)}
+    data["speculative"]["num_draft_tokens"] = 4
+    return _deploy(root, data)
+
+
+def _served(repository: Path, log: Path) -> Iterator[Any]:
     from specbuild.serve.server import TritonServer
 
-    root = tmp_path_factory.mktemp("llmapi")
-    repository = _llmapi_repository(root, demo_models)
-    with TritonServer(repository, log_file=root / "server.log", ready_timeout_s=420) as server:
+    with TritonServer(repository, log_file=log, ready_timeout_s=420) as server:
         yield server
+
+
+@pytest.fixture(scope="module", name="llmapi_server")
+def llmapi_server_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path]) -> Iterator[Any]:
+    root = tmp_path_factory.mktemp("llmapi")
+    yield from _served(_llmapi_repository(root, demo_models), root / "server.log")
+
+
+@pytest.fixture(scope="module", name="eagle3_server")
+def eagle3_server_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path],
+                          demo_extra: Any) -> Iterator[Any]:
+    root = tmp_path_factory.mktemp("llmapi-eagle3")
+    yield from _served(_eagle3_repository(root, demo_models, demo_extra("eagle3-draft")), root / "server.log")
 
 
 def _generate(url: str, prompt: str, **fields: Any) -> tuple[int, dict[str, Any]]:
@@ -118,3 +141,58 @@ def test_llmapi_refusals_over_the_wire(llmapi_server: Any) -> None:
     assert status >= 400 and "Error generating request: require top_k >= 0, got top_k=-1" in body["error"], body
     status, body = _generate(llmapi_server.http_url, PROMPTS[0], sampling_param_max_tokens=2)
     assert status == 200 and body["text_output"].startswith(PROMPTS[0][:3])
+
+
+def test_eagle3_serves_the_targets_greedy_text(eagle3_server: Any, greedy_reference: dict[str, str]) -> None:
+    """speculative_config Eagle (the demo EAGLE-3 draft) over HTTP generate and gRPC streaming: the completion is
+    the target's plain greedy one, with drafts proposed and counted in the perf metrics; streamed, every response
+    extends the last."""
+    for prompt in PROMPTS:
+        status, body = _generate(eagle3_server.http_url, prompt, sampling_param_exclude_input_from_output=True,
+                                 sampling_param_return_perf_metrics=True, return_finish_reason=True)
+        assert status == 200, body
+        assert body["text_output"] == greedy_reference[prompt], prompt
+        assert body["finish_reason"] in ("stop", "length")
+        assert int(body["total_draft_tokens"]) >= int(body["total_accepted_draft_tokens"]) >= 0
+        assert int(body["total_draft_tokens"]) > 0, body
+    for prompt in PROMPTS[:2]:
+        texts = [r.as_numpy("text_output")[0].decode() for r in _stream(eagle3_server.grpc_url, prompt)]
+        assert texts and texts[-1] == greedy_reference[prompt], (prompt, texts)
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts)), texts
+
+
+def test_eagle3_answers_concurrent_requests(eagle3_server: Any, greedy_reference: dict[str, str]) -> None:
+    """Every prompt sent at once (HTTP and gRPC streaming mixed): all answered, each with its own greedy text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def http(prompt: str) -> str:
+        status, body = _generate(eagle3_server.http_url, prompt, sampling_param_exclude_input_from_output=True)
+        assert status == 200, body
+        return body["text_output"]
+
+    def grpc(prompt: str) -> str:
+        return _stream(eagle3_server.grpc_url, prompt)[-1].as_numpy("text_output")[0].decode()
+
+    jobs = [(prompt, how) for prompt in PROMPTS for how in (http, grpc)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: job[1](job[0]), jobs))
+    assert answers == [greedy_reference[prompt] for prompt, _ in jobs]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_bench_load_generator_speaks_llmapi(eagle3_server: Any, greedy_reference: dict[str, str],
+                                            protocol: str) -> None:
+    """`specbuild bench`'s load generator on the llmapi model: its own input names (sampling_param_max_tokens,
+    streaming, sampling_param_exclude_input_from_output), the cumulative streamed text read as one completion, the
+    acceptance outputs read from the perf metrics."""
+    from specbuild.bench.client import LLMClient
+    from specbuild.bench.load import Load, run_load
+
+    url = eagle3_server.grpc_url if protocol == "grpc" else eagle3_server.http_url
+    with LLMClient(url, protocol=protocol) as client:
+        assert client.model.names.interface == "llmapi"
+    summary = run_load(url, Load(prompts=PROMPTS[:2], max_tokens=MAX_TOKENS, concurrency=2, requests=2,
+                                 warmup=False), protocol=protocol)
+    assert summary.errors == 0 and summary.requests == 2, summary.first_error
+    assert summary.sample_answer in {greedy_reference[p] for p in PROMPTS[:2]}, summary.sample_answer
+    assert summary.draft_tokens > 0 and summary.acceptance_rate is not None

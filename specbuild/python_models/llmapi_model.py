@@ -507,20 +507,26 @@ class DraftTargetRunner:
                              return_logits=not job.greedy, cancelled=job.cancelled)
 
 
+class _Cancelled(Exception):
+    """Raised from a batch decoder's streaming callback to end a request whose client went away or was stopped."""
+
+
 class Eagle3Runner:
-    """Eagle (an EAGLE-3 draft): the reference runtime's EAGLE-3 decoding, one request at a time (it decodes a
-    batch to completion, so requests do not join a running one), streamed by its per-round callback."""
+    """Eagle (an EAGLE-3 draft): `specbuild.runtime.eagle3_decoding.generate_eagle3` on one request at a time
+    (the decoder runs a batch to completion, so a request cannot join a running one): concurrent requests queue
+    on a lock and each is answered in full; tokens stream from its per-round `on_tokens` callback, which also ends
+    a cancelled request (the runtime has no cancel of its own)."""
 
     def __init__(self, target: Any, draft: Any, num_draft_tokens: int, max_seq_len: int) -> None:
-        self.target, self.draft, self.k, self.max_seq_len = target, draft, num_draft_tokens, max_seq_len
+        from specbuild.runtime.serving import ServingEngine
+
+        self.target, self.draft, self.k = target, draft, num_draft_tokens
+        self._limits = ServingEngine(target, max_batch=1, max_seq_len=max_seq_len)  # never started: its check only
         self._lock = threading.Lock()
 
     def check(self, job: Job) -> None:
-        if len(job.prompt) + max(job.max_tokens, 1) > self.max_seq_len:
-            raise ValueError(f"prompt {len(job.prompt)} + max_new_tokens {job.max_tokens} is more than the "
-                             f"engine's max_seq_len {self.max_seq_len}")
-        if job.max_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1 (got {job.max_tokens})")
+        """The serving engine's refusals and words (ServingEngine.check), so every runner refuses alike."""
+        self._limits.check(_engine_request(job))
 
     def start(self, job: Job) -> None:
         threading.Thread(target=self._run, args=(job,), daemon=True, name="llmapi-eagle3").start()
@@ -538,13 +544,22 @@ class Eagle3Runner:
 
         def on_tokens(row: int, new: Sequence[int]) -> None:
             tokens.extend(int(t) for t in new)
+            if job.cancelled():
+                raise _Cancelled
             job.on_progress(Progress(list(tokens)))
 
         stop = StopCriteria(job.max_tokens, job.end_id, job.stop_words, include_stop_words=True)
         try:
-            with self._lock, torch.inference_mode():
-                result = generate_eagle3(self.target, self.draft, [list(job.prompt)],
-                                         Eagle3Config(num_draft_tokens=self.k), job.params, stop, on_tokens=on_tokens)
+            with self._lock:
+                if job.cancelled():  # stopped or gone while it waited for the lock
+                    raise _Cancelled
+                with torch.inference_mode():
+                    result = generate_eagle3(self.target, self.draft, [list(job.prompt)],
+                                             Eagle3Config(num_draft_tokens=self.k), job.params, stop,
+                                             on_tokens=on_tokens)
+        except _Cancelled:
+            job.on_progress(Progress(list(tokens), True, "cancelled"))
+            return
         except Exception as err:
             job.on_progress(Progress(list(tokens), True, "error", error=str(err)))
             return
@@ -603,7 +618,7 @@ def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
             raise RuntimeError("speculative_config decoding_type Eagle: this specbuild's reference runtime has no "
                                f"EAGLE-3 decoding ({err})") from None
         target_model = load("target")
-        return Eagle3Runner(target_model, Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target_model),
-                            k, seq)
+        draft = Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target_model, dtype=target_model.dtype)
+        return Eagle3Runner(target_model, draft, k, seq)
     raise RuntimeError(f"speculative_config decoding_type {kind!r}: the reference llmapi model serves no "
                        "speculative_config, DraftTarget or Eagle (set build.backend: tensorrt for NVIDIA's)")
