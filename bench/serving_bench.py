@@ -1,17 +1,22 @@
 """Serving benchmark: the demo deployments behind a real tritonserver, measured from the client side.
 
-Builds (or reuses, every stage is incremental) the three demo deployments through the stage functions —
-draft-target (configs/demo.yaml), Medusa (configs/demo-medusa.yaml) and the same target without speculation
-(configs/demo-plain.yaml) — serves all three at once with the tritonserver bundled in nvidia-pytriton (or the
-one on PATH), and drives each entry model over gRPC streaming at concurrency 1, 8 and 16 with `specbuild bench`'s
-load generator. Rounds interleave the deployments (so a busy neighbour on a shared machine slows all of them
-alike) and the median round by tokens/s is kept. Output tokens are counted with the deployment's own tokenizer
-(re-encoding each answer), the same for every deployment.
+Builds (or reuses, every stage is incremental) the demo deployments through the stage functions — draft-target
+(configs/demo.yaml), Medusa (configs/demo-medusa.yaml) and the same target without speculation
+(configs/demo-plain.yaml), and next to them Lookahead (configs/demo-lookahead.yaml), the self-draft with its adapter
+(configs/demo-self-draft.yaml), Medusa-2 (configs/demo-medusa2.yaml) with its own plain baseline (`medusa2-base`:
+Medusa-2 fine-tunes the base, so the served model is a new one and is compared with itself decoded plainly) and
+EAGLE-3 (configs/demo-eagle3.yaml: the PyTorch flow's llmapi repository on the reference backend) — serves them all
+at once with the tritonserver bundled in nvidia-pytriton (or the one on PATH), and drives each entry model over
+gRPC streaming with `specbuild bench`'s load generator (the llmapi model through its own input names). The first
+three are measured at concurrency 1, 8 and 16, the others at concurrency 1 only (`--new-concurrency` adds more) so
+the run stays a few minutes. Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
+of them alike) and the median round by tokens/s is kept. Output tokens are counted with the deployment's own
+tokenizer (re-encoding each answer), the same for every deployment.
 
 Targets, each a ratio measured side by side in the same run: plain at concurrency 8 >= 3x its own tokens/s at
 concurrency 1 (in-flight batching); draft-target and Medusa >= 1.3x plain at concurrency 1 and >= 1.0x plain at
-8 and 16 (speculation never makes a loaded server slower). The script exits 1 when one is missed or a deployment
-could not be deployed.
+8 and 16 (speculation never makes a loaded server slower). The newer deployments' ratios to their baseline are
+reported, not judged. The script exits 1 when a target is missed or a deployment could not be deployed.
 
 Writes bench/results/serving.json (every figure, machine info), serving.md (the table), serving.png (tokens/s,
 TTFT and ITL by concurrency) and serving-curve.png (tokens/s against concurrency).
@@ -24,6 +29,7 @@ import argparse
 import json
 import sys
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +47,71 @@ from specbuild.bench.report import plot, speedup, table  # noqa: E402
 from specbuild.errors import SpecbuildError  # noqa: E402
 from specbuild.serve.server import TritonServer  # noqa: E402
 
-DEPLOYMENTS = {"plain": "configs/demo-plain.yaml", "draft-target": "configs/demo.yaml",
-               "medusa": "configs/demo-medusa.yaml"}
 BASELINE = "plain"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One served demo pipeline: its spec (`plain_of`: that spec's target without speculation, a spec written
+    under demo/specs/), the deployment its ratios are against, and whether the speed-up targets judge it (the
+    judged ones are measured at every --concurrency, the others at --new-concurrency)."""
+
+    spec: str
+    baseline: str = BASELINE
+    judged: bool = False
+    plain_of: bool = False
+
+
+DEPLOYMENTS = {
+    "plain": Deployment("configs/demo-plain.yaml", judged=True),
+    "draft-target": Deployment("configs/demo.yaml", judged=True),
+    "medusa": Deployment("configs/demo-medusa.yaml", judged=True),
+    "lookahead": Deployment("configs/demo-lookahead.yaml"),
+    "self-draft": Deployment("configs/demo-self-draft.yaml"),
+    "medusa2-base": Deployment("configs/demo-medusa2.yaml", plain_of=True),
+    "medusa2": Deployment("configs/demo-medusa2.yaml", baseline="medusa2-base"),
+    "eagle3": Deployment("configs/demo-eagle3.yaml"),
+}
 SPEEDUP_MIN = 1.3  # each speculative deployment's tokens/s vs plain at concurrency 1
 LOADED_MIN = 1.0  # ... and at every higher concurrency
 BATCHING_MIN = 3.0  # plain at concurrency 8 vs plain at concurrency 1
 console = Console(stderr=True)
 
 
+def spec_path(deployment: Deployment) -> Path:
+    """The spec to deploy: the config, or (plain_of) a copy of it without speculation, written under demo/specs/
+    with absolute paths and its own output_dir."""
+    path = ROOT / deployment.spec
+    if not deployment.plain_of:
+        return path
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    name = f"{data['name']}-plain"
+    data.update(name=name, output_dir=str(ROOT / "demo" / f"build-{name.removeprefix('demo-')}"),
+                speculative={"mode": "none"})
+    data["target"]["model"] = str((path.parent / data["target"]["model"]).resolve())
+    for key in ("draft", "medusa"):
+        data.pop(key, None)
+    derived = ROOT / "demo" / "specs" / f"{name}.yaml"
+    derived.parent.mkdir(parents=True, exist_ok=True)
+    text = f"# {deployment.spec} without speculation (written by bench/serving_bench.py)\n" + yaml.safe_dump(
+        data, sort_keys=False)
+    if not derived.is_file() or derived.read_text(encoding="utf-8") != text:  # unchanged: stages stay up to date
+        derived.write_text(text, encoding="utf-8")
+    return derived
+
+
 def prepare(spec_path: Path) -> Path:
-    """convert → build → deploy for one spec (each a no-op when up to date); returns the repository."""
+    """convert → build → deploy for one spec (each a no-op when up to date), as `specbuild convert/build/deploy`
+    run them (the PyTorch flow included); returns the repository."""
     from specbuild.build import build_pipeline
-    from specbuild.convert.pipeline import convert_checkpoint, requests_from_spec
+    from specbuild.convert.run import convert_spec
     from specbuild.deploy.repository import deploy_repository
     from specbuild.spec import load_spec
 
+    convert_spec(spec_path, console=console)
     spec = load_spec(spec_path)
-    for request in requests_from_spec(spec):
-        convert_checkpoint(request, console=console)
     build_pipeline(spec, console=console)
     result = deploy_repository(spec, console=console)
     console.print(f"{spec_path.name}: {result.summary()}", highlight=False, soft_wrap=True)
@@ -85,7 +137,11 @@ def median_round(rounds: list[Summary]) -> Summary:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16],
+                        help="for plain, draft-target and Medusa (the judged deployments)")
+    parser.add_argument("--new-concurrency", type=int, nargs="+", default=[1],
+                        help="for the others (Lookahead, self-draft, Medusa-2 and its base, EAGLE-3): each of these "
+                             "that is also in --concurrency; add 8 16 to measure them loaded too")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
     parser.add_argument("--requests", type=int, default=None, help="per run (default: 8, or 2 per client)")
@@ -99,11 +155,13 @@ def main() -> int:
 
     build_demo_models(ROOT / "demo" / "models")
     repositories, failed = {}, {}
-    for name, path in DEPLOYMENTS.items():
+    for name, deployment in DEPLOYMENTS.items():
         try:
-            repositories[name] = existing(ROOT / path) if args.no_prepare else prepare(ROOT / path)
+            path = spec_path(deployment)
+            repositories[name] = existing(path) if args.no_prepare else prepare(path)
         except SpecbuildError as err:  # report the others; the failure is recorded beside them
-            console.print(f"[red]{name} ({path}) could not be deployed:[/] {err}", highlight=False, soft_wrap=True)
+            console.print(f"[red]{name} ({deployment.spec}) could not be deployed:[/] {err}", highlight=False,
+                          soft_wrap=True)
             failed[name] = str(err)
     if BASELINE not in repositories or len(repositories) < 2:
         console.print("nothing to compare: the plain deployment and at least one speculative one are needed")
@@ -114,6 +172,7 @@ def main() -> int:
 
     names = list(repositories)
     results: dict[str, dict[int, Summary]] = {name: {} for name in names}
+    unserved: dict[str, str] = {}
     entry: dict[str, str] = {}
     with ExitStack() as stack:
         servers = {}
@@ -126,18 +185,28 @@ def main() -> int:
         for concurrency in args.concurrency:
             load = Load(prompts=DEFAULT_PROMPTS, max_tokens=args.max_tokens, concurrency=concurrency,
                         requests=args.requests)
-            rounds: dict[str, list[Summary]] = {name: [] for name in names}
+            measured = [n for n in names if DEPLOYMENTS[n].judged or concurrency in args.new_concurrency]
+            rounds: dict[str, list[Summary]] = {name: [] for name in measured}
             for index in range(args.rounds):
-                for name, server in servers.items():
+                for name in measured:
                     with console.status(f"round {index + 1}/{args.rounds}: {name}, concurrency {concurrency}…"):
-                        rounds[name].append(run_load(server.grpc_url, load, counter=counter))
-            for name in names:
-                results[name][concurrency] = median_round(rounds[name])
-            Console().print(table({n: results[n][concurrency] for n in names}, baseline=BASELINE,
+                        try:
+                            rounds[name].append(run_load(servers[name].grpc_url, load, counter=counter))
+                        except SpecbuildError as err:  # every request failed: a miss, the others still run
+                            console.print(f"[red]{name} at concurrency {concurrency}:[/] {err}", highlight=False,
+                                          soft_wrap=True)
+                            unserved.setdefault(name, str(err))
+            for name in measured:
+                if rounds[name]:
+                    results[name][concurrency] = median_round(rounds[name])
+            Console().print(table({n: results[n][concurrency] for n in measured if concurrency in results[n]},
+                                  baseline=BASELINE,
                                   title=f"concurrency {concurrency}, gRPC streaming, {args.max_tokens} new tokens"))
 
+    results = {name: by_c for name, by_c in results.items() if by_c}
     report = to_report(results, entry, args, counter)
     report["not_deployed"] = failed
+    report["not_served"] = unserved
     report["prepared"] = not args.no_prepare
     report["note"] = args.note
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,9 +218,11 @@ def main() -> int:
     curve(series, args.out / "serving-curve.png", title)
     console.print(f"wrote {args.out / 'serving.json'}, serving.md, serving.png, serving-curve.png", highlight=False)
     for target in report["targets"]:
-        console.print(f"{'PASS' if target['met'] else 'FAIL'}: {target['target']} "
-                      f"(measured {target['measured']})", highlight=False)
-    return finish("serving_bench", judged(report, failed))
+        console.print(f"{'PASS' if target['met'] else 'FAIL'}: {target['target']} (measured {target['measured']})",
+                      highlight=False)
+    for figure in report["reported"]:
+        console.print(f"reported: {figure['figure']} {figure['measured']}x", highlight=False)
+    return finish("serving_bench", judged(report, {**failed, **unserved}))
 
 
 def undeployed(failed: dict[str, str]) -> list[Target]:
@@ -163,6 +234,8 @@ def judged(report: dict[str, Any], failed: dict[str, str]) -> list[Target]:
     """The report's targets (one not measured is missed) and every deployment that could not be deployed."""
     targets = [Target(t["target"], bool(t["met"]), "not measured" if t["measured"] is None else str(t["measured"]))
                for t in report["targets"]]
+    targets += [Target(f["figure"], None, "not measured" if f["measured"] is None else str(f["measured"]))
+                for f in report.get("reported", [])]
     return [*targets, *undeployed(failed)]
 
 
@@ -191,21 +264,26 @@ def curve(series: dict[str, list[Summary]], path: Path, title: str) -> Path:
 
 def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], args: argparse.Namespace,
               counter: TokenCounter) -> dict[str, Any]:
-    ratios = {
-        name: {str(c): {"output_tokens_per_s": speedup(s, results[BASELINE][c], "output_tokens_per_s"),
-                        "ttft_mean": speedup(s, results[BASELINE][c], "ttft_ms.mean"),
-                        "itl_mean": speedup(s, results[BASELINE][c], "itl_ms.mean")}
-               for c, s in by_c.items()}
-        for name, by_c in results.items() if name != BASELINE
-    }
+    ratios: dict[str, dict[str, dict[str, float | None]]] = {}
+    for name, by_c in results.items():
+        base = results.get(DEPLOYMENTS[name].baseline, {})
+        if name == BASELINE:
+            continue
+        ratios[name] = {str(c): {"output_tokens_per_s": speedup(s, base[c], "output_tokens_per_s"),
+                                 "ttft_mean": speedup(s, base[c], "ttft_ms.mean"),
+                                 "itl_mean": speedup(s, base[c], "itl_ms.mean")}
+                        for c, s in by_c.items() if c in base}
     return {
         "what": "demo deployments served by tritonserver; client-side figures over gRPC streaming",
-        "deployments": {name: {"spec": DEPLOYMENTS[name], "entry_model": entry[name]} for name in results},
+        "deployments": {name: {"spec": DEPLOYMENTS[name].spec, "entry_model": entry[name],
+                               "baseline": DEPLOYMENTS[name].baseline, "judged": DEPLOYMENTS[name].judged,
+                               "plain_of_spec": DEPLOYMENTS[name].plain_of} for name in results},
         "load": {"prompts": list(DEFAULT_PROMPTS), "max_tokens": args.max_tokens, "rounds": args.rounds,
                  "concurrency": args.concurrency, "tokens_counted_by": counter.source},
         "results": {name: {str(c): s.to_json() for c, s in by_c.items()} for name, by_c in results.items()},
-        "ratios_vs_plain": ratios,
+        "ratios_vs_baseline": ratios,
         "targets": targets(results, ratios),
+        "reported": reported(ratios),
         "machine": machine_info(["nvidia-pytriton", "tritonclient", "transformers"]),
     }
 
@@ -218,16 +296,23 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> l
         measured = plain[8].output_tokens_per_s / plain[1].output_tokens_per_s
         out.append({"target": f"plain at concurrency 8 >= {BATCHING_MIN}x plain at concurrency 1",
                     "measured": round(measured, 3), "met": measured >= BATCHING_MIN})
-    for name in DEPLOYMENTS:
-        if name == BASELINE:
+    for name, deployment in DEPLOYMENTS.items():
+        if name == BASELINE or not deployment.judged:
             continue
-        for c in sorted({c for by_c in results.values() for c in by_c}):
+        for c in sorted({c for n, by_c in results.items() if DEPLOYMENTS[n].judged for c in by_c}):
             floor = SPEEDUP_MIN if c == 1 else LOADED_MIN
             measured = ratios.get(name, {}).get(str(c), {}).get("output_tokens_per_s")
             out.append({"target": f"{name} >= {floor}x plain tokens/s at concurrency {c}",
                         "measured": None if measured is None else round(measured, 3),
                         "met": measured is not None and measured >= floor})
     return out
+
+
+def reported(ratios: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployments no target judges: each one's tokens/s over its baseline's, per concurrency measured."""
+    return [{"figure": f"{name} tokens/s vs {DEPLOYMENTS[name].baseline} at concurrency {c}",
+             "measured": None if figures["output_tokens_per_s"] is None else round(figures["output_tokens_per_s"], 3)}
+            for name, by_c in ratios.items() if not DEPLOYMENTS[name].judged for c, figures in by_c.items()]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -239,17 +324,19 @@ def markdown(report: dict[str, Any]) -> str:
         f"median of {report['load']['rounds']} interleaved rounds. ITL = (latency − TTFT) / (tokens − 1). "
         "Acceptance = total_accepted_draft_tokens / total_draft_tokens from the model outputs (– : none reported).",
         "",
-        "| deployment | entry model | concurrency | output tok/s | × plain | TTFT p50 ms | TTFT p99 ms "
+        "| deployment | entry model | concurrency | output tok/s | × baseline | TTFT p50 ms | TTFT p99 ms "
         "| ITL mean ms | latency mean ms | acceptance | tok/s of each round |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, by_c in report["results"].items():
         for c, s in by_c.items():
-            ratio = report["ratios_vs_plain"].get(name, {}).get(c, {}).get("output_tokens_per_s")
+            ratio = report["ratios_vs_baseline"].get(name, {}).get(c, {}).get("output_tokens_per_s")
+            baseline = report["deployments"][name]["baseline"]
             acc = s["acceptance_rate"]
             lines.append(
                 f"| {name} | {report['deployments'][name]['entry_model']} | {c} | {s['output_tokens_per_s']:.1f} | "
-                f"{f'{ratio:.2f}×' if ratio else '–'} | {s['ttft_ms']['p50']:.1f} | {s['ttft_ms']['p99']:.1f} | "
+                f"{f'{ratio:.2f}× {baseline}' if ratio else '–'} | {s['ttft_ms']['p50']:.1f} | "
+                f"{s['ttft_ms']['p99']:.1f} | "
                 f"{s['itl_ms']['mean']:.2f} | "
                 f"{s['latency_ms']['mean']:.0f} | {f'{acc:.3f}' if acc is not None else '–'} | "
                 f"{', '.join(f'{x:.0f}' for x in s['extra'].get('rounds_tokens_per_s', []))} |"
@@ -258,12 +345,21 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "The deployments were served as found (`--no-prepare`), not rebuilt for this run."]
     if report.get("note"):
         lines += ["", f"Note: {report['note']}"]
+    lines += ["", "Baselines: every deployment is compared with `plain` (the demo target decoded without speculation) "
+              "except `medusa2`, whose base Medusa-2 fine-tuned: it is compared with `medusa2-base`, that new base "
+              "served without speculation (configs/demo-medusa2.yaml's target, speculative.mode none). Only plain, "
+              "draft-target and Medusa are judged; the others' ratios are reported."]
     for name, error in report.get("not_deployed", {}).items():
-        lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name]}): `{error.splitlines()[0]}`"]
+        lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name].spec}): `{error.splitlines()[0]}`"]
+    for name, error in report.get("not_served", {}).items():
+        lines += ["", f"**{name} failed every request of a run** ({DEPLOYMENTS[name].spec}): "
+                      f"`{error.splitlines()[0]}`"]
     m = report["machine"]
     lines += ["", "| target | measured | verdict |", "|---|---:|---|"]
     lines += [f"| {t['target']} | {t['measured'] if t['measured'] is not None else 'not measured'} | "
               f"{'PASS' if t['met'] else 'FAIL'} |" for t in report["targets"]]
+    lines += [f"| {f['figure']} | {f['measured'] if f['measured'] is not None else 'not measured'} | reported |"
+              for f in report.get("reported", [])]
     lines += [
         "",
         f"Machine: {m['nproc']} cores, {m['ram_gib']} GiB, {m['platform']}, Python {m['python']}, torch {m['torch']}, "

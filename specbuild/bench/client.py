@@ -1,12 +1,15 @@
 """One LLM request against a deployed repository, over gRPC streaming or HTTP generate, timed per response.
 
-Tensor names are the TensorRT-LLM Triton backend's (specbuild.contracts.triton_backend): inputs `text_input`,
-`max_tokens`, `stream`, `num_draft_tokens`, `exclude_input_in_output`, `return_perf_metrics`; outputs
-`text_output` and the acceptance statistics `acceptance_rate`, `total_accepted_draft_tokens`,
+Two interfaces, told apart by the inputs the model's config declares (`REQUEST_NAMES`): the TensorRT-LLM Triton
+backend's (specbuild.contracts.triton_backend: `text_input`, `max_tokens`, `stream`, `num_draft_tokens`,
+`exclude_input_in_output`, `return_perf_metrics`) and Triton's llmapi model's (specbuild.contracts.llm_api:
+`text_input`, `sampling_param_max_tokens`, `streaming`, `sampling_param_exclude_input_from_output`,
+`sampling_param_return_perf_metrics`); both answer in `text_output` (the llmapi model streams the whole text so
+far in each response) and the acceptance statistics `acceptance_rate`, `total_accepted_draft_tokens`,
 `total_draft_tokens`. Optional inputs are sent only when the model's config declares them, so the same client
-drives the ensemble, the BLS and any python model with those names. gRPC uses the bidirectional stream with
-`enable_empty_final_response=True` and waits for `triton_final_response` (the only RPC that works for decoupled
-models); HTTP uses `/v2/models/<m>/generate` (one response) or `/generate_stream` (server-sent events).
+drives the ensemble, the BLS, the llmapi model and any python model with those names. gRPC uses the bidirectional
+stream with `enable_empty_final_response=True` and waits for `triton_final_response` (the only RPC that works for
+decoupled models); HTTP uses `/v2/models/<m>/generate` (one response) or `/generate_stream` (server-sent events).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from specbuild.contracts.llm_api import SAMPLING_PARAM_INPUTS, STREAMING_INPUT
 from specbuild.errors import SpecbuildError
 
 Protocol = Literal["grpc", "http"]
@@ -52,6 +56,32 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class RequestNames:
+    """The input names one serving interface gives what the client sends (None: the interface has no such input)."""
+
+    interface: str
+    max_tokens: str
+    stream: str
+    exclude_input: str
+    perf_metrics: str
+    num_draft_tokens: str | None
+
+
+def _llmapi_input(key: str) -> str:
+    """The llmapi input that helpers.py reads into SamplingParams(`key`) (the contract's table)."""
+    return next(entry.name for entry in SAMPLING_PARAM_INPUTS if entry.key == key)
+
+
+REQUEST_NAMES = (
+    RequestNames("llmapi", _llmapi_input("max_tokens"), STREAMING_INPUT, _llmapi_input("exclude_input_from_output"),
+                 _llmapi_input("return_perf_metrics"), None),
+    RequestNames("tensorrtllm_backend", "max_tokens", "stream", "exclude_input_in_output", "return_perf_metrics",
+                 "num_draft_tokens"),
+)
+"""Each interface's names, the one a model declares the max-tokens input of first; the last is the default."""
+
+
+@dataclass(frozen=True)
 class ModelInterface:
     """What a deployed model accepts: input name → Triton datatype, batching, decoupled."""
 
@@ -59,6 +89,11 @@ class ModelInterface:
     inputs: dict[str, str]
     batched: bool
     decoupled: bool
+
+    @property
+    def names(self) -> RequestNames:
+        """The interface this model speaks, by the max-tokens input it declares."""
+        return next((n for n in REQUEST_NAMES if n.max_tokens in self.inputs), REQUEST_NAMES[-1])
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelInterface:
@@ -137,16 +172,18 @@ class LLMClient:
         self.close()
 
     def request_fields(self, prompt: str, max_tokens: int, stream: bool, num_draft_tokens: int | None) -> dict:
-        """The inputs to send: required ones, plus the optional ones this model declares."""
-        fields: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens}
-        if "stream" in self.model.inputs:
-            fields["stream"] = stream
-        if num_draft_tokens is not None and "num_draft_tokens" in self.model.inputs:
-            fields["num_draft_tokens"] = num_draft_tokens
-        if "exclude_input_in_output" in self.model.inputs:
-            fields["exclude_input_in_output"] = True  # the completion only: the backend's default adds the prompt
-        if "return_perf_metrics" in self.model.inputs:
-            fields["return_perf_metrics"] = True  # the acceptance outputs are perf metrics in the TRT-LLM backend
+        """The inputs to send, under the names of the model's interface: the prompt and max tokens, plus the
+        optional ones this model declares."""
+        names, declared = self.model.names, self.model.inputs
+        fields: dict[str, Any] = {"text_input": prompt, names.max_tokens: max_tokens}
+        if names.stream in declared:
+            fields[names.stream] = stream
+        if num_draft_tokens is not None and names.num_draft_tokens in declared:
+            fields[names.num_draft_tokens] = num_draft_tokens
+        if names.exclude_input in declared:
+            fields[names.exclude_input] = True  # the completion only: both interfaces' defaults add the prompt
+        if names.perf_metrics in declared:
+            fields[names.perf_metrics] = True  # the acceptance outputs are perf metrics in both
         return fields
 
     def generate(
