@@ -26,6 +26,7 @@ from specbuild.eagle.format import (
     write_eagle3_draft,
 )
 from specbuild.errors import CheckpointError
+from specbuild.medusa.tree import load_choices
 from specbuild.runtime.eagle3 import Eagle3Draft
 from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
 from specbuild.runtime.generation import generate
@@ -208,6 +209,61 @@ def test_draft_must_fit_its_target(demo_target: CausalLM, tmp_path: Path) -> Non
     write_eagle3_draft(tmp_path / "b", other, random_draft_tensors(other))
     with pytest.raises(CheckpointError, match="vocab_size 4096 differs from the target's 2048"):
         Eagle3Draft.from_directory(tmp_path / "b", demo_target)
+
+
+# -- trees (greedy) ------------------------------------------------------------------------------------------------
+TOP24 = tuple(tuple(c) for c in load_choices("mc_sim_7b_top24"))
+
+
+def test_tree_greedy_equals_plain_greedy(demo_target: CausalLM, demo_prompts: list[list[int]], demo_extra) -> None:
+    """A static tree drafted by the demo draft and verified in one target forward per round: the output is plain
+    greedy's for a batch of different lengths under every stop rule, in fewer target forwards than plain decoding."""
+    draft = Eagle3Draft.from_directory(demo_extra("eagle3-draft"), demo_target)
+    config = Eagle3Config(num_draft_tokens=3, choices=TOP24)
+    free = generate(demo_target, demo_prompts, stop=StopCriteria(max_new_tokens=24))
+    end_id, word = free.output_ids[0][5], tuple(free.output_ids[1][3:5])  # tokens the target does emit, this run
+    for stop in (StopCriteria(max_new_tokens=24), StopCriteria(max_new_tokens=24, end_id=end_id),
+                 StopCriteria(max_new_tokens=24, stop_words=(word,)),
+                 StopCriteria(max_new_tokens=24, stop_words=(word,), include_stop_words=True)):
+        plain = generate(demo_target, demo_prompts, stop=stop)
+        streamed: dict[int, list[int]] = {}
+        result = generate_eagle3(demo_target, draft, demo_prompts, config, stop=stop,
+                                 on_tokens=lambda row, tokens, seen=streamed: seen.setdefault(row, []).extend(tokens))
+        assert result.output_ids == plain.output_ids
+        if not stop.stop_words or stop.include_stop_words:  # an excluded stop word's first part was streamed
+            assert streamed == {b: out for b, out in enumerate(plain.output_ids) if out}
+    assert result.stats.target_forwards < free.stats.target_forwards
+
+
+def test_tree_path_is_the_chain(demo_target: CausalLM, demo_prompts: list[list[int]], tmp_path: Path) -> None:
+    """The tree's all-top-1 path is exactly the chain's drafts from the same state: the depth-by-depth forwards'
+    masks and positions give each node what the chain step at that depth sees."""
+    from specbuild.runtime.eagle3_decoding import _Eagle3Run
+    from specbuild.runtime.sampling import SamplingParams
+
+    draft = Eagle3Draft.from_directory(write_random_draft(tmp_path / "d", demo_target, seed=4), demo_target)
+    stop = StopCriteria(max_new_tokens=8)
+    choices = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (1, 0, 0), (0, 0, 0, 0))
+    tree_run = _Eagle3Run(demo_target, draft, demo_prompts, SamplingParams(), stop, Eagle3Config(4, choices), None)
+    chain_run = _Eagle3Run(demo_target, draft, demo_prompts, SamplingParams(), stop, Eagle3Config(4), None)
+    tree_run.prefill()
+    chain_run.prefill()
+    rows = list(range(len(demo_prompts)))
+    tokens = tree_run._draft_tree(tree_run.tree, rows)
+    chain, _ = chain_run._draft(rows, dict.fromkeys(rows, 4), sampling=False)
+    path = [1 + choices.index(choices[0][:1] * d) for d in range(1, 5)]  # nodes (0,), (0, 0), ...
+    assert [tokens[b, path].tolist() for b in rows] == [chain[b] for b in rows]
+    assert tree_run.draft_cache.lengths.tolist() == chain_run.draft_cache.lengths.tolist()  # rolled back alike
+
+
+def test_tree_deeper_than_allowed_or_sampled_is_refused(demo_target: CausalLM, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tree is 3 deep but num_draft_tokens allows 2"):
+        Eagle3Config(num_draft_tokens=2, choices=((0,), (0, 0), (0, 0, 0)))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):  # a path whose parent is missing, named
+        Eagle3Config(num_draft_tokens=2, choices=((0, 1),))
+    draft = Eagle3Draft.from_directory(write_random_draft(tmp_path / "d", demo_target), demo_target)
+    with pytest.raises(ValueError, match="verified greedily"):
+        generate_eagle3(demo_target, draft, [[1, 2, 3]], Eagle3Config(3, TOP24), PARAMS)
 
 
 # -- sampling keeps the target's distribution ----------------------------------------------------------------------

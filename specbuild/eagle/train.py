@@ -332,31 +332,72 @@ def train_eagle3(
     return metrics
 
 
-def _batches(data: torch.Tensor, settings: Eagle3TrainSettings) -> Iterator[torch.Tensor]:
-    """Random windows of a token stream (1-D, the Medusa trainers' `window_batches`) or random rows of a set of
-    sequences (2-D, regenerated), seeded."""
+@dataclass(frozen=True)
+class TargetSet:
+    """The frozen target's outputs over a fixed set of training sequences, computed once and reused by every step
+    that draws those rows: `features` [N, T, 3H], `log_probs` [N, T, V] (its log-softmax, the soft labels), the
+    sequences `ids` [N, T + 1]. A frozen target gives the same outputs each time a row comes back, so running it
+    again per step (a third of a step's arithmetic on the demo target) buys nothing."""
+
+    ids: torch.Tensor
+    features: torch.Tensor
+    log_probs: torch.Tensor
+
+    @classmethod
+    def compute(cls, model: PreTrainedModel, ids: torch.Tensor, aux_layers: Sequence[int],
+                chunk: int = 16) -> TargetSet:
+        features, log_probs = [], []
+        for rows in ids.split(chunk):
+            aux, logits = target_outputs(model, rows[:, :-1], aux_layers)
+            features.append(aux)
+            log_probs.append(torch.log_softmax(logits, dim=-1))
+        return cls(ids, torch.cat(features), torch.cat(log_probs))
+
+    def rows(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features, target logits (log-probabilities: the same softmax), next tokens) of rows `index`."""
+        return self.features[index], self.log_probs[index], self.ids[index, 1:]
+
+
+PRECOMPUTE_BYTES = 1 << 30
+"""A fixed training set whose target outputs fit in this many bytes is run through the target once; a larger one
+(or a token stream's random windows) runs the target per batch."""
+
+
+def _batches(data: torch.Tensor, model: PreTrainedModel, aux_layers: Sequence[int], settings: Eagle3TrainSettings
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(features, target logits, next tokens) per step: random windows of a token stream (1-D, the Medusa
+    trainers' `window_batches`, the target run per batch) or random rows of a set of sequences (2-D,
+    regenerated: the target's outputs computed once for the whole set when they fit `PRECOMPUTE_BYTES`), seeded."""
     if data.dim() == 1:
-        yield from window_batches(data, settings.seq_len + 1, settings.steps, settings.batch_size, settings.seed)
+        for batch in window_batches(data, settings.seq_len + 1, settings.steps, settings.batch_size, settings.seed):
+            yield (*target_outputs(model, batch[:, :-1], aux_layers), batch[:, 1:])
         return
     generator = torch.Generator().manual_seed(settings.seed)
+    width = len(aux_layers) * model.config.hidden_size + model.config.vocab_size
+    fits = data.shape[0] * (data.shape[1] - 1) * width * 4 <= PRECOMPUTE_BYTES
+    cached = TargetSet.compute(model, data, aux_layers) if fits else None
     for _ in range(settings.steps):
-        yield data[torch.randint(0, data.shape[0], (settings.batch_size,), generator=generator)]
+        index = torch.randint(0, data.shape[0], (settings.batch_size,), generator=generator)
+        if cached is not None:
+            yield cached.rows(index)
+        else:
+            batch = data[index]
+            yield (*target_outputs(model, batch[:, :-1], aux_layers), batch[:, 1:])
 
 
 def _train(draft: Eagle3DraftModule, model: PreTrainedModel, data: torch.Tensor,
            settings: Eagle3TrainSettings, progress: bool | Progress) -> float:
-    """AdamW on the draft (the Medusa trainers' warmup-cosine schedule and bar), the frozen target run on each
-    batch; returns the last step's loss."""
+    """AdamW on the draft (the Medusa trainers' warmup-cosine schedule and bar) against the frozen target's
+    outputs (`_batches`); returns the last step's loss."""
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=settings.lr,
                                   weight_decay=settings.weight_decay)
     scheduler = lr_schedule(optimizer, settings.steps)
     loss_value = float("nan")
     draft.train()
-    batches = _batches(data, settings)
+    batches = _batches(data, model, draft.cfg.target_layer_ids, settings)
     with bar(progress, settings.steps, "eagle3") as advance:
-        for batch in batches:
-            aux, logits = target_outputs(model, batch[:, :-1], draft.cfg.target_layer_ids)
-            losses, _ = ttt_losses(draft, aux, logits, batch[:, 1:], settings.ttt_steps)
+        for aux, logits, next_ids in batches:
+            losses, _ = ttt_losses(draft, aux, logits, next_ids, settings.ttt_steps)
             loss = sum(settings.loss_decay**k * step_loss for k, step_loss in enumerate(losses))
             loss.backward()
             optimizer.step()

@@ -122,11 +122,16 @@ class Eagle3Draft(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, cache: KVCache,
-                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                position_ids: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """T positions per row after each row's committed draft cache: input_ids [B, T] are the tokens x[i+1],
         hidden [B, T, H] the hidden inputs (`fuse`d features or the previous `out`). Returns (logits over the
         target vocabulary [B, T, V] float32, out [B, T, H] for the next chain step). K/V are written, not
-        committed (KVCache.advance)."""
+        committed (KVCache.advance).
+
+        `tree_mask` [T, P + T] (or [B, T, P + T]), for a token tree drafted depth by depth: query t sees the
+        row's last P committed entries (the tree's earlier depths) and the T new ones only where it is True;
+        entries before those (the verified context) stay visible to every query. Default: causal."""
         b, t = input_ids.shape
         if hidden.shape != (b, t, self.config.hidden_size):
             raise ValueError(f"hidden must be [{b}, {t}, {self.config.hidden_size}], got {tuple(hidden.shape)}")
@@ -135,7 +140,10 @@ class Eagle3Draft(nn.Module):
             position_ids = cache.lengths[:, None] + torch.arange(t, device=cache.device)
         position_ids = position_ids.to(self.device).expand(b, t)
         num_slots = cache.begin_block(t)
-        mask = attention_mask(cache.lengths, t, num_slots, None)
+        if tree_mask is None:
+            mask = attention_mask(cache.lengths, t, num_slots, None)
+        else:
+            mask = _tree_slots_mask(cache.lengths, tree_mask.to(self.device), b, t, num_slots)
         cos, sin = self.rope.cos_sin(position_ids, self.dtype)
         step = _Step(cache, mask, num_slots, cos, sin)
         embeds = F.embedding(input_ids, self.embedding)
@@ -144,6 +152,22 @@ class Eagle3Draft(nn.Module):
         out = self.mlp(self.post_layernorm(residual)) + residual
         logits = F.linear(self.norm(out), self.lm_head).float()
         return self.to_target_logits(logits), out
+
+
+def _tree_slots_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, batch: int, t: int, num_slots: int
+                     ) -> torch.Tensor:
+    """[B, 1, T, num_slots] from a mask over each row's last P committed slots and its T new ones (see forward)."""
+    width = tree_mask.shape[-1]
+    if tree_mask.shape[-2] != t or width < t or tree_mask.dim() not in (2, 3):
+        raise ValueError(f"tree_mask must be [T, P + T] or [B, T, P + T] with T={t}, got {tuple(tree_mask.shape)}")
+    earlier = width - t
+    if bool((lengths < earlier).any()):
+        raise ValueError(f"tree_mask covers {earlier} committed entries but a row holds {lengths.min().item()}")
+    rel = torch.arange(num_slots, device=lengths.device)[None, :] - (lengths[:, None] - earlier)  # [B, S]
+    tree = tree_mask.to(torch.bool).expand(batch, t, width)
+    seen = torch.gather(tree, 2, rel.clamp(0, width - 1)[:, None, :].expand(batch, t, num_slots))
+    rel = rel[:, None, :]
+    return ((rel < 0) | ((rel < width) & seen))[:, None]
 
 
 def _check_fits(config: Eagle3DraftConfig, layer_ids: tuple[int, ...], target: CausalLM, where: str, *,
