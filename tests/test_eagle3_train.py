@@ -89,6 +89,23 @@ def test_the_same_seed_writes_the_same_bytes(tiny: Path, tmp_path: Path) -> None
     assert (tmp_path / "a" / WEIGHTS_NAME).read_bytes() == (tmp_path / "b" / WEIGHTS_NAME).read_bytes()
 
 
+def test_target_outputs_computed_once_train_as_computed_per_step(tiny: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a regenerated set the target's features and distributions are computed once and reused; the draft
+    trained that way is the one a per-step target forward trains (the target is frozen)."""
+    import specbuild.eagle.train as train
+
+    settings = Eagle3TrainSettings(steps=4, seq_len=16, batch_size=2, seed=2, regenerate=6, prompt_tokens=4,
+                                   eval_sequences=2)
+    train_eagle3(tiny, tmp_path / "once", settings, texts=TEXTS[:5], eval_texts=HELD[:2], progress=False)
+    monkeypatch.setattr(train, "PRECOMPUTE_BYTES", 0)  # nothing fits: the target runs on every batch
+    train_eagle3(tiny, tmp_path / "each", settings, texts=TEXTS[:5], eval_texts=HELD[:2], progress=False)
+    _, once = read_eagle3_draft(tmp_path / "once")
+    _, each = read_eagle3_draft(tmp_path / "each")
+    for name, tensor in once.items():
+        assert float((tensor - each[name]).abs().max()) < 1e-4, (name, float((tensor - each[name]).abs().max()))
+
+
 def _trained_module(tiny: Path, out: Path) -> tuple[object, object]:
     """The training module loaded with the written tensors, and the frozen HF target."""
     model = load_target(tiny)
