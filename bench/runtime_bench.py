@@ -226,12 +226,12 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
 
         return run
 
-    def eagle3(k: int) -> Runner:
+    def eagle3(k: int, choices: tuple[tuple[int, ...], ...] | None = None) -> Runner:
         from specbuild.runtime.eagle3 import Eagle3Draft
         from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
 
         assert eagle3_draft is not None
-        drafter, config = Eagle3Draft.from_directory(eagle3_draft, target), Eagle3Config(num_draft_tokens=k)
+        drafter, config = Eagle3Draft.from_directory(eagle3_draft, target), Eagle3Config(k, choices)
 
         def run(p: Prompts) -> tuple[Prompts, Counters]:
             r = generate_eagle3(target, drafter, p, config, params, stop)
@@ -282,8 +282,13 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
         for name in trees:
             methods.append(Method(f"specbuild_medusa2_{name}", "specbuild", "medusa-2", name, 1, medusa2_tree(name),
                                   greedy_of=reference))
-    for k in ks if eagle3_draft is not None else []:  # batch 1 only
-        methods.append(Method(f"specbuild_eagle3_k{k}", "specbuild", "eagle3", f"K={k}", 1, eagle3(k), k=k))
+    for k in ks if eagle3_draft is not None else []:  # batch 1 only; the setting says the tokens each verify reads
+        methods.append(Method(f"specbuild_eagle3_k{k}", "specbuild", "eagle3", f"K={k} ({k + 1} verified)", 1,
+                              eagle3(k), k=k))
+    for name, choices in eagle3_trees(trees, ks) if eagle3_draft is not None else []:  # greedy trees, batch 1
+        tree = MedusaTree.from_choices(choices)
+        methods.append(Method(f"specbuild_eagle3_{name}", "specbuild", "eagle3",
+                              f"tree {name} ({tree.num_nodes + 1} verified)", 1, eagle3(tree.max_depth, choices)))
     if "self_draft_adapter" in ckpts:  # batch 1: the target's first L layers, bare and with the demo adapter
         from specbuild.runtime.self_draft import generate_self_draft, self_draft_model, shared_memory
 
@@ -503,9 +508,27 @@ def eagle3_target(ours: list[dict[str, Any]]) -> dict[str, Any]:
         return {"target": name, "value": None, "unit": "", "pass": False,
                 "note": "not measured" + ("" if eagle else f" (no EAGLE-3 draft: demo extra {EAGLE3_EXTRA!r})")}
     best, rival = (max(rs, key=lambda r: r["tokens_per_target_forward"]) for rs in (eagle, others))
-    return {"target": f"{name} ({rival['method']} {rival['setting']}: {rival['tokens_per_target_forward']:.2f})",
+    rival_setting = rival["setting"]
+    if rival["method"] == "draft-target" and rival["setting"].startswith("K="):  # K drafts + the pending token
+        rival_setting += f" ({int(rival['setting'][2:]) + 1} verified)"
+    return {"target": f"{name} ({rival['method']} {rival_setting}: {rival['tokens_per_target_forward']:.2f}, "
+                      f"{rival['tokens_per_s']} tok/s; EAGLE-3 {best['tokens_per_s']} tok/s)",
             "value": best["tokens_per_target_forward"], "unit": f"tokens at {best['setting']}",
             "pass": best["tokens_per_target_forward"] >= rival["tokens_per_target_forward"]}
+
+
+def eagle3_trees(trees: Sequence[str], ks: Sequence[int]) -> list[tuple[str, tuple[tuple[int, ...], ...]]]:
+    """EAGLE-3 tree rows: every Medusa preset the run measures (the same trees, now expanded by the draft node by
+    node), and one tree verifying as many tokens as the largest draft-target K does (K + 1): the top-1 chain K - 2
+    deep with the second guesses at depths 1 and 2 (`budget_K`)."""
+    from specbuild.medusa.tree import load_choices
+
+    out = [(name, tuple(tuple(c) for c in load_choices(name))) for name in trees]
+    k = max(ks, default=0)
+    if k >= 3:
+        chain = tuple((0,) * d for d in range(1, k - 1))
+        out.append((f"budget_{k}", tuple(sorted({*chain, (1,), (0, 1)}, key=lambda c: (len(c), c)))))
+    return out
 
 
 def find_eagle3_draft(models: Path) -> Path | None:
