@@ -96,7 +96,9 @@ class _Eagle3Run:
         if self.tree is not None and not params.greedy:
             raise ValueError("EAGLE-3 trees are verified greedily; sample with a chain (Eagle3Config(choices=None))")
         batch = len(prompts)
-        block = self.k if self.tree is None else self.tree.num_nodes
+        # A tree's accepted path may run up to its depth past max_new_tokens (the surplus is not emitted) before its
+        # N + 1 nodes are written; a chain's K + 1 block never overshoots.
+        block = self.k if self.tree is None else self.tree.num_nodes + self.tree.max_depth
         capacity = max(len(p) for p in prompts) + stop.max_new_tokens + block + 2
         self.target_cache = target.new_cache(batch, capacity)
         self.draft_cache = draft.new_cache(batch, capacity)
