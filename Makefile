@@ -15,13 +15,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the built-in demo models, end to end: build the models (cached), convert (the draft
-# quantized with ModelOpt int8 SmoothQuant, the target with Medusa heads, a plain target and one for Lookahead),
-# build reference bundles, deploy four Triton repositories, then serve the draft-target and the Medusa repositories
-# with the bundled tritonserver, ask a few prompts over gRPC streaming and HTTP, print answers and acceptance, stop.
-# (Lookahead is built and deployed, about 8 s; serving it too would add a server start, about 12 s more:
-# `specbuild serve demo/build-lookahead/model_repository` does that by hand.)
-DEMO_SPECS := configs/demo.yaml configs/demo-medusa.yaml configs/demo-plain.yaml configs/demo-lookahead.yaml
+# The main job on the built-in demo models, end to end: build the models (cached) and what is trained on the target
+# (an EAGLE-3 draft, a self-draft adapter, Medusa-2 base and heads; each cached), convert (the draft quantized with
+# ModelOpt int8 SmoothQuant, the target with Medusa and Medusa-2 heads, a plain target, one for Lookahead, a
+# self-draft of the target's first layers with its adapter), build reference bundles, deploy seven Triton
+# repositories (six in the TensorRT-LLM backend's layout, one around Triton's llmapi model for the PyTorch flow's
+# EAGLE-3), then serve the draft-target, the Medusa and the EAGLE-3 repositories with the bundled tritonserver, ask a
+# few prompts over gRPC streaming and HTTP, print answers and acceptance, stop. (The others are built and deployed;
+# `specbuild serve demo/build-<name>/model_repository` serves one by hand, about 12 s for the server start.)
+DEMO_SPECS := configs/demo.yaml configs/demo-medusa.yaml configs/demo-plain.yaml configs/demo-lookahead.yaml \
+	configs/demo-self-draft.yaml configs/demo-medusa2.yaml configs/demo-eagle3.yaml
 DEMO_PROMPTS := --prompt "The for statement" --prompt "A module can contain" --max-tokens 40
 demo: $(STAMP)
 	$(BIN)/specbuild demo-models $(DEMO)/models
@@ -34,6 +37,8 @@ demo: $(STAMP)
 	$(BIN)/specbuild serve $(DEMO)/build/model_repository $(DEMO_PROMPTS)
 	@echo "--- Medusa speculation through the ensemble:"
 	$(BIN)/specbuild serve $(DEMO)/build-medusa/model_repository $(DEMO_PROMPTS)
+	@echo "--- EAGLE-3 (PyTorch flow) through Triton's llmapi model, served on CPU by the reference backend:"
+	$(BIN)/specbuild serve $(DEMO)/build-eagle3/model_repository $(DEMO_PROMPTS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
