@@ -216,13 +216,13 @@ def test_deploy_check_knows_the_llmapi_layout(tmp_path: Path) -> None:
 
 
 def test_engine_flow_settings_refused_on_pytorch(tmp_path: Path) -> None:
-    """Engine-flow settings the PyTorch flow would silently ignore, and a quantized draft (ModelOpt's
-    export_hf_checkpoint is not run here), are errors at their fields."""
+    """Engine-flow settings the PyTorch flow would silently ignore, and a draft format the PyTorch backend has no
+    linear method for (SmoothQuant), are errors at their fields."""
     spec = _spec(tmp_path, build={"backend": "reference", "gather_context_logits": False},
                  speculative={"max_draft_len": 5}, draft={"quantization": {"format": "int8_sq"}})
     located = {loc: message for loc, message in llm_api.pytorch_flow_problems(spec)}
-    assert set(located) == {("speculative", "max_draft_len"), ("draft", "quantization")}  # backend: who serves it
-    assert "export_hf_checkpoint" in located[("draft", "quantization")]
+    assert set(located) == {("speculative", "max_draft_len"), ("draft", "quantization", "format")}  # backend: who
+    assert "unsupported quant mode" in located[("draft", "quantization", "format")]  # serves it, no problem
 
 
 def test_existing_specs_unchanged() -> None:

@@ -23,6 +23,7 @@ from specbuild.contracts.llm_api import (
     LLM_ARGS_SOURCE,
     llm_api_dir,
     llm_args,
+    quantized_draft_dir,
     refuse_pytorch_flow_problems,
 )
 from specbuild.errors import SpecbuildError
@@ -56,8 +57,13 @@ class LlmApiResult:
 def _config_files(spec: PipelineSpec) -> list[Path]:
     """The checkpoints' config.json: what the LLM API reads first, and what the settings were checked with."""
     models = [("target.model", spec.target.model)]
+    exported = quantized_draft_dir(spec)  # a quantized draft: the LLM API loads convert's ModelOpt HF export
+    if exported is not None and not (exported / "manifest.json").is_file():
+        raise SpecbuildError(f"{spec.where}: draft.quantization on build.flow: pytorch: the LLM API loads the draft "
+                             f"from ModelOpt's Hugging Face export, which convert writes to {exported}; not written "
+                             "yet", hint="run `specbuild convert SPEC`, then build again")
     if spec.draft is not None:
-        models.append(("draft.model", spec.draft.model))
+        models.append(("draft.model", exported or spec.draft.model))
     missing = [f"{field}: {path / 'config.json'}" for field, path in models if not (path / "config.json").is_file()]
     if missing:
         raise SpecbuildError(f"{spec.where}: no Hugging Face config.json for " + "; ".join(missing),

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specbuild.contracts.engine_limits import default_max_num_tokens
+from specbuild.contracts.quant_formats import FORMATS, PYTORCH_LINEAR_SOURCE
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
 from specbuild.spec.problems import Loc
@@ -150,7 +151,7 @@ def speculative_config(spec: PipelineSpec) -> dict[str, Any] | None:
         return None
     config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": speculative.num_draft_tokens}
     if spec.draft is not None and speculative.mode in ("draft_target", "eagle3"):
-        config["speculative_model"] = str(spec.draft.model)
+        config["speculative_model"] = str(draft_model_dir(spec))  # a quantized draft: ModelOpt's HF export
     if speculative.mode == "ngram":
         ngram = speculative.ngram or NGramSpec()
         config.update(ngram.model_dump())
@@ -212,11 +213,42 @@ def settings_problems(args: dict[str, Any]) -> Iterator[tuple[Loc, str]]:
                                         f"{backend} ({decoding.config_class}.supports_backend, {LLM_ARGS_SOURCE})")
 
 
-QUANTIZED_DRAFT_REASON = (
-    "a quantized draft on build.flow: pytorch needs an HF checkpoint with ModelOpt's quantization "
-    "(modelopt.torch.export.export_hf_checkpoint), which specbuild does not write yet; remove "
-    "draft.quantization (the PyTorch backend loads the draft as it is), or quantize it with ModelOpt yourself and "
-    "point draft.model at the export, or use build.flow: engine")
+QUANTIZED_DRAFT_DIR = "draft-hf"
+"""`<output_dir>/checkpoints/draft-hf`: a `build.flow: pytorch` draft with `draft.quantization`, as ModelOpt's Hugging
+Face export (specbuild.convert.quantize.hf_export), the directory the LLM API's speculative_model then names."""
+
+
+def quantized_draft_dir(spec: PipelineSpec) -> Path | None:
+    """Where `convert` writes the quantized Hugging Face draft of a PyTorch-flow spec (None: no quantized draft)."""
+    if spec.build.flow != PYTORCH or spec.draft is None or not spec.draft.quantization.enabled:
+        return None
+    return spec.output_dir / "checkpoints" / QUANTIZED_DRAFT_DIR
+
+
+def draft_model_dir(spec: PipelineSpec) -> Path | None:
+    """The Hugging Face directory the LLM API loads as the draft (`speculative_model`): the quantized export, else
+    `draft.model` as it is."""
+    if spec.draft is None:
+        return None
+    return quantized_draft_dir(spec) or spec.draft.model
+
+
+def quantized_draft_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
+    """A `draft.quantization` the PyTorch flow cannot serve: a format TensorRT-LLM 1.2's PyTorch backend has no linear
+    method for (contracts.quant_formats `Format.pytorch_linear`), or a draft that is not a draft-target draft."""
+    if spec.draft is None or not spec.draft.quantization.enabled:
+        return []
+    if spec.speculative.mode != "draft_target":
+        return [(("draft", "quantization"), f"quantization applies to a draft_target draft; speculative.mode "
+                 f"{spec.speculative.mode}'s draft is loaded as it is (remove draft.quantization)")]
+    fmt = FORMATS.get(spec.draft.quantization.format)
+    if fmt is not None and fmt.pytorch_linear is None:
+        usable = ", ".join(name for name, f in FORMATS.items() if f.pytorch_linear)
+        return [(("draft", "quantization", "format"),
+                 f"{spec.draft.quantization.format} ({fmt.quant_algo}) has no linear method on TensorRT-LLM 1.2's "
+                 f"PyTorch backend: get_quant_method raises 'unsupported quant mode' for it ({PYTORCH_LINEAR_SOURCE}); "
+                 f"use {usable} on build.flow: pytorch, or build.flow: engine for {spec.draft.quantization.format}")]
+    return []
 
 
 def pytorch_flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
@@ -241,8 +273,7 @@ def pytorch_flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
     if spec.deploy.exclude_input_in_output:
         problems.append((("deploy", "exclude_input_in_output"), "the llmapi model has no such parameter; a request "
                          "sets sampling_param_exclude_input_from_output instead (remove it)"))
-    if spec.draft is not None and spec.draft.quantization.enabled:
-        problems.append((("draft", "quantization"), QUANTIZED_DRAFT_REASON))
+    problems += quantized_draft_problems(spec)
     return problems
 
 

@@ -24,6 +24,11 @@ class Format:
     preset: str  # attribute of modelopt.torch.quantization
     quant_algo: str
     awq: bool = False  # int4 weights in groups: in_features must be a multiple of the group size
+    pytorch_linear: str | None = None
+    """The linear method TensorRT-LLM 1.2's PyTorch backend runs this quant_algo with (PYTORCH_LINEAR_SOURCE); None:
+    it has none, so `build.flow: pytorch` refuses the format. ModelOpt's Hugging Face export (`export_hf_checkpoint`)
+    names the format by the same quant_algo string as its TensorRT-LLM export (both call quant_utils.py
+    `process_layer_quant_config`), written to hf_quant_config.json, which the PyTorch backend reads."""
 
 
 class KvFormat(NamedTuple):
@@ -33,14 +38,26 @@ class KvFormat(NamedTuple):
     kv_cache_quant_algo: str
 
 
+PYTORCH_LINEAR_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/linear.py get_quant_method, 1.2 line, commit "
+                         "195839a7 (as stored in the fork HuiGao-NV/TensorRT-LLM)")
+"""Where `Format.pytorch_linear` is read: get_quant_method picks FP8QDQ, FP8Rowwise, FP8BlockScales, NVFP4, W4A8
+NVFP4/MXFP4, weight-only (no per-group scaling), W4A16_AWQ or W4A8_AWQ, and raises 'unsupported quant mode' for
+anything else, such as SmoothQuant's W8A8_SQ_PER_CHANNEL."""
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+"""The file of a ModelOpt Hugging Face export that names its quantization, and what TensorRT-LLM's PyTorch backend reads
+it from (NVIDIA/TensorRT-LLM tensorrt_llm/_torch/model_config.py `from_pretrained` @195839a7)."""
+
 FORMATS: dict[str, Format] = {
-    "fp8": Format("FP8_DEFAULT_CFG", "FP8"),
+    "fp8": Format("FP8_DEFAULT_CFG", "FP8", pytorch_linear="FP8QDQLinearMethod"),
     "int8_sq": Format("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL"),
-    "int8_wo": Format("INT8_WEIGHT_ONLY_CFG", "W8A16"),
-    "int4_awq": Format("INT4_AWQ_CFG", "W4A16_AWQ", awq=True),
-    "w4a8_awq": Format("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", awq=True),
+    "int8_wo": Format("INT8_WEIGHT_ONLY_CFG", "W8A16", pytorch_linear="WeightOnlyQuantLinearMethod"),
+    "int4_awq": Format("INT4_AWQ_CFG", "W4A16_AWQ", awq=True, pytorch_linear="W4A16_AWQ_LinearMethod"),
+    "w4a8_awq": Format("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", awq=True, pytorch_linear="W4A8_AWQ_LinearMethod"),
 }
 KV_FORMATS: dict[str, KvFormat] = {"fp8": KvFormat("FP8_KV_CFG", "FP8")}
+"""The PyTorch backend takes kv_cache_quant_algo FP8 from hf_quant_config.json as well (NVIDIA/TensorRT-LLM
+tensorrt_llm/_torch/model_config.py `load_modelopt_quant_config` @195839a7)."""
 
 FORMAT_NAMES = (NONE, *FORMATS)
 """Every `draft.quantization.format` the spec accepts, in the order messages list them."""

@@ -46,11 +46,13 @@ from specbuild.contracts.llm_api import (
     llm_args,
     llmapi_backend,
     model_yaml,
+    quantized_draft_dir,
     reference_roles,
     reference_settings,
     refuse_pytorch_flow_problems,
     serve_command,
 )
+from specbuild.contracts.quant_formats import HF_QUANT_CONFIG
 from specbuild.deploy.pbtxt import parse_config
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
@@ -151,6 +153,20 @@ def _reference_inputs(spec: PipelineSpec) -> list[Path]:
     return paths
 
 
+def _draft_export_inputs(spec: PipelineSpec) -> list[Path]:
+    """A quantized draft's ModelOpt HF export (what speculative_model names): an input on either backend, so a
+    reconverted draft redeploys; refused when convert has not written it."""
+    directory = quantized_draft_dir(spec)
+    if directory is None:
+        return []
+    paths = [directory / name for name in ("config.json", HF_QUANT_CONFIG, "manifest.json")]
+    if not all(path.is_file() for path in paths):
+        raise SpecbuildError(f"{spec.where}: speculative_model is the quantized draft convert writes to {directory} "
+                             "(ModelOpt's Hugging Face export), and it is not there",
+                             hint="run `specbuild convert SPEC`, then deploy again")
+    return paths
+
+
 def _built_settings(spec: PipelineSpec) -> dict[str, Any]:
     """The settings `build` recorded, refused when missing or not what the spec says now."""
     path = llm_api_dir(spec) / LLM_API_PLAN
@@ -182,8 +198,8 @@ def deploy_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = F
         return LlmApiDeployResult(repository, "planned", files)
     with output_lock(repository):
         known = read_manifest(repository)
-        inputs = fingerprint_files([llm_api_dir(spec) / LLM_API_PLAN, *_reference_inputs(spec)],
-                                   (known or {}).get("inputs"))
+        inputs = fingerprint_files([llm_api_dir(spec) / LLM_API_PLAN, *_reference_inputs(spec),
+                                    *_draft_export_inputs(spec)], (known or {}).get("inputs"))
         settings = {"files": {name: bytes_hash(text.encode()) for name, text in files.items()}}
         tools = tool_versions()
         if not force and is_fresh(known, settings=settings, tools=tools, inputs=inputs, directory=repository):

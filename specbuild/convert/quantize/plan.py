@@ -16,7 +16,7 @@ import torch
 import xxhash
 
 from specbuild.convert.calibration import CalibrationText, calibration_batches, read_calibration
-from specbuild.convert.quantize.settings import Format, QuantizeSettings, check_format
+from specbuild.convert.quantize.settings import HF, Format, QuantizeSettings, check_format
 from specbuild.convert.request import ConversionPlan, ConvertRequest
 from specbuild.dtypes import EXPORT_DTYPES
 from specbuild.errors import CheckpointError, SpecbuildError
@@ -74,13 +74,17 @@ class QuantPlan:
             "calib_samples": len(self.batches), "calib_tokens": sum(b.numel() for b in self.batches),
             # The text itself, so that a changed built-in corpus (another Python's pydoc topics) redoes the work.
             "calib_text_xxh3": xxhash.xxh3_128_hexdigest("\0".join(self.calibration.texts).encode()),
+            # Only for the Hugging Face export, so that every TensorRT-LLM checkpoint's manifest stays as it was.
+            **({"export": s.export} if s.export == HF else {}),
         }
 
     def describe(self) -> str:
         s = self.settings
         group = f", group {self.group_size}" if self.group_size else ""
-        return (f"{s.format} ({self.quant_algo}{group}), kv cache {s.kv_cache}; exported as {self.dtype}; "
-                f"calibration {self.calibration.description}: {len(self.batches)} x <= {s.calib_seq_len} tokens")
+        written = "ModelOpt's Hugging Face export" if s.export == HF else "a TensorRT-LLM checkpoint"
+        return (f"{s.format} ({self.quant_algo}{group}), kv cache {s.kv_cache}; exported as {self.dtype}, written as "
+                f"{written}; calibration {self.calibration.description}: {len(self.batches)} x <= {s.calib_seq_len} "
+                "tokens")
 
 
 def export_dtype(dtype: str) -> str:

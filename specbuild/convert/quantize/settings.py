@@ -7,7 +7,7 @@ Cheap to import (no torch, no ModelOpt): the convert request and `specbuild vali
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from specbuild.contracts.quant_formats import (
     FORMAT_NAMES,
@@ -20,7 +20,11 @@ from specbuild.contracts.quant_formats import (
 )
 from specbuild.errors import SpecbuildError
 
-__all__ = ["FORMATS", "KV_FORMATS", "Format", "QuantizeSettings", "check_format"]
+__all__ = ["FORMATS", "HF", "KV_FORMATS", "TRTLLM", "Export", "Format", "QuantizeSettings", "check_format"]
+
+Export = Literal["trtllm", "hf"]
+TRTLLM: Export = "trtllm"
+HF: Export = "hf"
 
 if TYPE_CHECKING:
     from specbuild.convert.calibration import CalibSource
@@ -37,6 +41,9 @@ class QuantizeSettings:
     calib_source: CalibSource
     calib_size: int
     calib_seq_len: int
+    export: Export = TRTLLM
+    """What the quantized model is written as: a TensorRT-LLM checkpoint (the engine flow, and the reference
+    runtime), or ModelOpt's Hugging Face export, what TensorRT-LLM's PyTorch backend loads (`build.flow: pytorch`)."""
 
     @property
     def enabled(self) -> bool:
