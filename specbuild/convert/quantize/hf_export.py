@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import shutil
 import warnings
 from pathlib import Path
@@ -70,10 +71,25 @@ def export_hf(model: PreTrainedModel, out: Path) -> None:
     dtype=float16 from a float32 model 0.03-0.5 % of the codes land one step away). `cast_unquantized` then puts
     the rest in the export dtype."""
     from modelopt.torch.export import export_hf_checkpoint
+    from transformers.utils import logging as hf_logging
 
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")  # ModelOpt prints and warns per module
-        export_hf_checkpoint(model, dtype=next(model.parameters()).dtype, export_dir=out)
+    # ModelOpt prints, logs and warns per module, and save_pretrained shows a progress bar: the stage's own summary
+    # says what was written.
+    bar, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    modelopt_log = logging.getLogger("modelopt")
+    level = modelopt_log.level
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    modelopt_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            export_hf_checkpoint(model, dtype=next(model.parameters()).dtype, export_dir=out)
+    finally:
+        modelopt_log.setLevel(level)
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 _SAFETENSORS_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "I8": torch.int8, "U8": torch.uint8, "F16": torch.float16,
