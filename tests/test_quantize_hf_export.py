@@ -267,6 +267,30 @@ def _greedy_equals_plain(settings: dict[str, Any], reference: dict[str, Any], de
         model.runner.stop()
 
 
+def test_an_export_that_is_not_the_plan_is_refused_and_nothing_written(demo_models: dict[str, Path], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An hf_quant_config.json that does not say what was planned (here: rewritten after ModelOpt wrote it) fails the
+    conversion naming the file and field, and the output directory never appears."""
+    from specbuild.convert.quantize import hf_export
+
+    real = hf_export.export_hf
+
+    def wrong(model: Any, out: Path) -> None:
+        real(model, out)
+        written = json.loads((out / HF_QUANT_CONFIG).read_text())
+        written["quantization"]["quant_algo"] = "W8A8_SQ_PER_CHANNEL"
+        (out / HF_QUANT_CONFIG).write_text(json.dumps(written))
+
+    monkeypatch.setattr(hf_export, "export_hf", wrong)
+    draft = ConvertRequest("draft", demo_models["draft"], tmp_path / "unused", "float32",
+                           quantization=_settings("int8_wo"))
+    request = hf_draft_request(draft, tmp_path / "draft-hf")
+    with pytest.raises(SpecbuildError, match=r"hf_quant_config\.json: quantization\.quant_algo is "
+                                             r"'W8A8_SQ_PER_CHANNEL', expected 'W8A16'"):
+        convert_requests([request], console=QUIET)
+    assert not request.output.exists()
+
+
 # -- refusals -----------------------------------------------------------------------------------------------------
 def _refused(tmp_path: Path, fmt: str, mode: str = "draft_target") -> SpecbuildError:
     models = {"target": tmp_path / "target", "draft": tmp_path / "draft"}  # never read: refused before

@@ -10,7 +10,9 @@ that file with `export_hf_checkpoint` (NVIDIA/Model-Optimizer modelopt/torch/exp
 linear's `weight` in the format's storage dtype beside `weight_scale` (and `input_scale`, `weight_scale_2`,
 `pre_quant_scale` as the format needs), `k_proj.k_scale` / `v_proj.v_scale` for an FP8 KV cache, config.json with a
 `quantization_config` (quant_method "modelopt"), and hf_quant_config.json `{"producer": {"name": "modelopt", ...},
-"quantization": {...}}`. It runs on CPU for every format specbuild offers (measured, ModelOpt 0.47.0, torch CPU).
+"quantization": {...}}`. It runs on CPU for each format the PyTorch backend loads (fp8 with an FP8 KV cache, int8_wo,
+int4_awq, w4a8_awq; measured with ModelOpt 0.47.0 on torch CPU on the demo Llama draft, int8_wo also on Qwen2 and
+GPT-2), in a few seconds for the demo draft.
 
 The export's unquantized tensors are put in the export dtype (`cast_unquantized`), and it is checked before it is
 swapped in: the quantization block against the plan, every quantized linear stored quantized with its scale. tests/
