@@ -1,4 +1,5 @@
-"""Draft quantization with NVIDIA ModelOpt 0.47: plan, calibrate, export a TensorRT-LLM checkpoint, repair, check.
+"""Draft quantization with NVIDIA ModelOpt 0.47: plan, calibrate, export a TensorRT-LLM checkpoint, repair, check
+(or export a Hugging Face checkpoint).
 
 `mtq.quantize` fake-quantizes a transformers model in place and calibrates its scales on token batches;
 `export_tensorrt_llm_checkpoint` then writes the real quantized tensors. One module per job:
@@ -8,7 +9,10 @@
   batches), shared with `specbuild validate`; no ModelOpt;
 * `modelopt_calls` — the ModelOpt calls: the list-form config, calibration, `match_export`, the export;
 * `repair` — what the export writes wrongly, put right, and the coverage check of the result;
-* `write` — the four in order into the conversion's temporary directory.
+* `write` — the four in order into the conversion's temporary directory (`shared_quantization`: one calibration
+  for two exports of a draft);
+* `hf_export` — ModelOpt's Hugging Face export (`export_hf_checkpoint`) instead, the draft TensorRT-LLM's PyTorch
+  backend loads on `build.flow: pytorch`, cast to the export dtype and checked.
 
 ModelOpt's known gaps, each repaired with a test (tests/test_quantize.py); sources: NVIDIA/Model-Optimizer
 0.47.0 (PyPI `nvidia-modelopt`; CHANGELOG, `modelopt/torch/quantization/model_quant.py`,
