@@ -79,6 +79,13 @@ def fingerprint_files(paths: Iterable[Path], previous: dict[str, Any] | None = N
     return result
 
 
+def input_name(path: Path, output: Path) -> str:
+    """How an output's manifest names one of its inputs: relative to the output directory (its atomic temporary is
+    a sibling, so the name is the same), so an output moved or copied with its inputs names them still, and no
+    absolute path of the machine it was made on is recorded."""
+    return os.path.relpath(Path(path).absolute(), Path(output).absolute())
+
+
 def read_manifest(directory: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((directory / MANIFEST).read_text())

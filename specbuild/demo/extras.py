@@ -91,7 +91,7 @@ def build_extra(models_dir: Path, name: str, *, force: bool = False,
     with output_lock(directory, wait=True):  # one trainer per extra; the others wait and reuse its result
         if not force and is_built(directory, key):
             return directory
-        with atomic_directory(directory) as tmp:
+        with atomic_directory(directory, replaceable=_check_replaceable) as tmp:
             started = time.perf_counter()
             metrics = extra.build(models_dir, tmp, dict(extra.settings), progress)
             files = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -99,6 +99,13 @@ def build_extra(models_dir: Path, name: str, *, force: bool = False,
                       "build_seconds": round(time.perf_counter() - started, 1), "files": files}
             (tmp / EXTRA_MANIFEST).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return directory
+
+
+def _check_replaceable(directory: Path) -> None:
+    """An earlier build of this extra (its manifest) may be replaced; anything else in its place is refused."""
+    if directory.exists() and any(directory.iterdir()) and not (directory / EXTRA_MANIFEST).is_file():
+        raise SpecbuildError(f"{directory}: exists and holds no {EXTRA_MANIFEST}: not a demo extra; refusing to "
+                             "replace it", hint="move it away, or build the demo models in another directory")
 
 
 def build_all_extras(models_dir: Path, *, force: bool = False, progress: Progress | None = None) -> dict[str, Path]:

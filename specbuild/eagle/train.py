@@ -47,6 +47,7 @@ from specbuild.atomic import atomic_directory
 from specbuild.eagle.format import Eagle3DraftConfig, default_layer_ids, write_eagle3_draft
 from specbuild.eagle.model import Eagle3DraftModule, StepKV
 from specbuild.errors import CheckpointError, SpecbuildError
+from specbuild.manifest import input_name
 from specbuild.medusa.train import bar, lr_schedule, no_transformers_bars, token_stream, window_batches
 from specbuild.tokenizer import load_tokenizer
 
@@ -415,7 +416,7 @@ def save_draft(draft: Eagle3DraftModule, out_dir: Path, target_dir: Path, settin
     with atomic_directory(out_dir) as tmp:
         write_eagle3_draft(tmp, draft.cfg, draft.state_dict())
         (tmp / "manifest.json").write_text(json.dumps(
-            {"producer": "specbuild.eagle.train", "target": str(Path(target_dir).absolute()),
+            {"producer": "specbuild.eagle.train", "target": input_name(target_dir, out_dir),
              "settings": asdict(settings), "metrics": metrics}, indent=2, sort_keys=True) + "\n")
 
 

@@ -51,6 +51,7 @@ from torch import nn
 from specbuild import corpus
 from specbuild.atomic import atomic_directory
 from specbuild.errors import CheckpointError
+from specbuild.manifest import input_name
 from specbuild.medusa.train import (
     LOSS_DECAY,
     WARMUP_FRACTION,
@@ -193,7 +194,7 @@ def train_medusa_joint(
         "train_seconds": round(train_seconds, 1),
     }
     recorded = {**asdict(settings), "loss_decay": LOSS_DECAY, "warmup_fraction": WARMUP_FRACTION,
-                "start_heads": None if heads_dir is None else str(heads_dir), "num_heads": num_heads,
+                "start_heads": None if heads_dir is None else input_name(heads_dir, out_dir), "num_heads": num_heads,
                 "num_layers": len(heads[0]) - 1}
     with no_transformers_bars():
         _save(model, heads, out_dir, base_dir, saved_dtype, metrics, recorded)
@@ -374,5 +375,6 @@ def _save(model: PreTrainedModel, heads: nn.ModuleList, out_dir: Path, base_dir:
             if (base_dir / name).is_file():
                 shutil.copy2(base_dir / name, base_out / name)
         write_heads(tmp / HEADS_DIR, heads, base_out, HEADS_BASE_NAME, metrics["after"], settings, PRODUCER)
-        manifest = {"producer": PRODUCER, "base": str(base_dir), "settings": settings, "metrics": metrics}
+        manifest = {"producer": PRODUCER, "base": input_name(base_dir, out_dir), "settings": settings,
+                    "metrics": metrics}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from specbuild import corpus
 from specbuild.atomic import atomic_directory
 from specbuild.errors import CheckpointError
+from specbuild.manifest import input_name
 
 # The Medusa trainer's pieces: one token stream, schedule, batch order and progress bar for every trainer.
 from specbuild.medusa.train import bar, lr_schedule, no_transformers_bars, token_stream, window_batches
@@ -99,7 +100,7 @@ def train_adapter(
                "agree": trained["agree"], "final_loss": round(final_loss, 4), "train_seconds": round(seconds, 1)}
     config = {"format": FORMAT, "layers": layers, "hidden_size": model.config.hidden_size,
               "num_hidden_layers": model.config.num_hidden_layers, "model_type": model.config.model_type,
-              "target": str(target_dir.absolute()),
+              "target": input_name(target_dir, output_dir),
               "training": {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "seed": seed,
                            "loss": "KL(target || draft)", "init": f"target layer {layers}"},
               "metrics": metrics}
