@@ -25,7 +25,7 @@ STAGES = frozenset({"convert", "build", "tune", "deploy", "serve", "bench", "dem
 
 NEUTRAL = frozenset({
     "specbuild",  # the package itself (`__version__`)
-    "errors", "atomic", "manifest", "dtypes", "tokenizer", "corpus", "pickle_weights", "spec",
+    "errors", "atomic", "manifest", "dtypes", "tokenizer", "corpus", "pickle_weights", "spec", "training",
     "contracts", "medusa", "runtime", "python_models", "eagle", "self_draft",
 })
 """Shared modules (second name of `specbuild.<name>`, a module or a package) that any stage may import."""

@@ -21,8 +21,9 @@ from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
 from specbuild.demo.recipe import RECIPE
 from specbuild.errors import CheckpointError
 from specbuild.medusa.joint import HEADS_BASE_NAME, JointSettings, own_text_scores, train_medusa_joint, unigram_loss
-from specbuild.medusa.train import build_heads, evaluate_heads, load_medusa_heads, token_stream, write_heads
+from specbuild.medusa.train import build_heads, evaluate_heads, load_medusa_heads, write_heads
 from specbuild.tokenizer import load_tokenizer
+from specbuild.training import token_stream
 
 # The base's held-out loss may rise by at most this fraction of the original's gain over a unigram model (one that
 # knows token frequencies and no context). That gain is what the base learnt from context; Medusa-2 must keep 95%

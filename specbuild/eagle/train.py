@@ -48,8 +48,8 @@ from specbuild.eagle.format import Eagle3DraftConfig, default_layer_ids, write_e
 from specbuild.eagle.model import Eagle3DraftModule, StepKV
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
-from specbuild.medusa.train import bar, lr_schedule, no_transformers_bars, token_stream, window_batches
 from specbuild.tokenizer import load_tokenizer
+from specbuild.training import bar, lr_schedule, no_transformers_bars, optimizer_step, token_stream, window_batches
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -400,12 +400,7 @@ def _train(draft: Eagle3DraftModule, model: PreTrainedModel, data: torch.Tensor,
         for aux, logits, next_ids in batches:
             losses, _ = ttt_losses(draft, aux, logits, next_ids, settings.ttt_steps)
             loss = sum(settings.loss_decay**k * step_loss for k, step_loss in enumerate(losses))
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = float(loss.detach())
-            advance(loss_value)
+            loss_value = optimizer_step(loss, optimizer, scheduler, advance)
     draft.eval()
     return loss_value
 

@@ -54,22 +54,25 @@ from specbuild.errors import CheckpointError
 from specbuild.manifest import input_name
 from specbuild.medusa.train import (
     LOSS_DECAY,
-    WARMUP_FRACTION,
-    bar,
     build_heads,
     check_hidden_state,
     evaluate_heads,
     final_hidden,
     head_loss,
     load_medusa_heads,
-    lr_schedule,
-    no_transformers_bars,
-    token_stream,
     train_frozen_heads,
-    window_batches,
     write_heads,
 )
 from specbuild.tokenizer import TOKENIZER_OWN_FILES, load_tokenizer
+from specbuild.training import (
+    WARMUP_FRACTION,
+    bar,
+    lr_schedule,
+    no_transformers_bars,
+    optimizer_step,
+    token_stream,
+    window_batches,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -305,12 +308,7 @@ def _train_joint(model: PreTrainedModel, original: PreTrainedModel, heads: nn.Mo
             student = model.get_output_embeddings()(hidden).log_softmax(-1)
             distill = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
             loss = distill + settings.heads_coefficient * head_loss(heads, hidden, window, seq_len)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = float(loss.detach())
-            advance(loss_value)
+            loss_value = optimizer_step(loss, optimizer, scheduler, advance)
     model.eval()
     heads.eval()
     model.requires_grad_(False)

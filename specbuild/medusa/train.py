@@ -14,12 +14,10 @@ the tokenizer files. Published configs are known to state the wrong head count, 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +30,15 @@ from specbuild.atomic import atomic_directory
 from specbuild.errors import CheckpointError
 from specbuild.medusa.heads_format import PICKLE_NAME, WEIGHTS_NAME, count_heads, heads_file, read_heads
 from specbuild.tokenizer import TOKENIZER_OWN_FILES, load_tokenizer
+from specbuild.training import (
+    WARMUP_FRACTION,
+    bar,
+    lr_schedule,
+    no_transformers_bars,
+    optimizer_step,
+    token_stream,
+    window_batches,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -44,26 +51,20 @@ __all__ = [
     "WEIGHTS_NAME",
     "ResBlock",
     "apply_heads",
-    "bar",
     "build_heads",
     "check_hidden_state",
     "evaluate_heads",
     "final_hidden",
     "head_loss",
     "load_medusa_heads",
-    "lr_schedule",
-    "no_transformers_bars",
-    "token_stream",
     "train_frozen_heads",
     "train_medusa_heads",
-    "window_batches",
     "write_heads",
 ]
 
 CONFIG_NAME = "config.json"
 LOSS_DECAY = 0.8
 """Head k's loss weight is LOSS_DECAY**k (Medusa-1 paper; ModelOpt `medusa_decay_coefficient`)."""
-WARMUP_FRACTION = 0.1  # FasterDecoding's legacy recipe: cosine schedule with 10% warmup, no weight decay
 TOP_K_EVAL = 5
 
 
@@ -208,30 +209,6 @@ def train_medusa_heads(
     return metrics
 
 
-@contextlib.contextmanager
-def no_transformers_bars() -> Iterator[None]:
-    """transformers' "Loading weights" bar would interleave with ours; the caller's setting is restored."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
-
-
-def token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
-    """All documents as one `<s> doc </s> <s> doc </s> ...` stream (as the demo models were trained on)."""
-    ids: list[int] = []
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    for encoded in tokenizer(list(texts), add_special_tokens=False, verbose=False).input_ids:
-        ids += [*bos, *encoded, *eos]
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def final_hidden(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
     """The final normalised hidden state: the decoder's `last_hidden_state` (Llama/Qwen2/Mistral apply the
     final norm inside `model.model`, GPT-2 its ln_f inside `transformer`)."""
@@ -252,13 +229,6 @@ def check_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor) -> None:
         )
 
 
-def _lr_factor(step: int, steps: int) -> float:
-    warmup = max(1, round(WARMUP_FRACTION * steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
-
-
 def head_loss(heads: nn.ModuleList, hidden: torch.Tensor, window: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Σ_k 0.8^k · CE(head k at t, token t+k+2)."""
     loss = hidden.new_zeros(())
@@ -266,20 +236,6 @@ def head_loss(heads: nn.ModuleList, hidden: torch.Tensor, window: torch.Tensor, 
         labels = window[:, k + 2 : k + 2 + seq_len]
         loss = loss + LOSS_DECAY**k * F.cross_entropy(head(hidden).flatten(0, 1), labels.flatten())
     return loss
-
-
-def lr_schedule(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """The one schedule of every Medusa trainer: linear warmup over WARMUP_FRACTION, then cosine to zero; it
-    scales each parameter group's own learning rate, so Medusa-2's base and heads keep their ratio."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
-
-
-def window_batches(ids: torch.Tensor, span: int, steps: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """`steps` batches of `batch_size` random `span`-token windows of the stream `ids`, seeded."""
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        starts = torch.randint(0, ids.numel() - span + 1, (batch_size,), generator=generator)
-        yield torch.stack([ids[s : s + span] for s in starts.tolist()])
 
 
 def train_frozen_heads(
@@ -304,35 +260,9 @@ def train_frozen_heads(
         for window in window_batches(ids, span, steps, batch_size, seed):
             with torch.no_grad():  # the base is frozen: its hidden states are inputs, not part of the graph
                 hidden = final_hidden(model, window[:, :seq_len])
-            loss = head_loss(heads, hidden, window, seq_len)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = float(loss.detach())
-            advance(loss_value)
+            loss_value = optimizer_step(head_loss(heads, hidden, window, seq_len), optimizer, scheduler, advance)
     heads.eval()
     return loss_value
-
-
-@contextlib.contextmanager
-def bar(progress: bool | Progress, steps: int, description: str = "medusa") -> Iterator[Any]:
-    """A rich bar on stderr: our own, a task on the caller's running Progress, or nothing."""
-    if progress is False:
-        yield lambda loss: None
-        return
-    if progress is True:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True)) as bars:
-            task = bars.add_task(description, total=steps, loss=float("nan"))
-            yield lambda loss: bars.update(task, advance=1, loss=loss)
-        return
-    task = progress.add_task(description, total=steps, loss=float("nan"))
-    yield lambda loss: progress.update(task, advance=1, loss=loss)
 
 
 def evaluate_heads(

@@ -38,9 +38,9 @@ from specbuild.errors import CheckpointError
 from specbuild.manifest import input_name
 
 # The Medusa trainer's pieces: one token stream, schedule, batch order and progress bar for every trainer.
-from specbuild.medusa.train import bar, lr_schedule, no_transformers_bars, token_stream, window_batches
 from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
 from specbuild.tokenizer import load_tokenizer
+from specbuild.training import bar, lr_schedule, no_transformers_bars, optimizer_step, token_stream, window_batches
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -156,12 +156,7 @@ def _train(model: PreTrainedModel, adapter: torch.nn.Module, layers: int, ids: t
         for window in window_batches(ids, seq_len, steps, batch_size, seed):
             teacher, hidden = _teacher(model, window, layers)
             loss = _kl(teacher, _draft_logits(model, adapter, hidden))
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = float(loss.detach())
-            advance(loss_value)
+            loss_value = optimizer_step(loss, optimizer, scheduler, advance)
     adapter.eval().requires_grad_(False)
     return loss_value
 
