@@ -29,7 +29,6 @@ short rows at the end (causal attention keeps the padding out of the real positi
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,7 +40,14 @@ from specbuild.runtime.acceptance import accept_greedy, accept_rejection_samplin
 from specbuild.runtime.eagle3 import Eagle3Draft
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams, draw, probabilities
-from specbuild.runtime.sequence import GenerationResult, GenerationStats, SequenceState, StopCriteria, check_prompts
+from specbuild.runtime.sequence import (
+    GenerationResult,
+    GenerationStats,
+    RoundLoop,
+    SequenceState,
+    StopCriteria,
+    check_prompts,
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ def _pad(rows: Sequence[torch.Tensor], fill: float | int = 0) -> torch.Tensor:
     return out
 
 
-class _Eagle3Run:
+class _Eagle3Run(RoundLoop):
     def __init__(self, target: CausalLM, draft: Eagle3Draft, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  stop: StopCriteria, config: Eagle3Config,
                  on_tokens: Callable[[int, list[int]], None] | None) -> None:
@@ -277,15 +283,6 @@ class _Eagle3Run:
             emitted = [*tokens[b, path[1:]].tolist(), int(choice[b, path[-1]])]
             self.next_tokens[b] = torch.tensor(emitted)
             self._emit(b, emitted)
-
-    def run(self) -> GenerationResult:
-        start = time.perf_counter()
-        self.prefill()
-        while not all(s.done for s in self.seqs):
-            self.round()
-        self.stats.generated_tokens = sum(len(s.output) for s in self.seqs)
-        self.stats.seconds = time.perf_counter() - start
-        return GenerationResult([s.output for s in self.seqs], self.stats)
 
 
 def generate_eagle3(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +34,14 @@ from specbuild.runtime.config import RuntimeCheckpointError
 from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.model import CausalLM, DecoderLayer
 from specbuild.runtime.sampling import SamplingParams, draw, probabilities
-from specbuild.runtime.sequence import GenerationResult, GenerationStats, SequenceState, StopCriteria, check_prompts
+from specbuild.runtime.sequence import (
+    GenerationResult,
+    GenerationStats,
+    RoundLoop,
+    SequenceState,
+    StopCriteria,
+    check_prompts,
+)
 from specbuild.runtime.speculative import DraftTargetConfig, best_k
 from specbuild.self_draft.adapter_format import CONFIG_NAME as ADAPTER_CONFIG
 
@@ -134,7 +140,7 @@ def shared_memory(target: CausalLM, draft: CausalLM) -> dict[str, int]:
             "copied_extra_kv_bytes_per_token": draft.config.num_layers * layer_kv}
 
 
-class _SelfDraftRun:
+class _SelfDraftRun(RoundLoop):
     """A batch decoded to completion with one KV cache. Each round: K draft forwards (one token per row, over the
     cache alias), then one target forward over [pending, d1..dK] per row, which also fills the adapter's cache
     layer; rows commit what they accepted. Rows of different lengths share the forwards (each row's own slots and
@@ -234,15 +240,6 @@ class _SelfDraftRun:
                 if not seq.emit(emitted, self.stop):
                     break
         self.cache.advance(torch.tensor(commits, device=self.cache.device))
-
-    def run(self) -> GenerationResult:
-        start = time.perf_counter()
-        self.prefill()
-        while not all(s.done for s in self.seqs):
-            self.round()
-        self.stats.generated_tokens = sum(len(s.output) for s in self.seqs)
-        self.stats.seconds = time.perf_counter() - start
-        return GenerationResult([s.output for s in self.seqs], self.stats)
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ the caches in bulk but keep the invariant, which is what makes their greedy outp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -114,3 +115,32 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> None:
     for p in prompts:
         if min(p) < 0 or max(p) >= vocab_size:
             raise ValueError(f"prompt token ids must be in [0, {vocab_size}) (got {min(p)}..{max(p)})")
+
+
+class RoundLoop:
+    """A batched speculative generation run round by round: every round advances each unfinished sequence of
+    `seqs` (drafts proposed, verified, accepted tokens emitted through `SequenceState`'s stop rules) until all are
+    done. Subclasses give `round` (and `prefill`, `finish` where they need them); the loop and the result are one."""
+
+    seqs: list[SequenceState]
+    stats: GenerationStats
+
+    def prefill(self) -> None:
+        """Before the first round (e.g. the prompts' forward); nothing by default."""
+
+    def round(self) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """After the last round, before the result (e.g. forward counts kept elsewhere); nothing by default."""
+
+    def run(self) -> GenerationResult:
+        start = time.perf_counter()
+        self.prefill()
+        while not all(s.done for s in self.seqs):
+            self.round()
+        self.finish()
+        self.stats.generated_tokens = sum(len(s.output) for s in self.seqs)
+        self.stats.seconds = time.perf_counter() - start
+        return GenerationResult([s.output for s in self.seqs], self.stats)
+

@@ -12,14 +12,20 @@ draft/target cost ratio c, maximising the paper's expected speedup (1 - alpha^(K
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams
-from specbuild.runtime.sequence import GenerationResult, GenerationStats, SequenceState, StopCriteria, check_prompts
+from specbuild.runtime.sequence import (
+    GenerationResult,
+    GenerationStats,
+    RoundLoop,
+    SequenceState,
+    StopCriteria,
+    check_prompts,
+)
 from specbuild.runtime.serving import EngineRequest, ServingEngine
 
 
@@ -69,7 +75,7 @@ def check_pair(draft: CausalLM, target: CausalLM) -> None:
         )
 
 
-class _DraftTargetRun:
+class _DraftTargetRun(RoundLoop):
     """One batched draft-target generation over two serving engines: each round every unfinished sequence asks
     the draft engine for its K tokens and the target engine to verify them (one batched forward per engine
     step), then applies the stop rules to what the target returned."""
@@ -124,15 +130,9 @@ class _DraftTargetRun:
             if result.reason == "end_id" and not seq.done:
                 seq.emit(self.stop.end_id, self.stop)  # type: ignore[arg-type]
 
-    def run(self) -> GenerationResult:
-        start = time.perf_counter()
-        while not all(s.done for s in self.seqs):
-            self.round()
+    def finish(self) -> None:
         self.stats.target_forwards = self.target.stats.forwards
         self.stats.draft_forwards = self.draft.stats.forwards
-        self.stats.generated_tokens = sum(len(s.output) for s in self.seqs)
-        self.stats.seconds = time.perf_counter() - start
-        return GenerationResult([s.output for s in self.seqs], self.stats)
 
 
 def generate_draft_target(
