@@ -38,8 +38,21 @@ VLLM_SPECULATIVE_METHODS = (
 )
 """SpeculativeMethod (VLLM_SPECULATIVE), without the per-model MTP aliases."""
 
-VLLM_QUANTIZATION_METHODS_USED = ("fp8",)
-"""The members of QuantizationMethods (VLLM_QUANTIZATION) an export may pass; "fp8" is one of them."""
+VLLM_QUANTIZATION_METHODS_USED = ("fp8", "modelopt")
+"""The members of QuantizationMethods (VLLM_QUANTIZATION) an export may pass: "fp8" (Fp8Config, which quantizes an
+unquantized checkpoint while loading) and "modelopt" (ModelOptFp8Config, a ModelOpt checkpoint)."""
+
+VLLM_MODELOPT = ("vllm-project/vllm:vllm/model_executor/layers/quantization/modelopt.py"
+                 "@00155cdecca722d98e34234c3d172725b7720b7d")
+VLLM_MODEL_CONFIG = "vllm-project/vllm:vllm/config/model.py@0052a5b818980ce8a0477706aaf9f75bd5af72cd"
+VLLM_MODELOPT_QUANT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8",
+                             "MIXED_PRECISION")
+"""QUANT_ALGOS (VLLM_MODELOPT): the quant_algos vLLM's ModelOpt loader reads; from_config raises "ModelOpt currently
+only supports ..." for any other (W8A16, W4A16_AWQ, W4A8_AWQ, W8A8_SQ_PER_CHANNEL among them)."""
+VLLM_MODELOPT_NAME = "modelopt"
+"""ModelOptFp8Config.get_name and override_quantization_method's answer for quant_method modelopt + quant_algo FP8
+(VLLM_MODELOPT): the draft's `quantization` VLLM_MODEL_CONFIG's _verify_quantization then finds equal to the
+checkpoint's (a different value is "Quantization method specified in the model config ... does not match")."""
 VLLM_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 """CacheDType (VLLM_CACHE)."""
 
@@ -105,6 +118,22 @@ SGLANG_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SGLANG_QUANTIZATION = ("awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt",
                        "modelopt_fp4", "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "qoq", "w4afp8", "mxfp4")
 """--quantization choices (SGLANG_SERVER_ARGS); --speculative-draft-model-quantization also takes "unquant"."""
+
+SGLANG_MODELOPT = ("sgl-project/sglang:python/sglang/srt/layers/quantization/modelopt_quant.py"
+                   "@faeb96856c4417d55695feec2f4d2463c8adb7fd")
+SGLANG_MODEL_CONFIG = ("sgl-project/sglang:python/sglang/srt/configs/model_config.py"
+                       "@001adf564fd332c285397a46a034ee2f93ba7515")
+SGLANG_MODELOPT_QUANT_ALGOS = ("FP8", "NVFP4")
+"""SGLANG_MODELOPT: ModelOptFp8Config takes a quant_algo containing FP8, ModelOptFp4Config "only supports: FP8,
+NVFP4"; SGLANG_MODEL_CONFIG `_parse_modelopt_quant_config` maps nothing else of ModelOpt's to a method."""
+SGLANG_MODELOPT_NAME = "modelopt"
+"""The --speculative-draft-model-quantization value for a ModelOpt checkpoint: one of SGLANG_QUANTIZATION, and on an
+FP8 checkpoint ModelOptFp8Config.override_quantization_method turns it into modelopt_fp8 (SGLANG_MODELOPT)."""
+
+MODELOPT_QUANT_METHOD = "modelopt"
+"""config.json quantization_config.quant_method by which both engines recognise a ModelOpt checkpoint
+(VLLM_MODEL_CONFIG `_verify_quantization` with ModelOptFp8Config's override; SGLANG_MODEL_CONFIG
+`_parse_quant_hf_config`); tests/hf_quant_schema.py `quantization_config` is what ModelOpt 0.47 writes there."""
 
 SGLANG_OPTIONS: dict[str, object] = {
     # SGLANG_SERVER_ARGS

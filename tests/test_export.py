@@ -24,21 +24,37 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from specbuild.cli import app
+from specbuild.contracts.quant_formats import FORMATS, kv_cache_quant_algo
 from specbuild.errors import SpecbuildError
 from specbuild.export import ExportRefused, export_spec
 from specbuild.spec import PipelineSpec, load_spec
+from tests import hf_quant_schema
 from tests.command_line import parse_flags
 from tests.export_schemas import (
+    MODELOPT_QUANT_METHOD,
     SGLANG_ALGORITHMS,
+    SGLANG_MODELOPT,
+    SGLANG_MODELOPT_NAME,
+    SGLANG_MODELOPT_QUANT_ALGOS,
     SGLANG_OPTIONS,
+    SGLANG_QUANTIZATION,
     VLLM_CACHE_DTYPES,
     VLLM_MEDUSA_CONFIG_FIELDS,
+    VLLM_MODELOPT,
+    VLLM_MODELOPT_NAME,
+    VLLM_MODELOPT_QUANT_ALGOS,
+    VLLM_QUANTIZATION_METHODS_USED,
     VLLM_SERVE_OPTIONS,
     VLLM_SPECULATIVE_FIELDS,
     vllm_medusa_parameters,
 )
 
 runner = CliRunner()
+MODELOPT_ALGOS = {"vllm": VLLM_MODELOPT_QUANT_ALGOS, "sglang": SGLANG_MODELOPT_QUANT_ALGOS}
+MODELOPT_SOURCES = {"vllm": VLLM_MODELOPT, "sglang": SGLANG_MODELOPT}
+LOAD_TIME_FORMATS = ("fp8",)
+"""What both engines quantize an unquantized checkpoint to while loading: vLLM QuantizationMethods "fp8" (Fp8Config),
+SGLang --quantization fp8 (SGLANG_SERVER_ARGS: fp8 on an fp16 checkpoint)."""
 
 
 # -- specs ---------------------------------------------------------------------------------------------------------
@@ -79,6 +95,30 @@ def _spec(tmp: Path, mode: str = "none", *, target: Path | None = None, heads: P
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return load_spec(path)
+
+
+def _quantized(spec: PipelineSpec, fmt: str, kv_cache: str = "none", **build: Any) -> PipelineSpec:
+    """`spec` with draft.quantization (and build settings) rewritten in its file, loaded again."""
+    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
+    data["draft"]["quantization"] = {"format": fmt, "kv_cache": kv_cache}
+    data["build"].update(build)
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return load_spec(spec.path)
+
+
+def _modelopt_export(spec: PipelineSpec, quant_algo: str, kv_algo: str | None) -> Path:
+    """What `convert` leaves in checkpoints/draft-hf, as far as an engine reads it to pick its loader: config.json
+    with ModelOpt 0.47's quantization_config and hf_quant_config.json (tests/hf_quant_schema.py, which
+    tests/test_quantize_hf_export.py holds the real export to), and convert's manifest.json."""
+    directory = spec.output_dir / "checkpoints" / "draft-hf"
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"hidden_size": 8, "vocab_size": 16, "quantization_config": hf_quant_schema.quantization_config(
+        quant_algo, kv_algo)}
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    quant = hf_quant_schema.hf_quant_config(quant_algo, kv_algo, 64 if "AWQ" in quant_algo else None)
+    (directory / "hf_quant_config.json").write_text(json.dumps(quant), encoding="utf-8")
+    (directory / "manifest.json").write_text(json.dumps({"stage": "convert"}), encoding="utf-8")
+    return directory
 
 
 # -- checking against the tables -----------------------------------------------------------------------------------
@@ -167,14 +207,17 @@ def test_vllm_fp8_draft_and_its_kv_cache_and_draft_logits_are_passed(tmp_path: P
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_a_draft_quantized_ahead_is_refused_naming_why(tmp_path: Path, engine: str) -> None:
-    spec = _spec(tmp_path, "draft_target")
-    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
-    data["draft"]["quantization"] = {"format": "int8_sq"}
-    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    with pytest.raises(ExportRefused, match=r"draft\.quantization\.format int8_sq.*TensorRT-LLM checkpoint") as err:
-        export_spec(load_spec(spec.path), engine, tmp_path / "out")
-    assert "fp8 or none" in (err.value.hint or "")
+@pytest.mark.parametrize("fmt", [name for name in FORMATS if name not in LOAD_TIME_FORMATS])
+def test_engine_flow_formats_neither_engine_quantizes_while_loading_are_refused(tmp_path: Path, engine: str,
+                                                                                 fmt: str) -> None:
+    """build.flow engine: convert writes no ModelOpt export, so only fp8 (applied while loading) is served; the other
+    formats are refused naming the engine's ModelOpt algorithms, and nothing is written."""
+    spec = _quantized(_spec(tmp_path, "draft_target"), fmt)
+    with pytest.raises(ExportRefused, match=rf"draft\.quantization\.format {fmt}: \w+ cannot serve this") as err:
+        export_spec(spec, engine, tmp_path / "out")
+    assert FORMATS[fmt].quant_algo in str(err.value)
+    assert all(algo in str(err.value) for algo in MODELOPT_ALGOS[engine])
+    assert err.value.hint == "set draft.quantization.format to fp8 or none for this export"
     assert not (tmp_path / "out").exists()
 
 
@@ -182,10 +225,9 @@ def test_a_kv_cache_format_vllm_lacks_is_one_refusal_not_a_key_error(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The draft's KV formats come from contracts/quant_formats.py; one that vLLM's CacheDType (VLLM_CACHE_DTYPES,
     tests/export_schemas.py) has no name for is refused naming the field, as a new table entry would be."""
-    from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMATS
-    from specbuild.export import plan, vllm
+    from specbuild.contracts.quant_formats import KV_FORMATS
+    from specbuild.export import vllm
 
-    assert set(plan.LOAD_TIME_QUANTIZATION) <= set(FORMAT_NAMES)
     assert set(vllm.DRAFT_KV_CACHE) <= set(KV_FORMATS)
     assert set(vllm.DRAFT_KV_CACHE.values()) <= set(VLLM_CACHE_DTYPES) and set(vllm.CACHE_DTYPES) <= set(
         VLLM_CACHE_DTYPES)
@@ -408,3 +450,100 @@ def test_eagle3_passes_the_draft_head_with_k(tmp_path: Path) -> None:
     assert (flags["--speculative-algorithm"], flags["--speculative-draft-model-path"], flags["--speculative-num-steps"],
             flags["--speculative-eagle-topk"], flags["--speculative-num-draft-tokens"]) == (
         "EAGLE3", str(spec.draft.model), "3", "1", "4")
+
+
+# -- a quantized draft on build.flow: pytorch: convert's ModelOpt export --------------------------------------------
+def _pytorch_flow(tmp_path: Path, fmt: str, kv_cache: str = "none") -> PipelineSpec:
+    return _quantized(_spec(tmp_path, "draft_target"), fmt, kv_cache, flow="pytorch")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_pytorch_flow_serves_the_modelopt_export_where_the_engine_reads_its_algorithm(tmp_path: Path, engine: str,
+                                                                                      fmt: str) -> None:
+    """Each format's quant_algo against the engine's ModelOpt loader (tests/export_schemas.py): served from
+    checkpoints/draft-hf with the engine's name for a ModelOpt checkpoint, or refused naming the algorithm, the ones
+    the engine reads and where that list is, before anything is written."""
+    spec = _pytorch_flow(tmp_path, fmt)
+    algo = FORMATS[fmt].quant_algo
+    export = _modelopt_export(spec, algo, None)
+    if algo not in MODELOPT_ALGOS[engine]:
+        with pytest.raises(ExportRefused, match=rf"draft\.quantization\.format {fmt}: \w+ cannot serve this") as err:
+            export_spec(spec, engine, tmp_path / "out")
+        message = str(err.value)
+        assert algo in message and all(name in message for name in MODELOPT_ALGOS[engine])
+        assert MODELOPT_SOURCES[engine].split("@")[0] in message
+        assert err.value.hint == "set draft.quantization.format to fp8 or none for this export"
+        assert not (tmp_path / "out").exists()
+        return
+    result = export_spec(spec, engine, tmp_path / "out")
+    assert any(MODELOPT_SOURCES[engine].split("@")[0] in source for source in
+               json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))["sources"])
+    assert any(str(export) in note for note in result.plan.notes)
+    if engine == "vllm":
+        _, config = _vllm(result.plan.argv, spec)
+        assert config == {"method": "draft_model", "model": str(export), "num_speculative_tokens": 5,
+                          "quantization": VLLM_MODELOPT_NAME}
+        assert VLLM_MODELOPT_NAME in VLLM_QUANTIZATION_METHODS_USED
+    else:
+        flags = _sglang(result.plan.argv, spec)
+        assert flags["--speculative-draft-model-path"] == str(export)
+        assert flags["--speculative-draft-model-quantization"] == SGLANG_MODELOPT_NAME in SGLANG_QUANTIZATION
+
+
+def test_the_engines_read_the_export_by_modelopts_quant_method(tmp_path: Path) -> None:
+    """The export's config.json names the method both engines detect a ModelOpt checkpoint by, and the format
+    served is one both engines' loaders list."""
+    assert hf_quant_schema.quantization_config("FP8", None)["quant_method"] == MODELOPT_QUANT_METHOD
+    assert "FP8" in VLLM_MODELOPT_QUANT_ALGOS and "FP8" in SGLANG_MODELOPT_QUANT_ALGOS
+    from specbuild.export.draft import ENGINE_QUANTIZATION, MODELOPT_METHOD
+
+    assert MODELOPT_METHOD == MODELOPT_QUANT_METHOD
+    assert ENGINE_QUANTIZATION["vllm"].modelopt_algos == VLLM_MODELOPT_QUANT_ALGOS
+    assert ENGINE_QUANTIZATION["sglang"].modelopt_algos == SGLANG_MODELOPT_QUANT_ALGOS
+    assert all(tuple(table.load_time) == LOAD_TIME_FORMATS for table in ENGINE_QUANTIZATION.values())
+
+
+def test_vllm_fp8_kv_cache_rides_with_the_export(tmp_path: Path) -> None:
+    """The export's k/v scales are ModelOpt's (kv_cache_quant_algo FP8); the draft's cache dtype is still vLLM's
+    draft-only kv_cache_dtype."""
+    spec = _pytorch_flow(tmp_path, "fp8", "fp8")
+    export = _modelopt_export(spec, "FP8", kv_cache_quant_algo("fp8"))
+    _, config = _vllm(export_spec(spec, "vllm", dry_run=True).plan.argv, spec)
+    assert config is not None and (config["model"], config["quantization"], config["kv_cache_dtype"]) == (
+        str(export), VLLM_MODELOPT_NAME, "fp8")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_export_before_convert_wrote_the_draft_is_refused(tmp_path: Path, engine: str) -> None:
+    spec = _pytorch_flow(tmp_path, "fp8")
+    with pytest.raises(ExportRefused, match=r"ModelOpt Hugging Face export in .*draft-hf, which is not written yet"
+                       ) as err:
+        export_spec(spec, engine, tmp_path / "out")
+    assert err.value.hint == "run `specbuild convert SPEC`, then export again"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("written", "kv_cache", "field"), [
+    (("W8A16", None), "none", "config.json: quantization_config.quant_algo is 'W8A16', the spec asks 'FP8'"),
+    (("FP8", None), "fp8", "hf_quant_config.json: quantization.kv_cache_quant_algo is None, the spec asks 'FP8'"),
+])
+def test_an_export_of_another_quantization_is_refused_at_its_field(tmp_path: Path, written: tuple[str, str | None],
+                                                                   kv_cache: str, field: str) -> None:
+    """draft-hf left by an earlier convert of another draft.quantization: refused naming the file and field, not
+    served as the spec's."""
+    spec = _pytorch_flow(tmp_path, "fp8", kv_cache)
+    _modelopt_export(spec, *written)
+    with pytest.raises(ExportRefused, match=r"is not the spec's draft\.quantization") as err:
+        export_spec(spec, "vllm", tmp_path / "out")
+    assert field in str(err.value) and err.value.hint == "run `specbuild convert SPEC`, then export again"
+    assert not (tmp_path / "out").exists()
+
+
+def test_engine_flow_fp8_is_applied_while_loading_and_says_so(tmp_path: Path) -> None:
+    spec = _quantized(_spec(tmp_path, "draft_target"), "fp8")
+    result = export_spec(spec, "sglang", dry_run=True)
+    flags = _sglang(result.plan.argv, spec)
+    assert (flags["--speculative-draft-model-path"], flags["--speculative-draft-model-quantization"]) == (
+        str(spec.draft.model), "fp8")
+    assert any("while loading" in note and "build.flow: pytorch" in note for note in result.plan.notes)

@@ -1,8 +1,9 @@
 """`specbuild export vllm|sglang SPEC`: the same pipeline served by vLLM or SGLang instead of Triton.
 
 Why: users compare engines, and a user leaving the TensorRT engine flow needs the spec to reach what replaces it.
-This stage reads only the spec and the Hugging Face checkpoints it names (not convert's TensorRT-LLM output): vLLM
-and SGLang load HF checkpoints themselves. It writes the serve command and the engine's config, with the field
+This stage reads the spec and the Hugging Face checkpoints it names, and of convert's output only the quantized
+draft's ModelOpt Hugging Face export (`draft`; never a TensorRT-LLM checkpoint): vLLM and SGLang load HF checkpoints
+themselves. It writes the serve command and the engine's config, with the field
 names of those engines' current sources (`sources`), or refuses with the reason the engine cannot serve the spec.
 """
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specbuild.contracts.quant_formats import NONE
 from specbuild.errors import SpecbuildError
 from specbuild.export.sources import Source
 from specbuild.spec.schema import NGramSpec
@@ -76,36 +75,6 @@ def command_line(prefix: Sequence[str], options: Sequence[Option], spec: Pipelin
 
 def refuse(spec: PipelineSpec, engine: str, what: str, why: str, *, hint: str | None = None) -> ExportRefused:
     return ExportRefused(f"{spec.where}: {what}: {engine} cannot serve this ({why})", hint=hint)
-
-
-LOAD_TIME_QUANTIZATION: dict[str, str | None] = {NONE: None, "fp8": "fp8"}
-"""draft.quantization.format -> the quantization both engines apply to the unquantized Hugging Face draft while
-loading it (vLLM SpeculativeConfig.quantization, SGLang --speculative-draft-model-quantization): fp8 needs no
-calibration. The other formats need a checkpoint quantized ahead in the engine's own format, and specbuild's
-quantized draft is a TensorRT-LLM checkpoint, which neither reads."""
-
-
-def draft_quantization(spec: PipelineSpec, engine: str, source: Source) -> str | None:
-    """The engine's quantization for the draft (None: as it is), or the refusal of a format quantized ahead;
-    `source` is where the engine's fp8-while-loading is defined."""
-    assert spec.draft is not None
-    if spec.draft.is_self_draft:  # the first check of every drafted export, so both engines refuse it here
-        raise refuse(
-            spec, engine, f"draft.source target_layers (layers {spec.draft.layers})",
-            f"{engine} loads the draft from a Hugging Face checkpoint, and specbuild writes the self-draft only as a "
-            "TensorRT-LLM checkpoint",
-            hint="use build.flow: engine (specbuild build/deploy) for a self-draft, or point draft.model at a "
-                 "Hugging Face draft for this export",
-        )
-    fmt = spec.draft.quantization.format
-    if fmt not in LOAD_TIME_QUANTIZATION:
-        raise refuse(
-            spec, engine, f"draft.quantization.format {fmt}",
-            f"{engine} reads {fmt} only from a checkpoint quantized ahead in its own formats, and specbuild's "
-            f"quantized draft is a TensorRT-LLM checkpoint; {engine} quantizes while loading only with fp8 ({source})",
-            hint="set draft.quantization.format to fp8 or none for this export",
-        )
-    return LOAD_TIME_QUANTIZATION[fmt]
 
 
 def longest_ngram(spec: PipelineSpec) -> int:

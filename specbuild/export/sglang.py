@@ -3,7 +3,9 @@
 SGLang takes speculation as flat flags (`sources.SGLANG_SPECULATIVE_DOCS`). A draft-target spec with K draft tokens
 is STANDALONE drafting K steps with one candidate per step (topk 1), which verifies K + 1 tokens (the docs: with
 topk 1, num_draft_tokens becomes num_steps + 1); EAGLE-3 is the same with EAGLE3 and the EAGLE-3 draft, n-gram is
-NGRAM verifying K tokens. SGLang has no Medusa. The same flags are written as the YAML file
+NGRAM verifying K tokens. SGLang has no Medusa. A quantized draft is convert's ModelOpt export on build.flow:
+pytorch (`--speculative-draft-model-quantization modelopt`), or fp8 applied while loading on build.flow: engine
+(`draft.ENGINE_QUANTIZATION`). The same flags are written as the YAML file
 `launch_server --config` reads (keys without the leading dashes, `sources.SGLANG_SERVER_ARGS_DOCS`).
 """
 
@@ -12,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbuild.contracts.quant_formats import NONE
+from specbuild.export.draft import DraftLoad, draft_load
 from specbuild.export.plan import (
     ExportPlan,
     Option,
     command_line,
-    draft_quantization,
     load_notes,
     longest_ngram,
     ngram_notes,
@@ -42,31 +44,24 @@ OPTIONS = (
 )
 
 
-def _draft(spec: PipelineSpec) -> object:
-    return spec.draft.model if spec.draft is not None else None
-
-
 def _k(spec: PipelineSpec) -> int:
     return spec.speculative.num_draft_tokens
-
-
-def _draft_quantization(spec: PipelineSpec) -> str | None:
-    """fp8 is applied to an unquantized checkpoint while loading (server_arguments.md: `--quantization fp8` on a
-    fp16 checkpoint); `_check_draft` has refused the formats that need a checkpoint quantized ahead."""
-    return draft_quantization(spec, DISPLAY, SGLANG_SERVER_ARGS_DOCS)
 
 
 ALGORITHM = {"draft_target": "STANDALONE", "eagle3": "EAGLE3", "ngram": "NGRAM"}
 """speculative.mode -> --speculative-algorithm."""
 
-DRAFTED = (  # STANDALONE and EAGLE3: K steps of one candidate each, K + 1 tokens verified
-    Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: ALGORITHM[s.speculative.mode]),
-    Option("--speculative-draft-model-path", SGLANG_SPECULATIVE_DOCS, _draft),
-    Option("--speculative-num-steps", SGLANG_SPECULATIVE_DOCS, _k),
-    Option("--speculative-eagle-topk", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
-    Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, lambda s: _k(s) + 1),
-    Option("--speculative-draft-model-quantization", SGLANG_SPECULATIVE_DOCS, _draft_quantization),
-)
+
+def drafted(load: DraftLoad) -> tuple[Option, ...]:
+    """STANDALONE and EAGLE3: K steps of one candidate each, K + 1 tokens verified, from the draft `load` names."""
+    return (
+        Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: ALGORITHM[s.speculative.mode]),
+        Option("--speculative-draft-model-path", SGLANG_SPECULATIVE_DOCS, lambda s: load.model),
+        Option("--speculative-num-steps", SGLANG_SPECULATIVE_DOCS, _k),
+        Option("--speculative-eagle-topk", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
+        Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, lambda s: _k(s) + 1),
+        Option("--speculative-draft-model-quantization", SGLANG_SPECULATIVE_DOCS, lambda s: load.quantization),
+    )
 
 NGRAM = (  # the longest suffix looked up is max_matching_ngram_size, down to one token
     Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: "NGRAM"),
@@ -78,7 +73,6 @@ NGRAM = (  # the longest suffix looked up is max_matching_ngram_size, down to on
 
 def _check_draft(spec: PipelineSpec) -> list[str]:
     assert spec.draft is not None
-    draft_quantization(spec, DISPLAY, SGLANG_SERVER_ARGS_DOCS)  # refused before the KV cache, as vLLM does
     quant = spec.draft.quantization
     if quant.kv_cache != NONE:
         raise refuse(
@@ -103,9 +97,12 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     mode = spec.speculative.mode
     notes: list[str] = []
     options = list(OPTIONS)
+    sources = [SGLANG_SERVER_ARGS_DOCS] + ([SGLANG_SPECULATIVE_DOCS] if mode != "none" else [])
     if mode in ("draft_target", "eagle3"):
-        notes += _check_draft(spec)
-        options += DRAFTED
+        load = draft_load(spec, ENGINE)  # refused before the KV cache, as vLLM does
+        notes += [*load.notes, *_check_draft(spec)]
+        sources += [source for source in load.sources if source not in sources]
+        options += drafted(load)
     elif mode == "ngram":
         notes += ngram_notes(spec, "SGLang's NGRAM")
         options += NGRAM
@@ -124,7 +121,6 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     if mode != "none":
         notes += load_notes(spec, DISPLAY)
     argv = command_line(PROGRAM, options, spec)
-    sources = [SGLANG_SERVER_ARGS_DOCS] + ([SGLANG_SPECULATIVE_DOCS] if mode != "none" else [])
     return ExportPlan(ENGINE, argv, {CONFIG_FILE: config_yaml(argv[len(PROGRAM):])}, sources, notes)
 
 

@@ -33,6 +33,16 @@ kv_cache_dtype, draft_sample_method, prompt_lookup_max/min) and the SpeculativeM
 VLLM_QUANTIZATION = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/__init__.py",
                            "05d909563e1d1ada39a13b67e7b9a4cbca1d6a8e")
 """QuantizationMethods: "fp8" quantizes an unquantized checkpoint's weights while loading (no calibration)."""
+VLLM_MODELOPT = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/modelopt.py",
+                       "00155cdecca722d98e34234c3d172725b7720b7d")
+"""ModelOpt checkpoints (quantization "modelopt", ModelOptFp8Config): QUANT_ALGOS, the quant_algos of
+hf_quant_config.json / config.json's quantization_config it reads (FP8 and its per-channel and block variants, NVFP4,
+W4A16_NVFP4, MXFP8, MIXED_PRECISION; anything else is "ModelOpt currently only supports ..."),
+`override_quantization_method` (quant_method modelopt with quant_algo FP8 -> "modelopt"), get_min_capability 89."""
+VLLM_MODEL_CONFIG = Source("vllm-project/vllm", "vllm/config/model.py", "0052a5b818980ce8a0477706aaf9f75bd5af72cd")
+"""ModelConfig._verify_quantization: the checkpoint's config.json quantization_config names its method (each
+method's override probed), and a `quantization` that differs from it is an error; SpeculativeConfig builds the draft's
+ModelConfig with its own `quantization` (VLLM_SPECULATIVE)."""
 VLLM_CACHE = Source("vllm-project/vllm", "vllm/config/cache.py", "c1d86421174a87056edc90a41dc9942391509e84")
 """CacheDType: "fp8" is a KV cache dtype (SpeculativeConfig.kv_cache_dtype takes it for the draft alone)."""
 VLLM_MEDUSA_CONFIG = Source("vllm-project/vllm", "vllm/transformers_utils/configs/medusa.py",
@@ -50,6 +60,15 @@ SGLANG_SPECULATIVE_DOCS = Source("sgl-project/sglang", "docs/advanced_features/s
 """--speculative-algorithm (EAGLE, EAGLE3, STANDALONE, NGRAM, NEXTN), --speculative-draft-model-path,
 --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens (num_steps + 1 with topk 1),
 --speculative-draft-model-quantization, --speculative-ngram-*; no Medusa."""
+SGLANG_MODELOPT = Source("sgl-project/sglang", "python/sglang/srt/layers/quantization/modelopt_quant.py",
+                         "faeb96856c4417d55695feec2f4d2463c8adb7fd")
+"""ModelOptFp8Config (static FP8 only; `override_quantization_method`: quantization "modelopt" on an FP8 checkpoint
+becomes "modelopt_fp8") and ModelOptFp4Config ("ModelOpt currently only supports: FP8, NVFP4 quantizations in
+sglang"), both get_min_capability 89; they read config.json's flat quantization_config or hf_quant_config.json."""
+SGLANG_MODEL_CONFIG = Source("sgl-project/sglang", "python/sglang/srt/configs/model_config.py",
+                             "001adf564fd332c285397a46a034ee2f93ba7515")
+"""ModelConfig._parse_quant_hf_config / _parse_modelopt_quant_config (quant_method modelopt + FP8 -> modelopt_fp8)
+and _verify_quantization (for a draft, --speculative-draft-model-quantization, which defaults to the target's)."""
 SGLANG_SERVER_ARGS_DOCS = Source("sgl-project/sglang", "docs/advanced_features/server_arguments.md",
                                  "b36e8e198b71553316b55bce53de6ecf9b3a9a47")
 """python/sglang/srt/server_args.py's options as documented: --model-path, --tp-size, --pp-size, --context-length,

@@ -2,8 +2,9 @@
 
 Limits map one to one (tp, pp, max_model_len = max_input_len + max_output_len, max_num_seqs = max_batch_size); the
 speculative method is one JSON object whose keys are SpeculativeConfig's fields (`sources.VLLM_SPECULATIVE`).
-The draft stays the Hugging Face checkpoint the spec names: specbuild's quantized draft is a TensorRT-LLM
-checkpoint, which vLLM does not read, so a quantization is passed only where vLLM applies it while loading.
+The draft is the Hugging Face checkpoint the spec names, or with draft.quantization on build.flow: pytorch convert's
+ModelOpt export of it as quantization "modelopt"; on build.flow: engine only fp8, which vLLM applies while loading
+(`draft.ENGINE_QUANTIZATION` says which format goes which way).
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.contracts.quant_formats import KV_FORMATS, NONE
+from specbuild.export.draft import draft_load
 from specbuild.export.medusa_heads import CONFIG_SOURCE, MEDUSA_DIR, MODEL_SOURCE, VllmMedusaHeads, convert_heads
 from specbuild.export.plan import (
     SCRIPT_DIR_LINE,
     ExportPlan,
     Option,
     command_line,
-    draft_quantization,
     load_notes,
     longest_ngram,
     ngram_notes,
     refuse,
 )
-from specbuild.export.sources import VLLM_CACHE, VLLM_ENGINE_ARGS, VLLM_QUANTIZATION, VLLM_SPECULATIVE
+from specbuild.export.sources import VLLM_CACHE, VLLM_ENGINE_ARGS, VLLM_SPECULATIVE, Source
 from specbuild.spec import PipelineSpec
 
 ENGINE = "vllm"
@@ -66,14 +67,17 @@ def _draft_kv_cache(spec: PipelineSpec) -> str | None:
     return DRAFT_KV_CACHE[kv]
 
 
-def _draft_model(spec: PipelineSpec, notes: list[str], method: str = "draft_model") -> dict[str, Any]:
+def _draft_model(spec: PipelineSpec, notes: list[str], sources: list[Source],
+                 method: str = "draft_model") -> dict[str, Any]:
     assert spec.draft is not None
-    quantization = draft_quantization(spec, DISPLAY, VLLM_QUANTIZATION)
+    load = draft_load(spec, ENGINE)
     kv_cache = _draft_kv_cache(spec)
-    config: dict[str, Any] = {"method": method, "model": str(spec.draft.model),
+    notes += load.notes
+    sources += load.sources
+    config: dict[str, Any] = {"method": method, "model": str(load.model),
                               "num_speculative_tokens": spec.speculative.num_draft_tokens}
-    if quantization:
-        config["quantization"] = quantization
+    if load.quantization:
+        config["quantization"] = load.quantization
     if kv_cache:
         config["kv_cache_dtype"] = kv_cache
     if spec.speculative.use_draft_logits:
@@ -91,14 +95,14 @@ def _ngram(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
             "prompt_lookup_max": longest_ngram(spec), "prompt_lookup_min": 1}
 
 
-def _eagle3(spec: PipelineSpec, notes: list[str]) -> dict[str, Any]:
+def _eagle3(spec: PipelineSpec, notes: list[str], sources: list[Source]) -> dict[str, Any]:
     eagle3 = spec.speculative.eagle3
     if eagle3 is not None and eagle3.eagle3_layers_to_capture is not None:
         notes.append("speculative.eagle3.eagle3_layers_to_capture: not exported; vLLM takes the layers from the "
                      "draft checkpoint's config (eagle_aux_hidden_state_layer_ids)")
     if eagle3 is not None and "eagle3_one_model" in eagle3.model_fields_set:
         notes.append("speculative.eagle3.eagle3_one_model: not exported; vLLM runs the draft in the target's engine")
-    return _draft_model(spec, notes, "eagle3")
+    return _draft_model(spec, notes, sources, "eagle3")
 
 
 def _medusa(spec: PipelineSpec, directory: Path, heads: VllmMedusaHeads, notes: list[str]) -> dict[str, Any]:
@@ -134,16 +138,17 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     """The command and config for `spec`, whose files will live in `directory`."""
     mode = spec.speculative.mode
     notes: list[str] = []
+    draft_sources: list[Source] = []
     heads: VllmMedusaHeads | None = None
     speculative: dict[str, Any] | None
     if mode == "none":
         speculative = None
     elif mode == "draft_target":
-        speculative = _draft_model(spec, notes)
+        speculative = _draft_model(spec, notes, draft_sources)
     elif mode == "ngram":
         speculative = _ngram(spec, notes)
     elif mode == "eagle3":
-        speculative = _eagle3(spec, notes)
+        speculative = _eagle3(spec, notes, draft_sources)
     elif mode == "medusa":
         assert spec.medusa is not None
         heads = convert_heads(spec.medusa.heads, spec.target.model, allow_pickle=allow_pickle)
@@ -165,9 +170,7 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         text = json.dumps(speculative, separators=(",", ":"))
         argv += [SPECULATIVE_FLAG.flag, text]
         files[CONFIG_FILE] = json.dumps(speculative, indent=2) + "\n"
-        sources.append(VLLM_SPECULATIVE)
-        sources += [source for key, source in (("quantization", VLLM_QUANTIZATION), ("kv_cache_dtype", VLLM_CACHE))
-                    if key in speculative]
+        sources += [VLLM_SPECULATIVE, *draft_sources] + ([VLLM_CACHE] if "kv_cache_dtype" in speculative else [])
     plan = ExportPlan(ENGINE, argv, files, sources, notes, heads)
     if heads is not None and speculative is not None:
         plan.sources += [MODEL_SOURCE, CONFIG_SOURCE]
