@@ -314,6 +314,7 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
     for config in LOOKAHEAD_SETTINGS:  # batch 1 only
         methods.append(Method(f"specbuild_lookahead_w{config[0]}n{config[1]}g{config[2]}", "specbuild", "lookahead",
                               "W,N,G={},{},{}".format(*config), 1, lookahead(config)))
+    info["memory"] = method_memory(target, draft, medusa, eagle3_draft)
     if medusa is not None:
         info["medusa_heads"] = medusa.config.num_medusa_heads
         info["medusa_trees"] = {
@@ -558,6 +559,55 @@ def _verdict(flag: bool | None) -> str:
     return "info" if flag is None else ("PASS" if flag else "**FAIL**")
 
 
+def _own_params(target: Any, module: Any) -> int:
+    """Parameters of `module` that are not the target's own tensors (shared ones cost nothing more)."""
+    shared = {t.data_ptr() for t in target.buffers()}
+    return sum(t.numel() for t in module.buffers() if t.data_ptr() not in shared)
+
+
+def _kv_bytes(layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    return 2 * layers * kv_heads * head_dim * itemsize  # K and V, per token of one sequence
+
+
+def method_memory(target: Any, draft: Any, medusa: Any, eagle3_draft: Path | None) -> dict[str, dict[str, Any]]:
+    """What each method keeps in memory beyond plain decoding with the target: parameters, and K/V bytes per
+    token of one sequence (the self-draft's own table adds the shared/copied split)."""
+    c = target.config
+    out: dict[str, dict[str, Any]] = {
+        "draft-target": {"params": _own_params(target, draft), "kv": _kv_bytes(
+            draft.config.num_layers, draft.config.num_kv_heads, draft.config.head_dim, draft.dtype.itemsize),
+            "note": "a second model with its own cache"},
+        "lookahead": {"params": 0, "kv": 0, "note": "no draft: the window and the n-gram pool are per-step "
+                      "inputs and a few token lists; only accepted tokens' K/V are kept"},
+    }
+    if medusa is not None:
+        heads = sum(t.numel() for t in medusa.medusa_heads.buffers())  # medusa is a copy of the target + heads
+        out["medusa"] = {"params": heads, "kv": 0, "note": "heads on the final hidden state; no cache of their own"}
+        out["medusa-2"] = {"params": heads, "kv": 0, "note": "as Medusa-1: the fine-tuned base replaces the target"}
+    if eagle3_draft is not None:
+        from specbuild.runtime.eagle3 import Eagle3Draft
+
+        eagle = Eagle3Draft.from_directory(eagle3_draft, target)
+        dc = eagle.model_config
+        out["eagle3"] = {"params": _own_params(target, eagle), "kv": _kv_bytes(1, dc.num_kv_heads, dc.head_dim,
+                                                                               eagle.dtype.itemsize),
+                         "note": "one decoder layer + fc + LM head; shares the target's embedding"}
+    out["plain"] = {"params": 0, "kv": 0, "note": f"the target: {sum(t.numel() for t in target.buffers()):,} "
+                    f"params, {_kv_bytes(c.num_layers, c.num_kv_heads, c.head_dim, target.dtype.itemsize):,} B/token"}
+    return out
+
+
+def _memory_table(models: dict[str, Any]) -> list[str]:
+    memory = models.get("memory")
+    if not memory:
+        return []
+    lines = ["Memory beyond plain decoding (float32; KV bytes per token of one sequence; self-draft below):", "",
+             "| method | extra params | extra KV B/token | why |", "|---|---:|---:|---|"]
+    for name, m in memory.items():
+        lines.append(f"| {name} | {m['params']:,} | {m['kv']:,} | {m['note']} |")
+    return [*lines, ""]
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
@@ -631,6 +681,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "Acceptance by draft position (fraction of rounds whose accepted prefix reaches the position): "
         "`acceptance.png`.",
         "",
+        *_memory_table(mi),
         *_self_draft_memory(mi),
         f"Whole benchmark: {report['bench_runtime_s']:.0f} s.",
         "",
