@@ -9,6 +9,7 @@ reports the statistics it promises.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,29 @@ def test_generate_cli_json(demo_checkpoints: dict[str, Path]) -> None:
     assert b["text"] == a["text"] and b["output_ids"] == a["output_ids"]
     assert b["target_forwards"] < a["target_forwards"]
     assert len(b["acceptance_by_position"]) == 3
+
+
+def test_generate_cli_every_method_gives_plain_greedy_text(demo_checkpoints: dict[str, Path],
+                                                           demo_extra: Callable[[str], Path]) -> None:
+    """`specbuild generate` with EAGLE-3 (chain and tree), Lookahead and a shared-cache self-draft: the same text
+    as plain greedy decoding of the same checkpoint, in fewer target forwards; two methods at once are refused."""
+    runner = CliRunner()
+    base = ["generate", str(demo_checkpoints["target"]), "--tokenizer", str(demo_checkpoints["tokenizer"]),
+            "--prompt", "The for statement", "--prompt", "A module", "--max-tokens", "16", "--json"]
+    plain = runner.invoke(app, base)
+    assert plain.exit_code == 0, plain.output
+    expected = json.loads(plain.stdout)
+    eagle = demo_extra("eagle3-draft")
+    for extra in (["--eagle3", str(eagle), "--num-draft-tokens", "3"],
+                  ["--eagle3", str(eagle), "--eagle3-choices", "mc_sim_7b_top8"],
+                  ["--lookahead", "4,3,4"],
+                  ["--self-draft", "2", "--num-draft-tokens", "3"]):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 0, (extra, result.output)
+        report = json.loads(result.stdout)
+        assert [r["output_ids"] for r in report["results"]] == [r["output_ids"] for r in expected["results"]], extra
+        assert report["target_forwards"] <= expected["target_forwards"], extra
+    both = runner.invoke(app, [*base, "--lookahead", "4,3,4", "--self-draft", "2"])
+    assert both.exit_code != 0 and "choose one speculative method" in both.output
+    bad = runner.invoke(app, [*base, "--lookahead", "4,3"])
+    assert bad.exit_code != 0 and "W,N,G" in bad.output

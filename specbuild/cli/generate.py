@@ -34,6 +34,31 @@ def generate(
     typical: Annotated[
         bool, typer.Option("--typical", help="Medusa typical acceptance (needs --temperature > 0).")
     ] = False,
+    eagle3: Annotated[
+        Path | None,
+        typer.Option("--eagle3", metavar="DIR", help="EAGLE-3 draft directory (`specbuild eagle train` writes one): "
+                     "a K-token chain per round from the target's own features."),
+    ] = None,
+    eagle3_choices: Annotated[
+        str | None,
+        typer.Option("--eagle3-choices", metavar="TREE", help="EAGLE-3 drafts this tree instead of a chain (preset "
+                     "name or JSON file, Medusa's format; greedy only)."),
+    ] = None,
+    lookahead: Annotated[
+        str | None,
+        typer.Option("--lookahead", metavar="W,N,G", help="Lookahead decoding, no draft: window W, n-gram size N, "
+                     "verification set G (e.g. 4,3,4; greedy only)."),
+    ] = None,
+    self_draft: Annotated[
+        int | None,
+        typer.Option("--self-draft", metavar="L", min=1, help="The target's first L layers draft K tokens, sharing "
+                     "its weights and KV cache."),
+    ] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option("--adapter", metavar="CHECKPOINT", help="With --self-draft: the self-draft checkpoint convert "
+                     "wrote with draft.adapter (its adapter layer is used)."),
+    ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per prompt at most.")] = 64,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="0 = no top-k cut.")] = 0,
@@ -54,11 +79,14 @@ def generate(
     """
     from specbuild.runtime.prompt_generation import GenerateOptions, run_generate
 
+    with handled_errors():
+        window = _lookahead(lookahead)
     options = GenerateOptions(
         checkpoint=checkpoint, tokenizer=tokenizer, prompts=prompt, draft=draft, num_draft_tokens=num_draft_tokens,
         adaptive=adaptive, medusa=medusa, medusa_choices=medusa_choices, typical=typical, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], device=device,
-        threads=threads,
+        threads=threads, eagle3=eagle3, eagle3_choices=eagle3_choices, lookahead=window, self_draft=self_draft,
+        self_draft_adapter=adapter,
     )
     with handled_errors():
         report = run_generate(options)
@@ -74,3 +102,17 @@ def generate(
         f"{report['tokens_per_second']:.1f} tokens/s",
         highlight=False, soft_wrap=True,
     )
+
+
+def _lookahead(text: str | None) -> tuple[int, int, int] | None:
+    """`--lookahead W,N,G` as three integers (the runtime checks the values against TensorRT-LLM's rules)."""
+    if text is None:
+        return None
+    from specbuild.errors import SpecbuildError
+
+    parts = text.replace(" ", "").split(",")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise SpecbuildError(f"--lookahead {text!r}: give three integers W,N,G, e.g. 4,3,4")
+    w, n, g = (int(p) for p in parts)
+    return w, n, g
+

@@ -31,6 +31,11 @@ class GenerateOptions:
     adaptive: bool = False
     medusa: bool = False
     medusa_choices: str = "mc_sim_7b_63"
+    eagle3: Path | None = None  # an EAGLE-3 draft directory (specbuild.eagle.format)
+    eagle3_choices: str | None = None  # a tree (preset name or JSON file) instead of the K chain; greedy only
+    lookahead: tuple[int, int, int] | None = None  # (W, N, G)
+    self_draft: int | None = None  # L: the target's first L layers draft, sharing its weights and KV cache
+    self_draft_adapter: Path | None = None  # the self-draft checkpoint convert wrote with draft.adapter
     typical: bool = False
     max_tokens: int = 64
     temperature: float = 0.0
@@ -50,10 +55,45 @@ def _tokenizer(directory: Path) -> Any:
     return load_tokenizer(directory)
 
 
+def _methods(options: GenerateOptions) -> list[str]:
+    """The speculative methods the options ask for (at most one may be chosen)."""
+    chosen = {"--draft": options.draft is not None, "--medusa": options.medusa, "--eagle3": options.eagle3 is not None,
+              "--lookahead": options.lookahead is not None, "--self-draft": options.self_draft is not None}
+    return [name for name, on in chosen.items() if on]
+
+
 def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params: SamplingParams,
          stop: StopCriteria) -> GenerationResult:
-    if options.draft is not None and options.medusa:
-        raise SpecbuildError("choose one of --draft (draft-target) and --medusa, not both")
+    methods = _methods(options)
+    if len(methods) > 1:
+        raise SpecbuildError(f"choose one speculative method, not {' and '.join(methods)}")
+    if options.self_draft_adapter is not None and options.self_draft is None:
+        raise SpecbuildError("--adapter is the self-draft's: give --self-draft L too")
+    if options.eagle3_choices is not None and options.eagle3 is None:
+        raise SpecbuildError("--eagle3-choices is EAGLE-3's tree: give --eagle3 DIR too")
+    if options.eagle3 is not None:
+        from specbuild.runtime.eagle3 import Eagle3Draft
+        from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
+
+        choices = None
+        if options.eagle3_choices is not None:
+            from specbuild.medusa.tree import load_choices
+
+            choices = tuple(tuple(c) for c in load_choices(options.eagle3_choices))
+        drafter = Eagle3Draft.from_directory(options.eagle3, model, dtype=model.dtype)
+        k = max([options.num_draft_tokens, *(len(c) for c in choices or ())])
+        return generate_eagle3(model, drafter, ids, Eagle3Config(k, choices), params, stop)
+    if options.lookahead is not None:
+        from specbuild.runtime.lookahead_decoding import LookaheadConfig, generate_lookahead
+
+        return generate_lookahead(model, ids, LookaheadConfig(*options.lookahead), params, stop)
+    if options.self_draft is not None:
+        from specbuild.runtime.self_draft import generate_self_draft
+        from specbuild.runtime.speculative import DraftTargetConfig
+
+        config = DraftTargetConfig(num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive)
+        return generate_self_draft(model, options.self_draft, ids, config, params, stop,
+                                   adapter=options.self_draft_adapter)
     if options.draft is not None:
         from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
