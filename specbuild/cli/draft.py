@@ -9,6 +9,7 @@ import typer
 
 from specbuild.cli.errors import console, handled_errors
 from specbuild.cli.help import App
+from specbuild.cli.options import TrainingText, read_training_texts
 from specbuild.errors import SpecbuildError
 
 draft_app = App(help="Self-drafts (draft.source: target_layers): train an adapter that raises their acceptance.")
@@ -28,11 +29,7 @@ def draft_train(
     seq_len: Annotated[int, typer.Option("--seq-len", min=8, help="Training sequence length.")] = 64,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per optimizer step.")] = 8,
     lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-3,
-    text: Annotated[
-        list[Path] | None,
-        typer.Option("--text", metavar="FILE", help="Training text files (repeatable); default: the built-in pydoc "
-                     "corpus."),
-    ] = None,
+    text: TrainingText = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed: batch order.")] = 0,
 ) -> None:
     """Train a self-draft adapter: one decoder layer after the frozen target's first L layers, distilled from the
@@ -43,10 +40,7 @@ def draft_train(
     from specbuild.self_draft.train import train_adapter
 
     with handled_errors():
-        try:
-            texts = [p.read_text(encoding="utf-8") for p in text] if text else None
-        except OSError as err:
-            raise SpecbuildError(f"cannot read training text: {err}") from None
+        texts = read_training_texts(text)
         try:
             metrics = train_adapter(target, output, layers=layers, steps=steps, seq_len=seq_len,
                                     batch_size=batch_size, lr=lr, seed=seed, texts=texts)

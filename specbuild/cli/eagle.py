@@ -9,7 +9,7 @@ import typer
 
 from specbuild.cli.errors import console, handled_errors
 from specbuild.cli.help import App
-from specbuild.cli.medusa import _read_texts
+from specbuild.cli.options import TrainingText, read_training_texts
 from specbuild.errors import SpecbuildError
 
 eagle_app = App(help="EAGLE-3 drafts: train one on a frozen Llama-family target.")
@@ -30,11 +30,7 @@ def eagle_train(
     regenerate: Annotated[int, typer.Option("--regenerate", min=0, help="Train on this many of the target's own "
                                             "greedy continuations of prompts from the text instead of the text "
                                             "itself (0: the text).")] = 0,
-    text: Annotated[
-        list[Path] | None,
-        typer.Option("--text", metavar="FILE", help="Training text files (repeatable); default: the built-in pydoc "
-                     "corpus."),
-    ] = None,
+    text: TrainingText = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed: initialisation and batch order.")] = 0,
 ) -> None:
     """Train an EAGLE-3 draft (Li et al. 2025) for TARGET_DIR and write it to OUT_DIR.
@@ -51,7 +47,7 @@ def eagle_train(
     from specbuild.eagle.train import Eagle3TrainSettings, train_eagle3
 
     with handled_errors():
-        texts = _read_texts(text)
+        texts = read_training_texts(text)
         settings = Eagle3TrainSettings(steps=steps, lr=lr, seq_len=seq_len, batch_size=batch_size,
                                        ttt_steps=ttt_steps, regenerate=regenerate, seed=seed)
         try:

@@ -9,6 +9,7 @@ import typer
 
 from specbuild.cli.errors import console, handled_errors
 from specbuild.cli.help import App
+from specbuild.cli.options import TrainingText, read_training_texts
 from specbuild.errors import SpecbuildError
 
 medusa_app = App(help="Medusa heads: train them on a frozen base model, or fine-tune the base with them (--joint).")
@@ -17,13 +18,6 @@ medusa_app = App(help="Medusa heads: train them on a frozen base model, or fine-
 # JointSettings' (not imported here, so that --help stays fast; a test checks they agree).
 MEDUSA1_DEFAULTS = {"steps": 300, "lr": 1e-3, "seq_len": 128}
 JOINT_DEFAULTS = {"steps": 100, "lr": 2e-3, "seq_len": 64}
-
-
-def _read_texts(paths: list[Path] | None) -> list[str] | None:
-    try:
-        return [p.read_text(encoding="utf-8") for p in paths] if paths else None
-    except OSError as err:
-        raise SpecbuildError(f"cannot read training text: {err}") from None
 
 
 @medusa_app.command("train")
@@ -69,11 +63,7 @@ def medusa_train(
     warmup_steps: Annotated[
         int, typer.Option("--warmup-steps", min=0, help="--joint without --heads: steps of the new heads alone.")
     ] = 200,
-    text: Annotated[
-        list[Path] | None,
-        typer.Option("--text", metavar="FILE", help="Training text files (repeatable); default: the built-in pydoc "
-                     "corpus."),
-    ] = None,
+    text: TrainingText = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed: head initialisation and batch order.")] = 0,
 ) -> None:
     """Train Medusa heads and save medusa_lm_head.safetensors + config.json, ready for
@@ -95,7 +85,7 @@ def medusa_train(
     from specbuild.atomic import is_no_space
 
     with handled_errors():
-        texts = _read_texts(text)
+        texts = read_training_texts(text)
         defaults = JOINT_DEFAULTS if joint else MEDUSA1_DEFAULTS
         chosen_steps = steps or defaults["steps"]
         chosen_lr = lr or defaults["lr"]

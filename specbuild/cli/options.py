@@ -30,3 +30,18 @@ NumDraftTokens = Annotated[
 ]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per request at most.")]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables or text.")]
+TrainingText = Annotated[
+    list[Path] | None,
+    typer.Option("--text", metavar="FILE", help="Training text files (repeatable); default: the built-in pydoc "
+                 "corpus."),
+]
+
+
+def read_training_texts(paths: list[Path] | None) -> list[str] | None:
+    """The `--text` files' contents (None: the trainer's built-in corpus); an unreadable file is one error."""
+    from specbuild.errors import SpecbuildError
+
+    try:
+        return [p.read_text(encoding="utf-8") for p in paths] if paths else None
+    except OSError as err:
+        raise SpecbuildError(f"cannot read training text: {err}") from None
