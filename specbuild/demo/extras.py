@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbuild.atomic import atomic_directory, output_lock
+from specbuild.demo.models import MANIFEST_NAME as BASE_MANIFEST
 from specbuild.errors import SpecbuildError
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
 EXTRA_MANIFEST = "demo-extra.json"
-BASE_MANIFEST = "demo-models.json"  # specbuild.demo.models.MANIFEST_NAME (not imported: models imports this module)
 
 BuildFn = Callable[[Path, Path, dict[str, Any], "Progress | None"], dict[str, Any]]
 """(demo models directory, output directory, settings, progress bars or None) -> metrics to record."""
