@@ -209,3 +209,25 @@ def test_bench_png_names_the_unit_the_deployments_and_acceptance(tmp_path: Path,
     assert "output words/s" in titles and "acceptance rate" in titles
     assert "endpoint: 127.0.0.1:1 (m)" in titles and "compare: 127.0.0.1:2 (plain)" in titles
     assert any("words" in title and "tokens/s" not in title for title in titles if title.startswith("specbuild"))
+
+
+@pytest.mark.parametrize("command", [["draft", "train", "--target", "{model}", "--layers", "2", "--output", "{out}"],
+                                     ["medusa", "train", "--base", "{model}", "--output", "{out}"],
+                                     ["eagle", "train", "{model}", "{out}"]])
+def test_training_commands_say_an_unreadable_model_in_one_line(command: list[str], demo_models: dict[str, Path],
+                                                               tmp_path: Path) -> None:
+    """A model directory transformers cannot load (config and tokenizer, no weights) is one error line naming it,
+    not a traceback, and nothing is written."""
+    import shutil
+
+    model = tmp_path / "no-weights"
+    model.mkdir()
+    for path in demo_models["target"].iterdir():
+        if path.suffix == ".json" and path.name != "generation_config.json":
+            shutil.copy2(path, model / path.name)
+    out = tmp_path / "out"
+    args = [part.format(model=model, out=out) for part in command] + ["--steps", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and str(model) in " ".join(result.output.split())
+    assert not out.exists()

@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 
-from specbuild.cli.errors import console, handled_errors
+from specbuild.cli.errors import handled_errors, unreadable_model
 from specbuild.cli.help import App
-from specbuild.cli.options import TrainingText, read_training_texts
-from specbuild.errors import SpecbuildError
+from specbuild.cli.options import TrainingText, print_training_metrics, read_training_texts
 
 draft_app = App(help="Self-drafts (draft.source: target_layers): train an adapter that raises their acceptance.")
 
@@ -36,18 +35,11 @@ def draft_train(
     target's own logits (KL), starting as the target's layer L. Writes adapter.safetensors + adapter.json; set
     `draft: {source: target_layers, layers: L, adapter: OUTPUT}` in the spec and `convert` writes a draft of
     L + 1 layers. Prints held-out KL and argmax agreement with the target, with and without the adapter."""
-    from specbuild.atomic import is_no_space
     from specbuild.self_draft.train import train_adapter
 
     with handled_errors():
         texts = read_training_texts(text)
-        try:
+        with unreadable_model("train the adapter"):
             metrics = train_adapter(target, output, layers=layers, steps=steps, seq_len=seq_len,
                                     batch_size=batch_size, lr=lr, seed=seed, texts=texts)
-        except OSError as err:  # a target directory transformers cannot read: one line, not a traceback
-            if is_no_space(err):
-                raise
-            raise SpecbuildError(f"cannot train the adapter: {err}") from None
-    for name, value in metrics.items():
-        console.print(f"{name:16s} {value:.4f}", highlight=False)
-    console.print(f"wrote {output}", highlight=False)
+    print_training_metrics(metrics, output)

@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 
-from specbuild.cli.errors import console, handled_errors
+from specbuild.cli.errors import handled_errors, unreadable_model
 from specbuild.cli.help import App
-from specbuild.cli.options import TrainingText, read_training_texts
-from specbuild.errors import SpecbuildError
+from specbuild.cli.options import TrainingText, print_training_metrics, read_training_texts
 
 eagle_app = App(help="EAGLE-3 drafts: train one on a frozen Llama-family target.")
 
@@ -43,19 +42,12 @@ def eagle_train(
 
     OUT_DIR is the checkpoint TensorRT-LLM's PyTorch backend, vLLM and SGLang load: put it in the spec as
     `speculative: {mode: eagle3}` with `draft: {model: OUT_DIR}` (see configs/demo-eagle3.yaml)."""
-    from specbuild.atomic import is_no_space
     from specbuild.eagle.train import Eagle3TrainSettings, train_eagle3
 
     with handled_errors():
         texts = read_training_texts(text)
         settings = Eagle3TrainSettings(steps=steps, lr=lr, seq_len=seq_len, batch_size=batch_size,
                                        ttt_steps=ttt_steps, regenerate=regenerate, seed=seed)
-        try:
+        with unreadable_model("train the EAGLE-3 draft"):
             metrics = train_eagle3(target_dir, out_dir, settings, texts=texts)
-        except OSError as err:  # a target directory transformers cannot read: one line, not a traceback
-            if is_no_space(err):
-                raise
-            raise SpecbuildError(f"cannot train the EAGLE-3 draft: {err}") from None
-    for name, value in metrics.items():
-        console.print(f"{name:20s} {value:.4f}", highlight=False)
-    console.print(f"wrote {out_dir}", highlight=False)
+    print_training_metrics(metrics, out_dir, width=20)

@@ -43,3 +43,18 @@ def handled_errors() -> Iterator[None]:
         filename = getattr(err, "filename", None)
         directory = Path(filename).parent if filename else Path.cwd()
         raise _fail(no_space_error(directory)) from None
+
+
+@contextmanager
+def unreadable_model(what: str) -> Iterator[None]:
+    """Inside `handled_errors`: an OSError from a model directory transformers cannot read becomes one line
+    ("cannot <what>: ..."), not a traceback; a full disk is left for `handled_errors` to say as such."""
+    from specbuild.atomic import is_no_space
+
+    try:
+        yield
+    except OSError as err:
+        if is_no_space(err):
+            raise
+        raise SpecbuildError(f"cannot {what}: {err}") from None
+

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from specbuild.cli.errors import console, handled_errors
+from specbuild.cli.errors import console, handled_errors, unreadable_model
 from specbuild.cli.help import App
-from specbuild.cli.options import TrainingText, read_training_texts
+from specbuild.cli.options import TrainingText, print_training_metrics, read_training_texts
 from specbuild.errors import SpecbuildError
 
 medusa_app = App(help="Medusa heads: train them on a frozen base model, or fine-tune the base with them (--joint).")
@@ -82,7 +82,6 @@ def medusa_train(
     `specbuild convert --model DIR/base --medusa-heads DIR/heads`. Serving costs no more memory than Medusa-1;
     training holds the original base beside the one it trains.
     """
-    from specbuild.atomic import is_no_space
 
     with handled_errors():
         texts = read_training_texts(text)
@@ -92,7 +91,7 @@ def medusa_train(
         chosen_seq_len = seq_len or defaults["seq_len"]
         if heads is not None and not joint:
             raise SpecbuildError("--heads starts Medusa-2 from Medusa-1 heads", hint="add --joint, or drop --heads")
-        try:
+        with unreadable_model("train Medusa heads"):
             if joint:
                 metrics = _train_joint(base, heads, output, texts, steps=chosen_steps, seq_len=chosen_seq_len,
                                        batch_size=batch_size, heads_lr=chosen_lr, base_lr=base_lr,
@@ -105,16 +104,11 @@ def medusa_train(
                 metrics = train_medusa_heads(base, output, num_heads=num_heads, num_layers=num_layers,
                                              steps=chosen_steps, seq_len=chosen_seq_len, batch_size=batch_size,
                                              lr=chosen_lr, seed=seed, texts=texts)
-        except OSError as err:  # a base directory transformers cannot read: one line, not a traceback
-            if is_no_space(err):
-                raise
-            raise SpecbuildError(f"cannot train Medusa heads: {err}") from None
     if joint:
         _print_joint(metrics)
+        console.print(f"wrote {output}", highlight=False)
     else:
-        for name, value in metrics.items():
-            console.print(f"{name:16s} {value:.4f}", highlight=False)
-    console.print(f"wrote {output}", highlight=False)
+        print_training_metrics(metrics, output)
 
 
 def _train_joint(base: Path, heads: Path | None, output: Path, texts: list[str] | None, **settings: Any) -> dict:

@@ -45,3 +45,13 @@ def read_training_texts(paths: list[Path] | None) -> list[str] | None:
         return [p.read_text(encoding="utf-8") for p in paths] if paths else None
     except OSError as err:
         raise SpecbuildError(f"cannot read training text: {err}") from None
+
+
+def print_training_metrics(metrics: dict[str, float], output: Path, width: int = 16) -> None:
+    """What a training command prints last: its held-out figures, one per line, and where it wrote."""
+    from specbuild.cli.errors import console
+
+    for name, value in metrics.items():
+        console.print(f"{name:{width}s} {value:.4f}", highlight=False)
+    console.print(f"wrote {output}", highlight=False)
+
