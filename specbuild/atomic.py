@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -259,6 +259,37 @@ def check_free_space(directory: Path, needed: int | None) -> None:
 
 
 # -- writing --------------------------------------------------------------------------------------------------------
+Inputs = Mapping[str, "Path | str | None"]
+"""What a command reads, by the name the user knows it by (an option, a spec field): `{"--base": path}`."""
+
+
+def refuse_overlap(output: Path, inputs: Inputs, *, output_name: str = "output") -> None:
+    """Refuse an output that is, contains or lies inside one of the command's inputs, naming both.
+
+    The atomic swap replaces the output directory whole, so an input inside it would be deleted, and an output
+    inside an input would change what the user pointed the command at. Paths are compared resolved (symlinks,
+    `..`), so `m2` and `./m2/../m2` are the same. Call it before any work; `atomic_directory(inputs=...)`
+    checks again under the lock."""
+    out = Path(os.path.abspath(output)).resolve()
+    for name, path in inputs.items():
+        if path is None:
+            continue
+        source = Path(os.path.abspath(path)).resolve()
+        if out == source:
+            relation = "is"
+        elif out in source.parents:
+            relation = "contains"
+        elif source in out.parents:
+            relation = "lies inside"
+        else:
+            continue
+        raise SpecbuildError(
+            f"{output}: the {output_name} {relation} the input {name} {path}; writing it would "
+            f"{'delete' if relation != 'lies inside' else 'change'} that input",
+            hint=f"choose an {output_name} outside {path} that does not contain it either",
+        )
+
+
 def check_replaceable(final: Path) -> None:
     """Refuse to replace anything specbuild did not write: a file, or a non-empty foreign directory."""
     if not final.exists():
@@ -279,14 +310,18 @@ def _sibling(final: Path, kind: str) -> Path:
 
 @contextmanager
 def atomic_directory(final: Path, *, needed_bytes: int | None = None,
-                     replaceable: Callable[[Path], None] = check_replaceable) -> Iterator[Path]:
+                     replaceable: Callable[[Path], None] = check_replaceable,
+                     inputs: Inputs | None = None) -> Iterator[Path]:
     """Yield a temporary directory that replaces `final` when the block finishes without error.
 
     Holds `final`'s lock throughout, first removes what dead runs left next to it, refuses to replace what
-    `replaceable` says is not ours (default: `check_replaceable`), and refuses before writing when `needed_bytes`
-    (what the caller will write, if it knows) are not free. A full filesystem while writing ends in one
+    `replaceable` says is not ours (default: `check_replaceable`) or that overlaps one of `inputs`
+    (`refuse_overlap`), and refuses before writing when `needed_bytes` (what the caller will write, if it knows)
+    are not free. A full filesystem while writing ends in one
     `NoSpaceError`; either way the previous output is untouched and the temporary directory gone."""
     with output_lock(final):
+        if inputs:
+            refuse_overlap(final, inputs)
         replaceable(final)
         check_free_space(final.parent, needed_bytes)
         tmp = _sibling(final, "tmp")
