@@ -125,6 +125,26 @@ def test_starter_spec_validates(tmp_path: Path) -> None:
     assert spec.output_dir == tmp_path / "build" / "my-pipeline"
 
 
+def test_validate_after_init_reports_each_missing_model_once_under_its_own_field(tmp_path: Path) -> None:
+    """A new user's first `validate`: the starter spec names model directories that do not exist here. Each is
+    reported once, at its own field (the draft/target pair check used to repeat the target's path under
+    draft.model)."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli.app import app
+
+    spec_path = write_starter_spec(tmp_path / "pipeline.yaml")
+    result = CliRunner().invoke(app, ["validate", str(spec_path)])
+    assert result.exit_code == 1
+    spec = load_spec(spec_path)
+    lines = [line.strip() for line in result.output.splitlines() if "does not exist" in line]
+    assert len(lines) == 2, result.output
+    for field, model in (("target.model", spec.target.model), ("draft.model", spec.draft.model)):
+        (line,) = [line for line in lines if f": {field}: " in line]
+        assert str(model) in line
+        assert line.startswith(f"{spec_path}:{spec.line_of(tuple(field.split('.')))}: ")
+
+
 # --- located errors -----------------------------------------------------------------------------------------
 
 

@@ -84,12 +84,18 @@ def _check_quantization(request: ConvertRequest, plan: ConversionPlan, findings:
     return fmt, fields
 
 
+def _both_exist(*directories: Path) -> bool:
+    return all(Path(directory).is_dir() for directory in directories)
+
+
 def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dict[str, Any], int]]]:
     """Every model problem of the spec, and {role: (the config convert would write, its rank files' bytes)}."""
     findings: list[Finding] = []
     configs: dict[str, tuple[dict[str, Any], int]] = {}
     requests, pair = spec_requests(spec)
-    findings += [("error", ("draft", "model"), message) for message, _ in pair]
+    if spec.draft is not None and spec.draft.model is not None and _both_exist(spec.target.model, spec.draft.model):
+        # a missing directory is its own field's problem (reported below), not the pair's under draft.model
+        findings += [("error", ("draft", "model"), message) for message, _ in pair]
     failed_sources: set[Path] = set()
     for request in requests:
         field = _model_field(request)
