@@ -144,6 +144,25 @@ def test_a_repository_without_a_tokenizer_is_a_clear_error(tmp_path: Path) -> No
         repository_tokenizer(repository)
 
 
+def test_an_llmapi_repository_names_its_tokenizer_through_model_yaml(tmp_path: Path) -> None:
+    """Triton's llmapi repository (build.flow: pytorch) has no preprocessing model: bench --repository finds the
+    tokenizer where the LLM API does, model.yaml's `tokenizer`, else its `model` (it failed without --tokenizer)."""
+    source = _repository(tmp_path / "source")
+    model_dir = source / "preprocessing" / "tokenizer"
+    repository = tmp_path / "llmapi"
+    (repository / "tensorrt_llm" / "1").mkdir(parents=True)
+    model_yaml = repository / "tensorrt_llm" / "1" / "model.yaml"
+    model_yaml.write_text(f"model: {model_dir}\nbackend: pytorch\n")
+    assert repository_tokenizer(repository) == model_dir
+    choice = choose_tokenizer("127.0.0.1:1", "grpc", repository=repository)
+    assert choice.directory == model_dir and "model.yaml" in choice.found_by
+    model_yaml.write_text(f"model: {tmp_path / 'weights-only'}\ntokenizer: {model_dir}\n")
+    assert repository_tokenizer(repository) == model_dir
+    model_yaml.write_text(f"model: {tmp_path / 'weights-only'}\n")
+    with pytest.raises(SpecbuildError, match=r"model.yaml: model .*weights-only.* holds no tokenizer files"):
+        repository_tokenizer(repository)
+
+
 def test_no_tokenizer_means_words_named_words() -> None:
     choice = choose_tokenizer("127.0.0.1:1", "http")  # no server there: nothing to ask
     assert choice.directory is None

@@ -2,8 +2,10 @@
 
 The deployment carries its own: `specbuild deploy` copies the target's tokenizer into the repository and points
 the `preprocessing` model's `tokenizer_dir` parameter at it, relative to that model's directory
-(specbuild/deploy/layout.py). So the lookup is: `--tokenizer DIR` when given; else that parameter, read from
-`REPOSITORY/preprocessing/config.pbtxt` when the repository is given, else asked of the server
+(specbuild/deploy/layout.py). Triton's llmapi repository (build.flow: pytorch) has no preprocessing model: its
+`tensorrt_llm/1/model.yaml` names the LLM-API `tokenizer`, or else the `model` whose tokenizer the LLM loads. So the
+lookup is: `--tokenizer DIR` when given; else that parameter, read from `REPOSITORY/preprocessing/config.pbtxt`
+(or model.yaml's tokenizer/model in an llmapi repository) when the repository is given, else asked of the server
 (`/v2/models/preprocessing/config`, Triton's model-configuration extension) and used when it is a directory on this
 machine. Without one, the bench counts whitespace-separated words and says so (`WordCounter`); a model's own
 `num_output_tokens` is not used then, since a compared endpoint without it would be counted in another unit.
@@ -48,12 +50,39 @@ class TokenizerChoice:
         return TokenCounter(self.directory) if self.directory is not None else WordCounter(self.found_by)
 
 
+def llmapi_tokenizer(model_yaml: Path) -> Path:
+    """The tokenizer an llmapi repository's model.yaml names (`tokenizer`, else `model`, as the LLM API reads it);
+    an error naming the file and key otherwise."""
+    import yaml
+
+    try:
+        settings = yaml.safe_load(model_yaml.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecbuildError(f"{model_yaml}: cannot read it ({err})", hint="give --tokenizer DIR") from None
+    if not isinstance(settings, dict):
+        settings = {}
+    key = "tokenizer" if settings.get("tokenizer") else "model"
+    value = settings.get(key)
+    if not value:
+        raise SpecbuildError(f"{model_yaml}: names no tokenizer or model", hint="give --tokenizer DIR")
+    directory = Path(str(value))
+    if not has_tokenizer(directory):
+        raise SpecbuildError(f"{model_yaml}: {key} {str(value)!r} holds no tokenizer files on this machine "
+                             f"({' / '.join(TOKENIZER_MARKERS)})", hint="give the tokenizer with --tokenizer DIR")
+    return directory
+
+
 def repository_tokenizer(repository: Path) -> Path:
-    """The tokenizer directory `REPOSITORY/preprocessing/config.pbtxt` names; an error naming the file otherwise."""
+    """The tokenizer directory `REPOSITORY/preprocessing/config.pbtxt` names (an llmapi repository: its model.yaml);
+    an error naming the file otherwise."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
+    from specbuild.contracts.llm_api import LLMAPI_MODEL_YAML
+
     config_path = repository / PREPROCESSING / "config.pbtxt"
+    if not config_path.exists() and (repository / LLMAPI_MODEL_YAML).is_file():
+        return llmapi_tokenizer(repository / LLMAPI_MODEL_YAML)
     try:
         text = config_path.read_text(encoding="utf-8")
     except OSError as err:
@@ -110,8 +139,10 @@ def choose_tokenizer(url: str, protocol: Protocol, *, tokenizer: Path | None = N
     if tokenizer is not None:
         return TokenizerChoice(tokenizer, f"--tokenizer {tokenizer}")
     if repository is not None:
-        return TokenizerChoice(repository_tokenizer(repository),
-                               f"{repository / PREPROCESSING / 'config.pbtxt'} {TOKENIZER_PARAMETER}")
+        found = repository_tokenizer(repository)
+        source = (repository / PREPROCESSING / "config.pbtxt").exists()
+        return TokenizerChoice(found, f"{repository / PREPROCESSING / 'config.pbtxt'} {TOKENIZER_PARAMETER}" if source
+                               else f"{repository} tensorrt_llm/1/model.yaml")
     value = server_tokenizer_parameter(url, protocol)
     if value is None:
         return TokenizerChoice(None, f"{url} has no {PREPROCESSING} model with a {TOKENIZER_PARAMETER} parameter")
