@@ -83,5 +83,6 @@ def convert(
         request = ConvertRequest(
             name=model.name, source=model, output=output, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
             allow_pickle=allow_pickle, medusa_heads=medusa_heads, medusa_tree_nodes=medusa_tree_nodes,
+            inputs=(("--model", model), ("--medusa-heads", medusa_heads)), output_name="--output",
         )
         convert_model(request, force=force, dry_run=dry_run, console=console, on_result=report)

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from specbuild.atomic import atomic_directory, check_replaceable, output_lock
+from specbuild.atomic import Inputs, atomic_directory, check_replaceable, output_lock, refuse_overlap
 from specbuild.convert.architectures import Architecture, architecture_for
 from specbuild.convert.architectures.llama import Llama
 from specbuild.convert.compatibility import check_draft_target, tokenizer_problem
@@ -214,7 +214,9 @@ class PreparedConversion:
 
 def prepare_conversion(request: ConvertRequest) -> PreparedConversion:
     """Open the checkpoint and run every check a conversion makes (headers, shapes, mapping coverage, tied head,
-    tokenizer where the request needs one, the quantization plan and its calibration text, the output)."""
+    tokenizer where the request needs one, the quantization plan and its calibration text, the output). An output
+    that is, contains or lies inside one of the inputs is refused first, before anything is read."""
+    refuse_overlap(request.output, request.named_inputs(), output_name=request.output_name)
     checkpoint = HFCheckpoint(request.source, allow_pickle=request.allow_pickle)
     try:
         plan = plan_conversion(request, checkpoint)
@@ -264,7 +266,8 @@ def write_conversion(prepared: PreparedConversion, *, force: bool = False, dry_r
         # Hash the inputs on a second thread while the main thread converts (hashlib releases the GIL).
         with ThreadPoolExecutor(max_workers=1) as pool:
             hashing = pool.submit(fingerprint_files, prepared.input_files, known)
-            with atomic_directory(request.output, needed_bytes=prepared.output_bytes) as tmp:
+            with atomic_directory(request.output, needed_bytes=prepared.output_bytes,
+                                  inputs=request.named_inputs()) as tmp:
                 if qplan is not None:
                     write_quantized(request, plan, qplan, tmp, console)
                 else:
@@ -382,12 +385,41 @@ def requests_from_spec(spec: PipelineSpec, *, allow_pickle: bool = False) -> lis
     return _requests(spec, allow_pickle=allow_pickle)
 
 
+def spec_inputs(spec: PipelineSpec) -> Inputs:
+    """Every file and directory the spec names for convert to read, by its field: no checkpoint convert writes may
+    be, contain or lie inside one of them (the atomic swap would delete or change it)."""
+    draft, medusa = spec.draft, spec.medusa
+    calibration = draft.quantization.calib.source if draft is not None else None
+    return {
+        "target.model": spec.target.model,
+        "draft.model": draft.model if draft is not None else None,
+        "draft.adapter": draft.adapter if draft is not None else None,
+        "draft.quantization.calib.source": calibration if isinstance(calibration, Path) else None,
+        "medusa.heads": medusa.heads if medusa is not None else None,
+        "medusa.choices": medusa.choices_file if medusa is not None else None,
+        "SPEC": _spec_file(spec),
+    }
+
+
+def _spec_file(spec: PipelineSpec) -> Path | None:
+    try:
+        return spec.path
+    except RuntimeError:  # a spec made in memory has no file
+        return None
+
+
+def checkpoint_output_name(role: str) -> str:
+    """How a refusal names the checkpoint convert writes for `role` (output_dir is the field the user changes)."""
+    return f"output_dir's {role} checkpoint"
+
+
 def _requests(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[ConvertRequest]:
     build = spec.build
-    common = {"dtype": build.dtype, "tp_size": build.tp_size, "pp_size": build.pp_size, "allow_pickle": allow_pickle}
+    common: dict[str, Any] = {"dtype": build.dtype, "tp_size": build.tp_size, "pp_size": build.pp_size,
+                              "allow_pickle": allow_pickle, "inputs": tuple(spec_inputs(spec).items())}
     # The target's tokenizer is what deploy puts into the repository: a target without one is refused here.
     requests = [ConvertRequest("target", spec.target.model, spec.checkpoint_dir("target"), needs_tokenizer=True,
-                               **common)]
+                               output_name=checkpoint_output_name("target"), **common)]
     if spec.draft is not None:
         quantization = QuantizeSettings.from_spec(spec.draft.quantization)
         # A self-draft is read from the target's HF directory, keeping its first draft.layers layers.
@@ -399,14 +431,16 @@ def _requests(spec: PipelineSpec, *, allow_pickle: bool = False) -> list[Convert
                 "draft", source, spec.checkpoint_dir("draft"),
                 quantization=quantization if quantization.enabled else None,
                 self_draft_layers=spec.draft.layers if self_draft else None,
-                self_draft_adapter=spec.draft.adapter if self_draft else None, **common,
+                self_draft_adapter=spec.draft.adapter if self_draft else None,
+                output_name=checkpoint_output_name("draft"), **common,
             )
         )
     if spec.medusa is not None:
         requests.append(
             ConvertRequest(
                 "medusa", spec.target.model, spec.checkpoint_dir("medusa"), medusa_heads=spec.medusa.heads,
-                medusa_tree_nodes=len(spec.medusa.resolved_choices()), needs_tokenizer=True, **common,
+                medusa_tree_nodes=len(spec.medusa.resolved_choices()), needs_tokenizer=True,
+                output_name=checkpoint_output_name("medusa"), **common,
             )
         )
     return requests

@@ -21,6 +21,7 @@ from rich.console import Console
 from specbuild.convert.pipeline import (
     ConvertRequest,
     ConvertResult,
+    checkpoint_output_name,
     convert_requests,
     prepare_conversion,
     spec_requests,
@@ -56,7 +57,8 @@ def hf_draft_request(draft: ConvertRequest, output: Path) -> ConvertRequest:
     source, checks and quantization plan (tp/pp stay the spec's, so int4 groups are checked per rank as the PyTorch
     backend shards the linears)."""
     assert draft.quantization is not None
-    return replace(draft, name="draft-hf", output=output, quantization=replace(draft.quantization, export=HF))
+    return replace(draft, name="draft-hf", output=output, output_name=checkpoint_output_name("draft-hf"),
+                   quantization=replace(draft.quantization, export=HF))
 
 
 def _convert_pytorch_flow(spec: PipelineSpec, spec_path: Path, *, allow_pickle: bool, force: bool, dry_run: bool,
