@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from specbuild.atomic import atomic_directory, output_lock
+from specbuild.atomic import Inputs, atomic_directory, output_lock, refuse_overlap
 from specbuild.contracts.llm_api import (
     LLM_API_PLAN,
     LLM_ARGS_SOURCE,
@@ -71,13 +71,32 @@ def _config_files(spec: PipelineSpec) -> list[Path]:
     return [path / "config.json" for _, path in models]
 
 
+def spec_file(spec: PipelineSpec) -> Path | None:
+    """The spec's file, an input of every stage (None for a spec made in memory)."""
+    try:
+        return spec.path
+    except RuntimeError:
+        return None
+
+
+def llm_api_inputs(spec: PipelineSpec) -> Inputs:
+    """What build reads on the PyTorch flow: the models the LLM API loads (a quantized draft: convert's export)
+    and the spec."""
+    exported = quantized_draft_dir(spec)
+    draft = spec.draft.model if spec.draft is not None else None
+    return {"target.model": spec.target.model, "draft.model": draft,
+            "output_dir's draft-hf checkpoint": exported, "SPEC": spec_file(spec)}
+
+
 def build_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
                   console: Console | None = None) -> LlmApiResult:
     """Check a `build.flow: pytorch` spec and record its LLM-API settings in `<output_dir>/llm_api/`."""
     console = console or Console(stderr=True)
+    directory = llm_api_dir(spec)
+    inputs_named = llm_api_inputs(spec)
+    refuse_overlap(directory, inputs_named, output_name="output_dir's llm_api directory")
     refuse_pytorch_flow_problems(spec, "build")
     settings = llm_args(spec)
-    directory = llm_api_dir(spec)
     files = _config_files(spec)
     if dry_run:
         console.print_json(json.dumps(settings))
@@ -91,7 +110,7 @@ def build_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = Fa
         if not force and is_fresh(known, settings=manifest_settings, tools=tools, inputs=inputs,
                                   directory=directory):
             return LlmApiResult(directory, "up to date", settings)
-        with atomic_directory(directory) as tmp:
+        with atomic_directory(directory, inputs=inputs_named) as tmp:
             (tmp / LLM_API_PLAN).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n",
                                             encoding="utf-8")
             write_manifest(tmp, {"stage": "build", "flow": "pytorch", "spec": spec.where, "inputs": inputs,

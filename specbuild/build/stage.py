@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from specbuild.atomic import atomic_directory, check_replaceable, output_lock
+from specbuild.atomic import Inputs, atomic_directory, check_replaceable, output_lock, refuse_overlap
 from specbuild.build.backend import TensorrtStatus, resolve_backend
 from specbuild.build.gpu import Gpu, parse_gpu
-from specbuild.build.llm_api import LlmApiResult, build_llm_api
+from specbuild.build.llm_api import LlmApiResult, build_llm_api, spec_file
 from specbuild.build.plan import BuildPlan, plan_pipeline
 from specbuild.build.reference import write_reference_bundle
 from specbuild.build.script import script_path, write_build_script
@@ -33,7 +33,7 @@ from specbuild.build.tensorrt import build_engine, gpu_slices
 from specbuild.build.trtllm_flags import TRTLLM_VERSION
 from specbuild.build.validate import BuildProblem, BuildValidationError, build_problems
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, read_checkpoint_facts
-from specbuild.contracts.engine_info import EngineInfo, engine_roles, write_engine_info
+from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles, write_engine_info
 from specbuild.contracts.engine_limits import attention_window
 from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
 from specbuild.errors import SpecbuildError
@@ -80,6 +80,22 @@ class _Job:
     facts: CheckpointFacts
     info: EngineInfo
     settings: dict[str, Any]
+    inputs: Inputs
+
+
+def build_inputs(spec: PipelineSpec) -> Inputs:
+    """What the engine flow's build reads: the checkpoints convert wrote, and the spec."""
+    checkpoints = {f"output_dir's {role} checkpoint": spec.checkpoint_dir(role) for role in engine_roles(spec)}
+    return {**checkpoints, "SPEC": spec_file(spec)}
+
+
+def refuse_overlapping_engines(spec: PipelineSpec) -> Inputs:
+    """Refuse, before anything is read, an engine directory that is, contains or lies inside what build reads
+    (a checkpoint, the spec; a symlinked output_dir can put one inside another); returns those inputs."""
+    inputs = build_inputs(spec)
+    for role in engine_roles(spec):
+        refuse_overlap(engine_dir(spec, role), inputs, output_name=f"output_dir's {role} engine")
+    return inputs
 
 
 def _read_facts(spec: PipelineSpec) -> tuple[dict[str, CheckpointFacts], list[BuildProblem]]:
@@ -136,7 +152,7 @@ def _build_locked(job: _Job, backend: str, gpus: list[int] | None, force: bool, 
     if fresh and not force:
         return EngineResult(plan.role, backend, plan.output_dir, plan, job.info, "up to date")
     start = time.perf_counter()
-    with atomic_directory(plan.output_dir) as tmp:
+    with atomic_directory(plan.output_dir, inputs=job.inputs) as tmp:
         if backend == "tensorrt":
             build_engine(plan, tmp, gpus)
             write_engine_info(tmp, job.info)
@@ -237,6 +253,7 @@ def build_pipeline(
                                  hint="leave --backend out (the LLM API's backend is 'pytorch')")
         return [build_llm_api(spec, dry_run=dry_run, force=force, console=console)]
     refuse_other_flow(spec, "build")  # eagle3/ngram have no engine: the reason and `build.flow: pytorch`
+    inputs = refuse_overlapping_engines(spec)
     requested = backend or spec.build.backend
     status: TensorrtStatus | None = None
     chosen = "reference"
@@ -260,7 +277,7 @@ def build_pipeline(
         settings: dict[str, Any] = {"backend": chosen, "plan": plan.to_json(), "engine": info.to_json()}
         if chosen == "tensorrt":
             settings["tensorrt_llm"] = tools["tensorrt_llm"]  # an engine only loads in the TRT-LLM that built it
-        work.append(_Job(plan, facts[plan.role], info, settings))
+        work.append(_Job(plan, facts[plan.role], info, settings, inputs))
     with ExitStack() as locks:  # every engine's lock before the first is written: a concurrent run stops this one
         for job in work:
             locks.enter_context(output_lock(job.plan.output_dir))
