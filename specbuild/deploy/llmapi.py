@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from specbuild.atomic import atomic_directory, output_lock
+from specbuild.atomic import Inputs, atomic_directory, output_lock, refuse_overlap
 from specbuild.contracts.llm_api import (
     CODE_NOTE,
     LLM_API_PLAN,
@@ -183,13 +183,36 @@ def _built_settings(spec: PipelineSpec) -> dict[str, Any]:
     return llm_args(spec)
 
 
+def spec_file(spec: PipelineSpec) -> Path | None:
+    """The spec's file, an input of deploy (None for a spec made in memory)."""
+    try:
+        return spec.path
+    except RuntimeError:
+        return None
+
+
+REPOSITORY_NAME = "deploy.model_repository"
+"""How a refusal names the repository deploy writes (the spec field the user changes)."""
+
+
+def llmapi_inputs(spec: PipelineSpec) -> Inputs:
+    """What the llmapi repository is made from or names: build's settings, the reference's checkpoints, the
+    quantized draft's export, the models the LLM API loads, and the spec."""
+    checkpoints = {f"output_dir's {role} checkpoint": spec.checkpoint_dir(role) for role in reference_roles(spec)}
+    return {"output_dir's llm_api directory": llm_api_dir(spec), **checkpoints,
+            "output_dir's draft-hf checkpoint": quantized_draft_dir(spec), "target.model": spec.target.model,
+            "draft.model": spec.draft.model if spec.draft is not None else None, "SPEC": spec_file(spec)}
+
+
 def deploy_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
                    console: Console | None = None) -> LlmApiDeployResult:
     """Write the llmapi repository of a `build.flow: pytorch` spec (see the module docstring)."""
     console = console or Console(stderr=True)
-    refuse_pytorch_flow_problems(spec, "deploy")
     repository = spec.deploy.model_repository
     assert repository is not None
+    named = llmapi_inputs(spec)
+    refuse_overlap(repository, named, output_name=REPOSITORY_NAME)
+    refuse_pytorch_flow_problems(spec, "deploy")
     args = _built_settings(spec)
     files = repository_files(spec, args)
     if dry_run:
@@ -204,7 +227,7 @@ def deploy_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = F
         tools = tool_versions()
         if not force and is_fresh(known, settings=settings, tools=tools, inputs=inputs, directory=repository):
             return LlmApiDeployResult(repository, "up to date", files)
-        with atomic_directory(repository) as tmp:
+        with atomic_directory(repository, inputs=named) as tmp:
             for name, text in files.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / name).write_text(text, encoding="utf-8")

@@ -17,9 +17,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from specbuild.atomic import atomic_directory, link_or_copy, output_lock
+from specbuild.atomic import Inputs, atomic_directory, link_or_copy, output_lock, refuse_overlap
 from specbuild.contracts.checkpoint_facts import read_checkpoint_facts
-from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir
+from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir, engine_roles
 from specbuild.contracts.engine_limits import stale_engine_problems
 from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
 from specbuild.deploy.check import RepositoryReport, check_repository
@@ -31,7 +31,7 @@ from specbuild.deploy.layout import (
     plan_repository,
     read_engines,
 )
-from specbuild.deploy.llmapi import LlmApiDeployResult, deploy_llm_api
+from specbuild.deploy.llmapi import REPOSITORY_NAME, LlmApiDeployResult, deploy_llm_api, spec_file
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
@@ -96,6 +96,12 @@ def _settings(plan: RepositoryPlan, configs: dict[str, str]) -> dict[str, Any]:
     return {"configs": configs, "code": code, "trust_remote_code": plan.spec.target.trust_remote_code}
 
 
+def repository_inputs(spec: PipelineSpec) -> Inputs:
+    """What the repository is made from: the engines build wrote, the target's tokenizer, and the spec."""
+    engines = {f"output_dir's {role} engine": engine_dir(spec, role) for role in engine_roles(spec)}
+    return {**engines, "target.model": spec.target.model, "SPEC": spec_file(spec)}
+
+
 def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
                       console: Console | None = None) -> DeployResult | LlmApiDeployResult:
     """Write `spec.deploy.model_repository` for the engines `build` left in `spec.output_dir/engines`.
@@ -108,6 +114,8 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
     refuse_other_flow(spec, "deploy")  # eagle3/ngram have no engine to serve: the reason and `build.flow: pytorch`
     repository = spec.deploy.model_repository
     assert repository is not None
+    inputs = repository_inputs(spec)
+    refuse_overlap(repository, inputs, output_name=REPOSITORY_NAME)
     engines = read_engines(spec)
     check_engines_current(spec, engines)
     tokenizer = load_tokenizer(spec.target.model, trust_remote_code=spec.target.trust_remote_code)
@@ -118,11 +126,11 @@ def deploy_repository(spec: PipelineSpec, *, dry_run: bool = False, force: bool 
         console.print(plan_table(plan, repository))
         return DeployResult(repository, "planned", plan)
     with output_lock(repository):
-        return _write_repository(spec, plan, configs, repository, force)
+        return _write_repository(spec, plan, configs, repository, force, inputs)
 
 
 def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[str, str], repository: Path,
-                      force: bool) -> DeployResult:
+                      force: bool, named: Inputs) -> DeployResult:
     known = read_manifest(repository)
     inputs, settings = _inputs(spec, plan, (known or {}).get("inputs")), _settings(plan, configs)
     tools = tool_versions()
@@ -130,7 +138,8 @@ def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[st
         return DeployResult(repository, "up to date", plan, check_repository(repository))
     tokenizer_bytes = sum((spec.target.model / name).stat().st_size for name in TOKENIZER_FILES
                           if (spec.target.model / name).is_file())
-    with atomic_directory(repository, needed_bytes=tokenizer_bytes) as tmp:  # the second copy is a hard link
+    # tokenizer_bytes: the second copy is a hard link
+    with atomic_directory(repository, needed_bytes=tokenizer_bytes, inputs=named) as tmp:
         for model in plan.models:
             directory = tmp / model.name
             (directory / MODEL_VERSION).mkdir(parents=True)
