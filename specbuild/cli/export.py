@@ -23,11 +23,17 @@ AllowPickle = Annotated[
 
 
 def _export(engine: str, spec_path: Path, output: Path | None, dry_run: bool, allow_pickle: bool) -> None:
-    from specbuild.export import export_spec
+    from specbuild.atomic import refuse_overlap
+    from specbuild.export import default_directory, export_spec
+    from specbuild.export.write import export_inputs
     from specbuild.spec import load_spec
 
     with handled_errors():
-        result = export_spec(load_spec(spec_path), engine, output, dry_run=dry_run, allow_pickle=allow_pickle)
+        spec = load_spec(spec_path)
+        directory, name = (output, "--output") if output is not None else (default_directory(spec, engine),
+                                                                           "output_dir's export directory")
+        refuse_overlap(directory, export_inputs(spec), output_name=name)  # before the heads are read or converted
+        result = export_spec(spec, engine, output, dry_run=dry_run, allow_pickle=allow_pickle)
         plan = result.plan
         for note in plan.notes:
             console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)

@@ -7,15 +7,16 @@ replace the directory, as `atomic.check_replaceable` asks).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.atomic import MANIFEST, atomic_directory
+from specbuild.atomic import Inputs, atomic_directory
+from specbuild.contracts.llm_api import quantized_draft_dir
 from specbuild.export.medusa_heads import MEDUSA_DIR
 from specbuild.export.plan import ExportPlan
-from specbuild.manifest import Status
+from specbuild.manifest import Status, write_manifest
+from specbuild.spec import PipelineSpec
 
 SCRIPT = "serve.sh"
 
@@ -42,8 +43,21 @@ def manifest(plan: ExportPlan, spec_path: str) -> dict[str, object]:
             "sources": [str(source) for source in plan.sources], "notes": plan.notes}
 
 
-def write_export(plan: ExportPlan, directory: Path, spec_path: str) -> ExportResult:
-    with atomic_directory(directory) as tmp:
+def export_inputs(spec: PipelineSpec) -> Inputs:
+    """What an export reads or names: the models the engine loads (a quantized draft: convert's ModelOpt export),
+    the Medusa heads it converts, and the spec. The export directory may not be, contain or lie inside any."""
+    try:
+        spec_file: Path | None = spec.path
+    except RuntimeError:  # a spec made in memory has no file
+        spec_file = None
+    return {"target.model": spec.target.model, "draft.model": spec.draft.model if spec.draft is not None else None,
+            "output_dir's draft-hf checkpoint": quantized_draft_dir(spec),
+            "medusa.heads": spec.medusa.heads if spec.medusa is not None else None, "SPEC": spec_file}
+
+
+def write_export(plan: ExportPlan, directory: Path, spec_path: str, *, inputs: Inputs | None = None) -> ExportResult:
+    """Write the export into `directory` whole; `inputs` (`export_inputs`) are refused again under its lock."""
+    with atomic_directory(directory, inputs=inputs) as tmp:
         script = tmp / SCRIPT
         script.write_text(serve_script(plan, spec_path), encoding="utf-8")
         os.chmod(script, 0o755)
@@ -51,5 +65,5 @@ def write_export(plan: ExportPlan, directory: Path, spec_path: str) -> ExportRes
             (tmp / name).write_text(text, encoding="utf-8")
         if plan.medusa is not None:
             plan.medusa.write(tmp / MEDUSA_DIR)
-        (tmp / MANIFEST).write_text(json.dumps(manifest(plan, spec_path), indent=2) + "\n", encoding="utf-8")
+        write_manifest(tmp, manifest(plan, spec_path))
     return ExportResult(plan, directory, "written")
