@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from specbuild import corpus
+from specbuild.atomic import refuse_overlap
+from specbuild.errors import CheckpointError, SpecbuildError
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -43,6 +48,69 @@ def token_stream(tokenizer: Any, texts: Sequence[str]) -> torch.Tensor:
     for encoded in tokenizer(list(texts), add_special_tokens=False, verbose=False).input_ids:
         ids += [*bos, *encoded, *eos]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def trainer_inputs(output: Path, output_name: str, models: Mapping[str, Path | None],
+                   text_files: Sequence[Path] = ()) -> dict[str, Path | None]:
+    """What a trainer reads, by the names the user typed (its model directories, each --text file), refused
+    before any work when the output is, contains or lies inside one of them (`atomic.refuse_overlap`: the atomic
+    swap would delete or change it); returned for the save's `atomic_directory(inputs=...)`, which checks again
+    under the output's lock."""
+    named = dict(models)
+    for index, path in enumerate(text_files):
+        named["--text" if len(text_files) == 1 else f"--text #{index + 1}"] = path
+    refuse_overlap(output, named, output_name=output_name)
+    return named
+
+
+def check_weights(model_dir: Path, name: str) -> None:
+    """Refuse, before any work, a model directory whose safetensors files are truncated or corrupt, naming the
+    file: transformers would fail deep inside `from_pretrained` with safetensors' own error, which names neither
+    the file nor the directory. Reads the headers only (safetensors checks them against the file's size)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path}: cannot read this safetensors file of {name} {model_dir} ({err})",
+                                  hint="the file is truncated or corrupt (an interrupted download or copy?): fetch "
+                                  "or save the model again") from None
+
+
+def _text_source(files: Sequence[Path], given: bool, part: str) -> str:
+    """How a message names a token stream's text: the --text files, the caller's text, or the built-in corpus."""
+    if files:
+        return "--text " + ", ".join(str(path) for path in files)
+    return f"the {part} text" if given else f"the built-in corpus's {part} part"
+
+
+def training_streams(
+    tokenizer: Any,
+    texts: Sequence[str] | None,
+    eval_texts: Sequence[str] | None,
+    *,
+    window: int,
+    seq_len: int,
+    held_window: int | None = None,
+    text_files: Sequence[Path] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training and held-out token streams (`texts` default to the built-in corpus's training part,
+    `eval_texts` to its held-out part), each refused before any training unless it holds one `window` of tokens
+    (`held_window` for the held-out stream, default `window`): every trainer's one rule for too little text, named
+    by its files (`text_files`, the command's --text) with the counts and what to change."""
+    train = token_stream(tokenizer, list(texts) if texts is not None else corpus.training_texts())
+    held = token_stream(tokenizer, list(eval_texts) if eval_texts is not None else corpus.heldout_texts())
+    checks = ((train, window, _text_source(text_files, texts is not None, "training")),
+              (held, held_window or window, _text_source((), eval_texts is not None, "held-out")))
+    for ids, needed, source in checks:
+        if ids.numel() < needed:
+            raise SpecbuildError(
+                f"{source}: {ids.numel()} tokens, fewer than one window of {needed} tokens (--seq-len {seq_len})",
+                hint="give more text (longer or more --text files), or a smaller --seq-len",
+            )
+    return train, held
 
 
 def _lr_factor(step: int, steps: int) -> float:

@@ -169,8 +169,9 @@ def test_a_target_with_too_few_layers_is_refused(tiny: Path, tmp_path: Path) -> 
 
 
 def test_a_directory_without_config_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match=r"config\.json: not found"):
-        train_eagle3(tmp_path, tmp_path / "out", QUICK, progress=False)
+        train_eagle3(tmp_path / "empty", tmp_path / "out", QUICK, progress=False)
 
 
 @pytest.mark.parametrize("settings, field", [

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from specbuild import corpus
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
 from specbuild.demo.recipe import RECIPE
-from specbuild.errors import CheckpointError
+from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.medusa.joint import HEADS_BASE_NAME, JointSettings, own_text_scores, train_medusa_joint, unigram_loss
 from specbuild.medusa.train import build_heads, evaluate_heads, load_medusa_heads, write_heads
 from specbuild.tokenizer import load_tokenizer
@@ -137,9 +137,9 @@ def test_heads_of_another_base_are_refused_naming_them(demo_models: dict[str, Pa
 
 def test_an_output_that_would_replace_an_input_is_refused(demo_models: dict[str, Path], tmp_path: Path) -> None:
     heads = demo_models["medusa-heads"]
-    with pytest.raises(CheckpointError, match="would replace --heads"):
+    with pytest.raises(SpecbuildError, match="the --output is the input --heads"):
         train_medusa_joint(demo_models["target"], heads, heads, progress=False)
-    with pytest.raises(CheckpointError, match="would replace --base"):
+    with pytest.raises(SpecbuildError, match="the --output contains the input --base"):
         train_medusa_joint(demo_models["target"], None, demo_models["target"].parent, progress=False)
 
 

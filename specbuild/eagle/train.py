@@ -42,14 +42,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from specbuild import corpus
-from specbuild.atomic import atomic_directory
+from specbuild.atomic import Inputs, atomic_directory
 from specbuild.eagle.format import Eagle3DraftConfig, default_layer_ids, write_eagle3_draft
 from specbuild.eagle.model import Eagle3DraftModule, StepKV
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
 from specbuild.tokenizer import load_tokenizer
-from specbuild.training import bar, lr_schedule, no_transformers_bars, optimizer_step, token_stream, window_batches
+from specbuild.training import (
+    bar,
+    check_weights,
+    lr_schedule,
+    no_transformers_bars,
+    optimizer_step,
+    trainer_inputs,
+    training_streams,
+    window_batches,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -251,10 +259,8 @@ def regenerate(model: PreTrainedModel, ids: torch.Tensor, count: int, prompt_tok
 
 
 def _windows(ids: torch.Tensor, span: int) -> torch.Tensor:
+    """The stream's disjoint `span`-token windows (the stream holds one at least: `training_streams` checked)."""
     count = ids.numel() // span
-    if count < 1:
-        raise SpecbuildError(f"the text has {ids.numel()} tokens, fewer than one window of {span}",
-                             hint="pass more text or a smaller --seq-len")
     return ids[: count * span].view(count, span)
 
 
@@ -293,28 +299,31 @@ def train_eagle3(
     texts: Sequence[str] | None = None,
     eval_texts: Sequence[str] | None = None,
     progress: bool | Progress = True,
+    text_files: Sequence[Path] = (),
 ) -> dict[str, float]:
     """Train an EAGLE-3 draft for the Llama-family HF model in `target_dir` and write it to `out_dir`
     (atomically, through `specbuild.eagle.format`).
 
-    `texts` default to the built-in corpus's training part, `eval_texts` to its held-out part. Seeded: the same
+    `texts` default to the built-in corpus's training part, `eval_texts` to its held-out part; `text_files` are
+    the files `texts` came from (the command's --text). An output that would replace an input, a target that is
+    not one, unreadable weights and too little text are refused before any work. Seeded: the same
     inputs, settings and thread count give the same bytes. Returns the held-out metrics of the untrained draft
     (`init_loss`, `init_step{k}_top1`) and the trained one (`loss`, `step{k}_top1`, k = 1..3), `final_train_loss`
     and `train_seconds`."""
     settings = settings or Eagle3TrainSettings()
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    inputs = trainer_inputs(out_dir, "OUT_DIR", {"TARGET_DIR": target_dir}, text_files)
     settings.check()
-    target_dir = Path(target_dir)
     check_target(target_dir)
-    train_texts = list(texts) if texts is not None else corpus.training_texts()
-    held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
+    check_weights(target_dir, "TARGET_DIR")
     span = settings.seq_len + 1
     with torch.random.fork_rng(devices=[]), no_transformers_bars():
         torch.manual_seed(settings.seed)
         tokenizer = load_tokenizer(target_dir)
+        train_ids, held_ids = training_streams(
+            tokenizer, texts, eval_texts, window=span, seq_len=settings.seq_len, text_files=text_files,
+            held_window=settings.prompt_tokens if settings.regenerate else span)  # regenerating: prompts only
         model = load_target(target_dir)
-        train_ids = token_stream(tokenizer, train_texts)
-        held_ids = token_stream(tokenizer, held_texts)
-        _windows(train_ids, span)  # refuses a text shorter than one window
         data: torch.Tensor | None = None
         if settings.regenerate:
             data = regenerate(model, train_ids, settings.regenerate, settings.prompt_tokens, span)
@@ -329,7 +338,7 @@ def train_eagle3(
         trained = evaluate(draft, model, held_windows)
     metrics = {**{f"init_{k}": v for k, v in initial.items()}, **trained,
                "final_train_loss": round(final_loss, 4), "train_seconds": round(train_seconds, 1)}
-    save_draft(draft, Path(out_dir), target_dir, settings, metrics)
+    save_draft(draft, out_dir, target_dir, settings, metrics, inputs)
     return metrics
 
 
@@ -406,9 +415,10 @@ def _train(draft: Eagle3DraftModule, model: PreTrainedModel, data: torch.Tensor,
 
 
 def save_draft(draft: Eagle3DraftModule, out_dir: Path, target_dir: Path, settings: Eagle3TrainSettings,
-               metrics: dict[str, float]) -> None:
-    """The draft through the format's one writer, inside an atomic directory with our manifest."""
-    with atomic_directory(out_dir) as tmp:
+               metrics: dict[str, float], inputs: Inputs) -> None:
+    """The draft through the format's one writer, inside an atomic directory with our manifest (refused there, too,
+    when `out_dir` overlaps one of `inputs`)."""
+    with atomic_directory(out_dir, inputs=inputs) as tmp:
         write_eagle3_draft(tmp, draft.cfg, draft.state_dict())
         (tmp / "manifest.json").write_text(json.dumps(
             {"producer": "specbuild.eagle.train", "target": input_name(target_dir, out_dir),

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,9 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbuild import corpus
-from specbuild.atomic import atomic_directory
-from specbuild.errors import CheckpointError
+from specbuild.atomic import Inputs, atomic_directory
+from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
 from specbuild.medusa.train import (
     LOSS_DECAY,
@@ -67,10 +66,12 @@ from specbuild.tokenizer import TOKENIZER_OWN_FILES, load_tokenizer
 from specbuild.training import (
     WARMUP_FRACTION,
     bar,
+    check_weights,
     lr_schedule,
     no_transformers_bars,
     optimizer_step,
-    token_stream,
+    trainer_inputs,
+    training_streams,
     window_batches,
 )
 
@@ -78,8 +79,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from transformers import PreTrainedModel
 
-__all__ = ["BASE_DIR", "HEADS_BASE_NAME", "HEADS_DIR", "JointSettings", "own_text_scores", "train_medusa_joint",
-           "unigram_loss"]
+__all__ = ["BASE_DIR", "HEADS_BASE_NAME", "HEADS_DIR", "JointSettings", "check_start_heads", "own_text_scores",
+           "train_medusa_joint", "unigram_loss"]
 
 BASE_DIR = "base"
 HEADS_DIR = "heads"
@@ -127,12 +128,15 @@ def train_medusa_joint(
     texts: Sequence[str] | None = None,
     eval_texts: Sequence[str] | None = None,
     progress: bool | Progress = True,
+    text_files: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Fine-tune the HF model in `base_dir` with Medusa heads (those in `heads_dir`, or new ones warmed up here)
     and write `out_dir/base` (an HF checkpoint with the tokenizer files) and `out_dir/heads` (FasterDecoding
     format, naming `../base`) atomically: both or neither.
 
-    `texts` defaults to the built-in corpus's training part, `eval_texts` to its held-out part. Returns, for the
+    `texts` defaults to the built-in corpus's training part, `eval_texts` to its held-out part; `text_files` are
+    the files `texts` came from (the command's --text). An output that would replace an input, unreadable
+    weights or heads and too little text are refused before any work. Returns, for the
     held-out text, `before` (the original base with the starting heads) and `after` (the new base with the new
     heads), each with `base_heldout_loss`, `heads_heldout_loss` and every head's top-1/top-5 on the text, and
     `heads_own_loss` / `head{k}_own_top1` on the base's own greedy continuations of held-out prompts, plus
@@ -144,13 +148,19 @@ def train_medusa_joint(
     settings = settings or JointSettings()
     settings.check()
     base_dir, out_dir = Path(base_dir), Path(out_dir)
-    _check_paths(base_dir, heads_dir, out_dir)
-    train_texts = list(texts) if texts is not None else corpus.training_texts()
-    held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
+    inputs = trainer_inputs(out_dir, "--output", {"--base": base_dir, "--heads": heads_dir}, text_files)
+    if not (base_dir / "config.json").is_file():
+        raise CheckpointError(f"{base_dir / 'config.json'}: not found; --base must be a Hugging Face model directory")
+    check_weights(base_dir, "--base")
+    start = None if heads_dir is None else load_medusa_heads(Path(heads_dir))
+    num_heads = settings.num_heads if start is None else start[1]
+    span = settings.seq_len + num_heads + 1  # inputs plus every head's label for the last input
 
     with torch.random.fork_rng(devices=[]), no_transformers_bars():
         torch.manual_seed(settings.seed)
         tokenizer = load_tokenizer(base_dir)
+        train_ids, held_ids = training_streams(tokenizer, texts, eval_texts, window=span, seq_len=settings.seq_len,
+                                               text_files=text_files)
 
         def load() -> PreTrainedModel:
             return AutoModelForCausalLM.from_pretrained(
@@ -161,13 +171,7 @@ def train_medusa_joint(
         original.requires_grad_(False)
         saved_dtype = _config_dtype(base_dir)
         vocab_size, hidden_size = model.get_output_embeddings().weight.shape
-        heads = _starting_heads(heads_dir, settings, int(vocab_size), int(hidden_size), model)
-        num_heads = len(heads)
-        span = settings.seq_len + num_heads + 1  # inputs plus every head's label for the last input
-        train_ids = token_stream(tokenizer, train_texts)
-        held_ids = token_stream(tokenizer, held_texts)
-        if train_ids.numel() <= span:
-            raise ValueError(f"training text has {train_ids.numel()} tokens, fewer than one window of {span}")
+        heads = _starting_heads(heads_dir, start, settings, int(vocab_size), int(hidden_size), model)
         check_hidden_state(model, train_ids[:span][None, : settings.seq_len])
 
         started = time.perf_counter()
@@ -200,26 +204,27 @@ def train_medusa_joint(
                 "start_heads": None if heads_dir is None else input_name(heads_dir, out_dir), "num_heads": num_heads,
                 "num_layers": len(heads[0]) - 1}
     with no_transformers_bars():
-        _save(model, heads, out_dir, base_dir, saved_dtype, metrics, recorded)
+        _save(model, heads, out_dir, base_dir, saved_dtype, metrics, recorded, inputs)
     return metrics
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
 
 
-def _check_paths(base_dir: Path, heads_dir: Path | None, out_dir: Path) -> None:
-    """Refuse before loading anything: a base that is not an HF directory, or an output that would replace an
-    input (the atomic swap would delete it)."""
-    if not (base_dir / "config.json").is_file():
-        raise CheckpointError(f"{base_dir / 'config.json'}: not found; --base must be a Hugging Face model directory")
-    resolved = out_dir.resolve()
-    for name, path in (("--base", base_dir), ("--heads", heads_dir)):
-        if path is None:
-            continue
-        source = Path(path).resolve()
-        if resolved == source or resolved in source.parents:
-            raise CheckpointError(f"{out_dir}: the output would replace {name} {path}",
-                                  hint="write Medusa-2's base and heads to a new directory")
+def check_start_heads(heads_dir: Path, given: Mapping[str, int]) -> None:
+    """Refuse a head shape the user asked for (`given`: {"--num-heads": n, "--num-layers": l}) that the Medusa-1
+    heads in `heads_dir` contradict: Medusa-2 continues those heads as they are, so the option would be silently
+    ignored. Named: the heads, their figure and the option."""
+    _, num_heads, num_layers = load_medusa_heads(Path(heads_dir))
+    found = {"--num-heads": (num_heads, "head count"), "--num-layers": (num_layers, "layers per head")}
+    for option, value in given.items():
+        figure, what = found[option]
+        if value != figure:
+            raise SpecbuildError(
+                f"{heads_dir}: {option} {value} contradicts the given --heads ({what}: {figure}); Medusa-2 "
+                "continues them as they are, so the option would be ignored",
+                hint=f"drop {option} (or give {option} {figure}), or leave out --heads to train new heads",
+            )
 
 
 def _config_dtype(base_dir: Path) -> torch.dtype:
@@ -230,13 +235,15 @@ def _config_dtype(base_dir: Path) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-def _starting_heads(heads_dir: Path | None, settings: JointSettings, vocab_size: int, hidden_size: int,
+def _starting_heads(heads_dir: Path | None, start: tuple[dict[str, torch.Tensor], int, int] | None,
+                    settings: JointSettings, vocab_size: int, hidden_size: int,
                     model: PreTrainedModel) -> nn.ModuleList:
-    """The given Medusa-1 heads (their shapes checked against the base) or fresh ones from the base's lm_head."""
+    """The given Medusa-1 heads (`start`, as `load_medusa_heads` read them from `heads_dir`; their shapes checked
+    against the base) or fresh ones from the base's lm_head."""
     lm_head = model.get_output_embeddings().weight.detach()
-    if heads_dir is None:
+    if start is None:
         return build_heads(hidden_size, vocab_size, settings.num_heads, settings.num_layers, lm_head)
-    state_dict, num_heads, num_layers = load_medusa_heads(Path(heads_dir))
+    state_dict, num_heads, num_layers = start
     shape = tuple(state_dict[f"0.{num_layers}.weight"].shape)
     if shape != (vocab_size, hidden_size):
         raise CheckpointError(
@@ -364,9 +371,9 @@ def unigram_loss(train_ids: torch.Tensor, held_ids: torch.Tensor, vocab_size: in
 
 
 def _save(model: PreTrainedModel, heads: nn.ModuleList, out_dir: Path, base_dir: Path, dtype: torch.dtype,
-          metrics: dict[str, Any], settings: dict[str, Any]) -> None:
+          metrics: dict[str, Any], settings: dict[str, Any], inputs: Inputs) -> None:
     """`out_dir/base` + `out_dir/heads` + manifest.json, swapped in together."""
-    with atomic_directory(out_dir) as tmp:
+    with atomic_directory(out_dir, inputs=inputs) as tmp:
         base_out = tmp / BASE_DIR
         model.to(dtype).save_pretrained(str(base_out))
         for name in TOKENIZER_OWN_FILES:

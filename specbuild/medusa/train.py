@@ -25,18 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbuild import corpus
-from specbuild.atomic import atomic_directory
+from specbuild.atomic import Inputs, atomic_directory
 from specbuild.errors import CheckpointError
 from specbuild.medusa.heads_format import PICKLE_NAME, WEIGHTS_NAME, count_heads, heads_file, read_heads
 from specbuild.tokenizer import TOKENIZER_OWN_FILES, load_tokenizer
 from specbuild.training import (
     WARMUP_FRACTION,
     bar,
+    check_weights,
     lr_schedule,
     no_transformers_bars,
     optimizer_step,
-    token_stream,
+    trainer_inputs,
+    training_streams,
     window_batches,
 )
 
@@ -160,12 +161,15 @@ def train_medusa_heads(
     eval_texts: Sequence[str] | None = None,
     base_model_name_or_path: str | None = None,
     progress: bool | Progress = True,
+    text_files: Sequence[Path] = (),
 ) -> dict[str, float]:
     """Train Medusa-1 heads on the frozen model in `base_dir` and save them atomically to `output_dir`.
 
     `texts` defaults to the built-in corpus's training part (`specbuild.corpus`), `eval_texts` to its held-out
-    part. `base_model_name_or_path` is what config.json records (default: `base_dir`'s absolute path; the demo
-    build records the target relative to the heads, so its directory can be moved).
+    part; `text_files` are the files `texts` came from (the command's --text), named in refusals and never
+    replaced by the output. An output that would replace an input, unreadable weights and too little text are
+    refused before any work. `base_model_name_or_path` is what config.json records (default: `base_dir`'s
+    absolute path; the demo build records the target relative to the heads, so its directory can be moved).
     `progress` may also be a running rich Progress to add a bar to. Seeded: the same inputs and thread count
     give the same bytes. Returns held-out `head{k}_top1` / `head{k}_top5` accuracies, two chance levels for
     head 0 (`base_top1_at_t2`: the base's next-token guess scored against t+2; `unigram_top1`: always the most
@@ -177,24 +181,22 @@ def train_medusa_heads(
                         ("seq_len", seq_len), ("batch_size", batch_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
-    base_dir = Path(base_dir)
-    train_texts = list(texts) if texts is not None else corpus.training_texts()
-    held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
+    base_dir, output_dir = Path(base_dir), Path(output_dir)
+    inputs = trainer_inputs(output_dir, "--output", {"--base": base_dir}, text_files)
+    check_weights(base_dir, "--base")
+    span = seq_len + num_heads + 1  # inputs plus every head's label for the last input
 
     with torch.random.fork_rng(devices=[]), no_transformers_bars():
         torch.manual_seed(seed)
         tokenizer = load_tokenizer(base_dir)
+        train_ids, held_ids = training_streams(tokenizer, texts, eval_texts, window=span, seq_len=seq_len,
+                                               text_files=text_files)
         model = AutoModelForCausalLM.from_pretrained(
             base_dir, local_files_only=True, trust_remote_code=False, dtype=torch.float32
         ).eval()
         model.requires_grad_(False)
         lm_head = model.get_output_embeddings()
         vocab_size, hidden_size = lm_head.weight.shape
-        train_ids = token_stream(tokenizer, train_texts)
-        held_ids = token_stream(tokenizer, held_texts)
-        span = seq_len + num_heads + 1  # inputs plus every head's label for the last input
-        if train_ids.numel() <= span:
-            raise ValueError(f"training text has {train_ids.numel()} tokens, fewer than one window of {span}")
         check_hidden_state(model, train_ids[:span][None, :seq_len])
 
         heads = build_heads(hidden_size, vocab_size, num_heads, num_layers, lm_head.weight.detach())
@@ -203,9 +205,9 @@ def train_medusa_heads(
         train_seconds = time.perf_counter() - started
         metrics = evaluate_heads(heads, model, held_ids, train_ids, seq_len, span)
     metrics = {**metrics, "final_loss": round(final_loss, 4), "train_seconds": round(train_seconds, 1)}
-    _save(heads, Path(output_dir), base_dir, base_model_name_or_path or str(base_dir.absolute()), metrics,
+    _save(heads, output_dir, base_dir, base_model_name_or_path or str(base_dir.absolute()), metrics,
           {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "seed": seed,
-           "loss_decay": LOSS_DECAY, "warmup_fraction": WARMUP_FRACTION})
+           "loss_decay": LOSS_DECAY, "warmup_fraction": WARMUP_FRACTION}, inputs)
     return metrics
 
 
@@ -322,10 +324,11 @@ def _save(
     base_name: str,
     metrics: Mapping[str, float],
     settings: Mapping[str, Any],
+    inputs: Inputs,
 ) -> None:
     """Weights, config and tokenizer land together or not at all; manifest.json marks the directory as ours,
     so a rerun may replace it (and records how the heads were made)."""
-    with atomic_directory(output_dir) as tmp:
+    with atomic_directory(output_dir, inputs=inputs) as tmp:
         write_heads(tmp, heads, base_dir, base_name, metrics, settings)
 
 

@@ -8,8 +8,10 @@ the BLS and the reference runtime take it unchanged, and tensor/pipeline shardin
 A directory holds `adapter.safetensors` (the layer's tensors under the target's Hugging Face names for layer L,
 e.g. `model.layers.4.self_attn.q_proj.weight`: exactly what the target's own layer L is called, so convert's
 mapping reads it in that layer's place) and `adapter.json` (`format`, `layers` = L, the target's `hidden_size`,
-`num_hidden_layers` and `model_type`, and how it was trained). `read_adapter` checks what can be checked without
-the target; convert checks every tensor's name and shape against the target's mapping.
+`num_hidden_layers` and `model_type`, and how it was trained), with the trainer's `manifest.json` beside them
+(what every specbuild output has: it lets a rerun replace the directory; readers ignore it). `read_adapter`
+checks what can be checked without the target; convert checks every tensor's name and shape against the
+target's mapping.
 """
 
 from __future__ import annotations

@@ -32,20 +32,29 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from specbuild import corpus
-from specbuild.atomic import atomic_directory
+from specbuild.atomic import MANIFEST, Inputs, atomic_directory
 from specbuild.errors import CheckpointError
 from specbuild.manifest import input_name
-
-# The Medusa trainer's pieces: one token stream, schedule, batch order and progress bar for every trainer.
 from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
 from specbuild.tokenizer import load_tokenizer
-from specbuild.training import bar, lr_schedule, no_transformers_bars, optimizer_step, token_stream, window_batches
+
+# The shared training pieces: one token stream, schedule, batch order and progress bar for every trainer.
+from specbuild.training import (
+    bar,
+    check_weights,
+    lr_schedule,
+    no_transformers_bars,
+    optimizer_step,
+    trainer_inputs,
+    training_streams,
+    window_batches,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
     from transformers import PreTrainedModel
 
+PRODUCER = "specbuild.self_draft.train"
 FAMILIES = ("llama", "mistral", "qwen2")
 EVAL_WINDOWS = 64  # held-out windows scored (enough for a figure; each costs two target forwards)
 
@@ -63,10 +72,13 @@ def train_adapter(
     texts: Sequence[str] | None = None,
     eval_texts: Sequence[str] | None = None,
     progress: bool | Progress = True,
+    text_files: Sequence[Path] = (),
 ) -> dict[str, float]:
     """Train an adapter after the first `layers` layers of the frozen HF model in `target_dir` and write it to
     `output_dir` atomically (`specbuild.self_draft.adapter_format`). Texts default to the built-in corpus's
-    training and held-out parts. Returns held-out figures, each for the L-layer cut without adapter
+    training and held-out parts; `text_files` are the files `texts` came from (the command's --text). An output
+    that would replace an input, unreadable weights and too little text are refused before any work. Returns
+    held-out figures, each for the L-layer cut without adapter
     (`no_adapter_*`), the adapter at its start (`init_*`) and trained: `*_kl` (the distillation loss) and
     `*_agree` (how often the draft's argmax is the target's: greedy acceptance of the first draft token), with
     `final_loss` and `train_seconds`."""
@@ -75,20 +87,18 @@ def train_adapter(
     for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
-    target_dir = Path(target_dir)
-    train_texts = list(texts) if texts is not None else corpus.training_texts()
-    held_texts = list(eval_texts) if eval_texts is not None else corpus.heldout_texts()
+    target_dir, output_dir = Path(target_dir), Path(output_dir)
+    inputs = trainer_inputs(output_dir, "--output", {"--target": target_dir}, text_files)
+    check_weights(target_dir, "--target")
     with torch.random.fork_rng(devices=[]), no_transformers_bars():
         torch.manual_seed(seed)
+        tokenizer = load_tokenizer(target_dir)
+        train_ids, held_ids = training_streams(tokenizer, texts, eval_texts, window=seq_len, seq_len=seq_len,
+                                               text_files=text_files)
         model = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True, trust_remote_code=False,
                                                      dtype=torch.float32, attn_implementation="sdpa").eval()
         model.requires_grad_(False)
         prefix = _check_model(model, target_dir, layers)
-        tokenizer = load_tokenizer(target_dir)
-        train_ids, held_ids = token_stream(tokenizer, train_texts), token_stream(tokenizer, held_texts)
-        for what, ids in (("training", train_ids), ("held-out", held_ids)):
-            if ids.numel() <= seq_len:
-                raise ValueError(f"{what} text has {ids.numel()} tokens, fewer than one window of {seq_len + 1}")
         adapter = copy.deepcopy(model.get_decoder().layers[layers])
         evaluate_before = _evaluate(model, adapter, layers, held_ids, seq_len)
         started = time.perf_counter()
@@ -105,7 +115,7 @@ def train_adapter(
                            "loss": "KL(target || draft)", "init": f"target layer {layers}"},
               "metrics": metrics}
     tensors = {prefix + key: value.detach().contiguous() for key, value in adapter.state_dict().items()}
-    _save(Path(output_dir), tensors, config)
+    _save(output_dir, tensors, config, inputs)
     return metrics
 
 
@@ -178,10 +188,14 @@ def _evaluate(model: PreTrainedModel, adapter: torch.nn.Module, layers: int, ids
     return {key: round(value / windows.numel(), 4) for key, value in sums.items()}
 
 
-def _save(output_dir: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
-    """Weights and config land together or not at all."""
+def _save(output_dir: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any], inputs: Inputs) -> None:
+    """Weights and config land together or not at all; manifest.json, as every trainer writes one, marks the
+    directory as specbuild's, so a rerun into the same output may replace it (`atomic.check_replaceable`)."""
     from safetensors.torch import save_file
 
-    with atomic_directory(output_dir) as tmp:
+    manifest = {"producer": PRODUCER, "target": config["target"],
+                "settings": {"layers": config["layers"], **config["training"]}, "metrics": config["metrics"]}
+    with atomic_directory(output_dir, inputs=inputs) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
