@@ -41,5 +41,5 @@ def draft_train(
         texts = read_training_texts(text)
         with unreadable_model("train the adapter"):
             metrics = train_adapter(target, output, layers=layers, steps=steps, seq_len=seq_len,
-                                    batch_size=batch_size, lr=lr, seed=seed, texts=texts)
+                                    batch_size=batch_size, lr=lr, seed=seed, texts=texts, text_files=text or [])
     print_training_metrics(metrics, output)

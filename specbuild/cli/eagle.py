@@ -49,5 +49,5 @@ def eagle_train(
         settings = Eagle3TrainSettings(steps=steps, lr=lr, seq_len=seq_len, batch_size=batch_size,
                                        ttt_steps=ttt_steps, regenerate=regenerate, seed=seed)
         with unreadable_model("train the EAGLE-3 draft"):
-            metrics = train_eagle3(target_dir, out_dir, settings, texts=texts)
+            metrics = train_eagle3(target_dir, out_dir, settings, texts=texts, text_files=text or [])
     print_training_metrics(metrics, out_dir, width=20)

@@ -9,7 +9,7 @@ import typer
 
 from specbuild.cli.errors import console, handled_errors, unreadable_model
 from specbuild.cli.help import App
-from specbuild.cli.options import TrainingText, print_training_metrics, read_training_texts
+from specbuild.cli.options import TrainingText, given_options, print_training_metrics, read_training_texts
 from specbuild.errors import SpecbuildError
 
 medusa_app = App(help="Medusa heads: train them on a frozen base model, or fine-tune the base with them (--joint).")
@@ -18,10 +18,13 @@ medusa_app = App(help="Medusa heads: train them on a frozen base model, or fine-
 # JointSettings' (not imported here, so that --help stays fast; a test checks they agree).
 MEDUSA1_DEFAULTS = {"steps": 300, "lr": 1e-3, "seq_len": 128}
 JOINT_DEFAULTS = {"steps": 100, "lr": 2e-3, "seq_len": 64}
+JOINT_ONLY = ("heads", "base_lr", "heads_coefficient", "generated", "warmup_steps")
+"""Options Medusa-1 has no use for: given without --joint, each is refused rather than ignored."""
 
 
 @medusa_app.command("train")
 def medusa_train(
+    ctx: typer.Context,
     base: Annotated[
         Path, typer.Option("--base", metavar="HF_DIR", help="Hugging Face base model directory (read, never changed).")
     ],
@@ -84,26 +87,26 @@ def medusa_train(
     """
 
     with handled_errors():
+        _refuse_ignored_options(ctx, joint, heads)
         texts = read_training_texts(text)
         defaults = JOINT_DEFAULTS if joint else MEDUSA1_DEFAULTS
-        chosen_steps = steps or defaults["steps"]
-        chosen_lr = lr or defaults["lr"]
-        chosen_seq_len = seq_len or defaults["seq_len"]
-        if heads is not None and not joint:
-            raise SpecbuildError("--heads starts Medusa-2 from Medusa-1 heads", hint="add --joint, or drop --heads")
+        # `is not None`, not `or`: an explicit --lr 0 must reach the check that refuses it, not become the default
+        chosen_steps = steps if steps is not None else defaults["steps"]
+        chosen_lr = lr if lr is not None else defaults["lr"]
+        chosen_seq_len = seq_len if seq_len is not None else defaults["seq_len"]
         with unreadable_model("train Medusa heads"):
             if joint:
-                metrics = _train_joint(base, heads, output, texts, steps=chosen_steps, seq_len=chosen_seq_len,
-                                       batch_size=batch_size, heads_lr=chosen_lr, base_lr=base_lr,
-                                       heads_coefficient=heads_coefficient, generated_sequences=generated,
-                                       num_heads=num_heads, num_layers=num_layers, warmup_steps=warmup_steps,
-                                       seed=seed)
+                metrics = _train_joint(base, heads, output, texts, text or [], steps=chosen_steps,
+                                       seq_len=chosen_seq_len, batch_size=batch_size, heads_lr=chosen_lr,
+                                       base_lr=base_lr, heads_coefficient=heads_coefficient,
+                                       generated_sequences=generated, num_heads=num_heads, num_layers=num_layers,
+                                       warmup_steps=warmup_steps, seed=seed)
             else:
                 from specbuild.medusa.train import train_medusa_heads
 
                 metrics = train_medusa_heads(base, output, num_heads=num_heads, num_layers=num_layers,
                                              steps=chosen_steps, seq_len=chosen_seq_len, batch_size=batch_size,
-                                             lr=chosen_lr, seed=seed, texts=texts)
+                                             lr=chosen_lr, seed=seed, texts=texts, text_files=text or [])
     if joint:
         _print_joint(metrics)
         console.print(f"wrote {output}", highlight=False)
@@ -111,7 +114,30 @@ def medusa_train(
         print_training_metrics(metrics, output)
 
 
-def _train_joint(base: Path, heads: Path | None, output: Path, texts: list[str] | None, **settings: Any) -> dict:
+def _refuse_ignored_options(ctx: typer.Context, joint: bool, heads: Path | None) -> None:
+    """An option the chosen method would not use is refused, not silently dropped: Medusa-2's options without
+    --joint; with --heads, --warmup-steps (the given heads need none) and a --num-heads / --num-layers that
+    differs from the heads' own (they are continued as they are)."""
+    if not joint:
+        ignored = given_options(ctx, *JOINT_ONLY)
+        if ignored:
+            raise SpecbuildError(f"{', '.join(ignored)}: only Medusa-2 (--joint) uses "
+                                 f"{'this option' if len(ignored) == 1 else 'these options'}",
+                                 hint=f"add --joint, or drop {', '.join(ignored)}")
+        return
+    if heads is None:
+        return
+    if given_options(ctx, "warmup_steps"):
+        raise SpecbuildError("--warmup-steps trains new heads before Medusa-2, but --heads gives trained ones",
+                             hint="drop --warmup-steps, or leave out --heads to warm new heads up")
+    from specbuild.medusa.joint import check_start_heads
+
+    shape = {"--num-heads": ctx.params["num_heads"], "--num-layers": ctx.params["num_layers"]}
+    check_start_heads(heads, {option: shape[option] for option in given_options(ctx, "num_heads", "num_layers")})
+
+
+def _train_joint(base: Path, heads: Path | None, output: Path, texts: list[str] | None, text_files: list[Path],
+                 **settings: Any) -> dict:
     from specbuild.medusa.joint import JointSettings, train_medusa_joint
 
     try:
@@ -119,7 +145,7 @@ def _train_joint(base: Path, heads: Path | None, output: Path, texts: list[str] 
         chosen.check()
     except ValueError as err:
         raise SpecbuildError(str(err)) from None
-    return train_medusa_joint(base, heads, output, chosen, texts=texts)
+    return train_medusa_joint(base, heads, output, chosen, texts=texts, text_files=text_files)
 
 
 def _print_joint(metrics: dict[str, Any]) -> None:

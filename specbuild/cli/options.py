@@ -38,13 +38,32 @@ TrainingText = Annotated[
 
 
 def read_training_texts(paths: list[Path] | None) -> list[str] | None:
-    """The `--text` files' contents (None: the trainer's built-in corpus); an unreadable file is one error."""
+    """The `--text` files' contents (None: the trainer's built-in corpus); an unreadable file, or one that is not
+    UTF-8 text (a binary, another encoding), is one error naming it."""
     from specbuild.errors import SpecbuildError
 
-    try:
-        return [p.read_text(encoding="utf-8") for p in paths] if paths else None
-    except OSError as err:
-        raise SpecbuildError(f"cannot read training text: {err}") from None
+    texts = []
+    for path in paths or ():
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise SpecbuildError(f"{path}: --text is not UTF-8 text (byte {err.start}: {err.reason})",
+                                 hint="give plain text files in UTF-8 (convert another encoding first, e.g. with "
+                                 "`iconv -t UTF-8`)") from None
+        except OSError as err:
+            raise SpecbuildError(f"{path}: cannot read --text ({err.strerror or err})") from None
+    return texts or None
+
+
+def given_options(ctx: typer.Context, *names: str) -> list[str]:
+    """Which of the command's parameters `names` the user set (on the command line or through the environment),
+    spelled as on the command line (`base_lr` -> `--base-lr`): a command refuses an option it would otherwise
+    ignore instead of dropping it silently, and needs to tell a typed value from its default. (Sources are
+    compared by name: typer carries its own copy of click, whose ParameterSource is not click's.)"""
+    spelled = {param.name: param.opts[0] for param in ctx.command.params}
+    sources = {name: ctx.get_parameter_source(name) for name in names}
+    return [spelled[name] for name, source in sources.items()
+            if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")]
 
 
 def print_training_metrics(metrics: dict[str, float], output: Path, width: int = 16) -> None:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbuild.atomic import Inputs, atomic_directory
-from specbuild.errors import CheckpointError
+from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.medusa.heads_format import PICKLE_NAME, WEIGHTS_NAME, count_heads, heads_file, read_heads
 from specbuild.tokenizer import TOKENIZER_OWN_FILES, load_tokenizer
 from specbuild.training import (
@@ -180,7 +180,9 @@ def train_medusa_heads(
     for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("steps", steps),
                         ("seq_len", seq_len), ("batch_size", batch_size)):
         if value < 1:
-            raise ValueError(f"{name} must be >= 1 (got {value})")
+            raise SpecbuildError(f"{name} must be >= 1 (got {value})")
+    if not lr > 0:
+        raise SpecbuildError(f"lr must be > 0 (got {lr})", hint="give --lr a positive learning rate")
     base_dir, output_dir = Path(base_dir), Path(output_dir)
     inputs = trainer_inputs(output_dir, "--output", {"--base": base_dir}, text_files)
     check_weights(base_dir, "--base")

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from specbuild.atomic import MANIFEST, Inputs, atomic_directory
-from specbuild.errors import CheckpointError
+from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
 from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
 from specbuild.tokenizer import load_tokenizer
@@ -86,7 +86,9 @@ def train_adapter(
 
     for name, value in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
         if value < 1:
-            raise ValueError(f"{name} must be >= 1 (got {value})")
+            raise SpecbuildError(f"{name} must be >= 1 (got {value})")
+    if not lr > 0:
+        raise SpecbuildError(f"lr must be > 0 (got {lr})", hint="give --lr a positive learning rate")
     target_dir, output_dir = Path(target_dir), Path(output_dir)
     inputs = trainer_inputs(output_dir, "--output", {"--target": target_dir}, text_files)
     check_weights(target_dir, "--target")
