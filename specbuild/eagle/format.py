@@ -39,7 +39,7 @@ vLLM and SGLang skip it). With `draft_vocab_size == vocab_size` and no `d2t`, d 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -358,22 +358,105 @@ def parse_config(data: Mapping[str, Any], path: Path) -> Eagle3DraftConfig:
     return config
 
 
+# -- fitting a target ----------------------------------------------------------------------------------------------
+LAST_LAYER = -1
+"""TensorRT-LLM's `eagle3_layers_to_capture` id for the target's last layer."""
+
+
+@dataclass(frozen=True)
+class Eagle3Target:
+    """What an EAGLE-3 draft reads of its target: its architecture, hidden states' width, vocabulary and depth."""
+
+    architecture: str
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
+
+
+def target_from_config(data: Mapping[str, Any], path: Path) -> Eagle3Target:
+    """A target's Hugging Face config.json content -> Eagle3Target (GPT-2's n_embd/n_layer spellings too)."""
+    arch = data.get("architectures")
+    architecture = str(arch[0]) if isinstance(arch, list) and arch else str(data.get("model_type", "unknown"))
+    sizes = {key: next((data[k] for k in spellings if data.get(k) is not None), None)
+             for key, spellings in (("hidden_size", ("hidden_size", "n_embd")), ("vocab_size", ("vocab_size",)),
+                                    ("num_hidden_layers", ("num_hidden_layers", "n_layer")))}
+    return Eagle3Target(architecture, *(_int(value, path, key) for key, value in sizes.items()))
+
+
+def layer_id_problems(layer_ids: Sequence[int], num_layers: int, num_captured: int, *,
+                      last: bool = False) -> list[str]:
+    """Why `layer_ids` cannot be the captured layers of a target of `num_layers` for a draft whose fc reads
+    `num_captured` features: each must be a distinct layer of the target (0..n-1 in our counting, output of
+    layer i; with `last`, also TensorRT-LLM's -1), and there must be as many as fc reads."""
+    valid = f"0..{num_layers - 1}" + (f" or {LAST_LAYER} (the last)" if last else "")
+    outside = [i for i in layer_ids if not (0 <= i < num_layers or (last and i == LAST_LAYER))]
+    problems = []
+    if outside:
+        problems.append(f"{outside} {'is' if len(outside) == 1 else 'are'} not a layer of the target's {num_layers} "
+                        f"(valid ids: {valid}; id i is the output of decoder layer i)")
+    if len(set(layer_ids)) != len(layer_ids):
+        problems.append(f"{list(layer_ids)} names a layer twice")
+    if len(layer_ids) != num_captured:
+        problems.append(f"{len(layer_ids)} layers, but the draft's fc reads {num_captured} captured features")
+    return problems
+
+
+def fit_problems(config: Eagle3DraftConfig, target: Eagle3Target, *, own_embedding: bool,
+                 llama_only: bool = True) -> list[str]:
+    """Why this draft cannot run on `target`, one message per misfit (empty: it fits). The draft reads the
+    target's hidden states (fc over `feature_size` each, from layers within its depth), its token embedding
+    (unless `own_embedding`) and proposes its vocabulary's ids. `llama_only`: the target must be of the LLaMA
+    family, the only one the reference runtime pairs a draft with (the engines take more)."""
+    problems = []
+    if llama_only:
+        from specbuild.runtime.config import LLAMA_FAMILY
+
+        if target.architecture not in LLAMA_FAMILY:
+            problems.append(f"EAGLE-3 drafts pair with LLaMA-family targets on the reference runtime "
+                            f"({', '.join(LLAMA_FAMILY)}), not {target.architecture}")
+    if config.vocab_size != target.vocab_size:
+        problems.append(f"vocab_size {config.vocab_size} differs from the target's {target.vocab_size}: an EAGLE-3 "
+                        "draft is trained for one target and its tokenizer")
+    if config.feature_size != target.hidden_size:
+        problems.append(f"target_hidden_size {config.feature_size} (the width of the hidden states fc reads) differs "
+                        f"from the target's hidden_size {target.hidden_size}")
+    if not own_embedding and config.hidden_size != target.hidden_size:
+        problems.append(f"hidden_size {config.hidden_size} differs from the target's {target.hidden_size} and the "
+                        "draft has no embed_tokens of its own to use instead of the target's")
+    try:
+        layer_ids = config.resolve_layer_ids(target.num_layers)
+    except CheckpointError as err:
+        return [*problems, f"{err.message} ({err.hint})" if err.hint else err.message]
+    problems += [f"eagle_config.eagle_aux_hidden_state_layer_ids: {problem}"
+                 for problem in layer_id_problems(layer_ids, target.num_layers, config.num_captured)]
+    return problems
+
+
 # -- reading and writing -------------------------------------------------------------------------------------------
-def check_tensors(config: Eagle3DraftConfig, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
-    """Both ways: every tensor the config needs is there, nothing unknown is, each has its table shape, and the
-    vocabulary maps are consistent."""
-    shapes = expected_shapes(config)
+def tensor_problems(config: Eagle3DraftConfig, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """Both ways, from the shapes alone (a safetensors header is enough): every tensor the config needs is there,
+    nothing unknown is, and each has its table shape."""
+    expected = expected_shapes(config)
     problems = [f"missing tensor {t.name!r} (shape {list(t.shape(config))})"
-                for t in TENSORS if t.required(config) and t.name not in tensors]
-    for name, tensor in tensors.items():
-        if name not in shapes:
+                for t in TENSORS if t.required(config) and t.name not in shapes]
+    for name, shape in shapes.items():
+        if name not in expected:
             problems.append(f"unexpected tensor {name!r}")
-        elif tuple(tensor.shape) != shapes[name]:
-            problems.append(f"tensor {name!r} has shape {list(tensor.shape)}, expected {list(shapes[name])}")
+        elif tuple(shape) != expected[name]:
+            problems.append(f"tensor {name!r} has shape {list(shape)}, expected {list(expected[name])}")
+    return problems
+
+
+def _refuse_tensors(problems: list[str], path: Path) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:6])})" if len(problems) > 1 else ""
         raise CheckpointError(f"{path}: {problems[0]}{more}",
                               hint="EAGLE-3 draft tensors are listed in specbuild.eagle.format.TENSORS")
+
+
+def check_tensors(config: Eagle3DraftConfig, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """`tensor_problems`, then what needs the values: the vocabulary maps are consistent."""
+    _refuse_tensors(tensor_problems(config, {name: tuple(t.shape) for name, t in tensors.items()}), path)
     if "d2t" in tensors:
         targets = draft_to_target(config, tensors)
         outside = int(targets.min()) < 0 or int(targets.max()) >= config.vocab_size
@@ -386,12 +469,13 @@ def check_tensors(config: Eagle3DraftConfig, tensors: Mapping[str, torch.Tensor]
                                   "that d2t maps to)")
 
 
-def read_eagle3_draft(directory: Path) -> tuple[Eagle3DraftConfig, dict[str, torch.Tensor]]:
-    """(config, tensors by canonical name) of an EAGLE-3 draft directory, checked both ways against the tables."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+def _read_config(directory: Path) -> Eagle3DraftConfig:
+    """config.json of an EAGLE-3 draft directory, parsed; a missing directory or file is named as such."""
+    config_path = directory / CONFIG_NAME
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: EAGLE-3 draft directory does not exist",
+                              hint="point draft.model at an EAGLE-3 draft (config.json + model.safetensors), e.g. "
+                                   "one `specbuild eagle train` wrote")
     if not config_path.is_file():
         raise CheckpointError(f"{config_path}: no such file", hint="is this an EAGLE-3 draft directory?")
     try:
@@ -400,9 +484,42 @@ def read_eagle3_draft(directory: Path) -> tuple[Eagle3DraftConfig, dict[str, tor
         raise CheckpointError(f"{config_path}: not readable JSON ({err})") from err
     if not isinstance(data, dict):
         raise CheckpointError(f"{config_path}: expected a JSON object")
-    config = parse_config(data, config_path)
-    if not weights_path.is_file():
-        raise CheckpointError(f"{weights_path}: no such file (EAGLE-3 drafts ship one {WEIGHTS_NAME})")
+    return parse_config(data, config_path)
+
+
+def _weights_path(directory: Path) -> Path:
+    path = directory / WEIGHTS_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file (EAGLE-3 drafts ship one {WEIGHTS_NAME})")
+    return path
+
+
+def read_eagle3_header(directory: Path) -> tuple[Eagle3DraftConfig, dict[str, tuple[int, ...]]]:
+    """(config, tensor shapes by canonical name) of an EAGLE-3 draft directory, checked both ways against the
+    tables from config.json and the safetensors header only: what `specbuild validate` and `export` read, so
+    they stay fast on a real draft (the values, and the d2t/t2d checks on them, are `read_eagle3_draft`'s)."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    config = _read_config(directory)
+    path = _weights_path(directory)
+    try:
+        with safe_open(str(path), "pt") as fh:
+            shapes = {canonical_name(name): tuple(fh.get_slice(name).get_shape())
+                      for name in fh.keys()}  # noqa: SIM118 (not a dict)
+    except Exception as err:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"{path}: cannot read safetensors file ({err})") from err
+    _refuse_tensors(tensor_problems(config, shapes), path)
+    return config, shapes
+
+
+def read_eagle3_draft(directory: Path) -> tuple[Eagle3DraftConfig, dict[str, torch.Tensor]]:
+    """(config, tensors by canonical name) of an EAGLE-3 draft directory, checked both ways against the tables."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config = _read_config(directory)
+    weights_path = _weights_path(directory)
     try:
         raw = load_file(str(weights_path))
     except Exception as err:  # safetensors raises its own error types for corrupt headers
