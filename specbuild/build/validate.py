@@ -22,6 +22,7 @@ from specbuild.build.plan import FP8_CONTEXT_FMHA_QUANT, BuildPlan
 from specbuild.contracts import lookahead as la
 from specbuild.contracts.checkpoint_facts import CheckpointFacts, facts_from_config
 from specbuild.contracts.engine_limits import TOKENS_PER_BLOCK, verification_tokens
+from specbuild.contracts.model_fit import DRAFT_MODEL, Finding
 from specbuild.contracts.quant_formats import format_of, kv_cache_quant_algo, kv_format_of, quant_algo
 from specbuild.dtypes import quantized_export_dtype
 from specbuild.errors import SpecbuildError
@@ -440,3 +441,18 @@ def planned_problems(spec: PipelineSpec, configs: dict[str, tuple[dict[str, Any]
     plans = plan_pipeline(spec, {role: built.get(role) for role in roles})
     memory = spec.build.gpu_memory_gb or (gpu.memory_gib if gpu is not None else None)
     return problems + build_problems(spec, plans, built, gpu, memory)
+
+
+def with_fit_findings(spec: PipelineSpec, models: list[Finding], fits: list[Finding]) -> list[Finding]:
+    """`specbuild validate`'s model findings: what convert's planning found (`models`, convert.preflight) with the
+    draft's fit to its mode and target (`fits`, contracts.model_fit). A draft that is not the kind the mode needs
+    is said once, at draft.model, instead of as the conversion problems that follow from it; a self-draft adapter's
+    problems (convert plans the self-draft as a whole, at draft.layers) are said at draft.adapter."""
+    if any(severity == "error" and loc == DRAFT_MODEL for severity, loc, _ in fits):
+        models = [finding for finding in models if finding[1] != DRAFT_MODEL]
+    adapter = spec.draft.adapter if spec.draft is not None else None
+    if adapter is not None:
+        inside = str(adapter)
+        models = [(severity, ("draft", "adapter") if loc == ("draft", "layers") and message.startswith(inside)
+                   else loc, message) for severity, loc, message in models]
+    return [*fits, *models]

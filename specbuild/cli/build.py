@@ -19,24 +19,28 @@ def validate(spec_path: Spec) -> None:
     """Check a pipeline spec and everything it names, without loading weights or writing anything: the schema;
     every model's directory, config.json, weight headers and shapes, tp/pp, the draft/target pair, the target's
     tokenizer files, the Medusa heads and tree, the draft's quantization (format vs build.gpu, int4 alignment,
-    calibration text); then every build check on the checkpoints convert would write.
+    calibration text); that the draft is the kind the mode needs and fits the target (an EAGLE-3 draft's width,
+    vocabulary and capture layers, Medusa heads' and a self-draft adapter's shapes); then every build check on
+    the checkpoints convert would write.
 
     All problems are reported together, each at its spec file:line; then what the spec resolves to is printed.
     """
-    from specbuild.build.validate import planned_problems
+    from specbuild.build.validate import planned_problems, with_fit_findings
     from specbuild.contracts.llm_api import flow_problems, pytorch_flow_problems
+    from specbuild.contracts.model_fit import draft_findings
     from specbuild.convert.preflight import check_models
     from specbuild.spec import load_spec, summarize_spec
 
     with handled_errors():
         spec = load_spec(spec_path)
         findings = [("error", loc, message) for loc, message in flow_problems(spec)]
-        if spec.build.flow == "pytorch":  # no engine: the LLM-API checks; models as convert reads them (not EAGLE-3)
+        if spec.build.flow == "pytorch":  # no engine: the LLM-API checks; the models as convert reads them
             findings = [("error", loc, message) for loc, message in pytorch_flow_problems(spec)]
-            if spec.speculative.mode != "eagle3":
-                findings += check_models(spec)[0]
+            models = [] if spec.speculative.mode == "eagle3" else check_models(spec)[0]  # (an EAGLE-3 draft: never)
+            findings += with_fit_findings(spec, models, draft_findings(spec))
         elif not findings:
-            findings, configs = check_models(spec)
+            models, configs = check_models(spec)
+            findings = with_fit_findings(spec, models, draft_findings(spec))
             for problem in planned_problems(spec, configs):
                 findings.append((problem.severity, problem.field or ("build",), problem.message))
         unique = list(dict.fromkeys(findings))  # a Medusa checkpoint's base is the target: said once
