@@ -83,7 +83,7 @@ def test_head_with_wrong_hidden_size_is_refused(tmp_path: Path) -> None:
     write_heads(tmp_path / "heads", hidden=32)
     code, text = convert(base, tmp_path / "heads", tmp_path / "out")
     assert code == 1
-    assert "tensor 'medusa:0.0.linear.weight' in medusa_lm_head.safetensors has shape [32, 32]" in text
+    assert "medusa_lm_head.safetensors: tensor '0.0.linear.bias' has shape [32], the target" in text
     assert not (tmp_path / "out").exists()
 
 

@@ -16,10 +16,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from specbuild.contracts.model_fit import MEDUSA_FIT_HINT, medusa_fit_problem, medusa_head_shape
 from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import Shape, TensorMapping
 from specbuild.convert.sharding import Rank, split
+from specbuild.errors import CheckpointError
 from specbuild.medusa.heads_format import MODULE_PREFIX, WEIGHTS_NAME, count_heads, heads_file
 from specbuild.pickle_weights import is_pickle
 
@@ -28,14 +30,23 @@ PREFIX = "medusa:"
 
 def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: bool) -> tuple[int, int]:
     """Add the head file's tensors to `checkpoint` as `medusa:` sources (safetensors mapped lazily, like the base's
-    weights); return (heads, layers) counted from the keys."""
+    weights); return (heads, layers) counted from the keys. Heads of another width or vocabulary than the base's
+    are refused here, naming the head file (`specbuild validate` reports it at medusa.heads), rather than as a
+    shape mismatch of the merged checkpoint."""
     path = heads_file(heads_dir)
     if is_pickle(path):
         names = checkpoint.include_pickle(path, PREFIX, strip=MODULE_PREFIX, allow_pickle=allow_pickle,
                                           safe_format=WEIGHTS_NAME)
     else:
         names = checkpoint.include_safetensors(path, PREFIX, strip=MODULE_PREFIX)
-    return count_heads(names, heads_dir)
+    counts = count_heads(names, heads_dir)
+    hidden, vocab = checkpoint.config.get("hidden_size"), checkpoint.config.get("vocab_size")
+    if isinstance(hidden, int) and isinstance(vocab, int):  # else the base's own config check names the field
+        shapes = {name: checkpoint.infos[PREFIX + name].shape for name in names}
+        problem = medusa_fit_problem(shapes, hidden, vocab, checkpoint.directory)
+        if problem is not None:
+            raise CheckpointError(f"{path}: {problem}", hint=MEDUSA_FIT_HINT)
+    return counts
 
 
 class MedusaArchitecture(Architecture):
@@ -66,14 +77,16 @@ class MedusaArchitecture(Architecture):
 
     def _heads(self) -> list[tuple[str, str, Shape]]:
         """(source name, TensorRT-LLM name, full shape) per head tensor."""
-        h, layers = self.hidden, self.head_layers
+        h, v, layers = self.hidden, self.vocab, self.head_layers
         items: list[tuple[str, str, Shape]] = []
         for head in range(self.num_heads):
             for layer in range(layers):
-                for kind, shape in (("weight", (h, h)), ("bias", (h,))):
+                for kind in ("weight", "bias"):
                     items.append((f"{PREFIX}{head}.{layer}.linear.{kind}",
-                                  f"medusa_heads.{head}.medusa_layers.{layer}.linear.{kind}", shape))
-            items.append((f"{PREFIX}{head}.{layers}.weight", f"medusa_heads.{head}.lm_head.weight", (self.vocab, h)))
+                                  f"medusa_heads.{head}.medusa_layers.{layer}.linear.{kind}",
+                                  medusa_head_shape(f"linear.{kind}", h, v)))
+            items.append((f"{PREFIX}{head}.{layers}.weight", f"medusa_heads.{head}.lm_head.weight",
+                          medusa_head_shape("weight", h, v)))
         return items
 
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbuild.contracts.model_fit import MEDUSA_FIT_HINT, medusa_fit_problem
 from specbuild.errors import CheckpointError
 from specbuild.export.sources import VLLM_MEDUSA_CONFIG, VLLM_MEDUSA_MODEL
 from specbuild.medusa.heads_format import KEY_RE, count_heads, heads_file, read_heads
@@ -73,22 +74,17 @@ def convert_heads(heads: Path, target: Path, *, allow_pickle: bool = False) -> V
     state = read_heads(path, allow_pickle=allow_pickle)
     num_heads, num_layers = count_heads(state, path)
     hidden, vocab = _target_sizes(target)
+    problem = medusa_fit_problem({key: tuple(tensor.shape) for key, tensor in state.items()}, hidden, vocab, target)
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}", hint=MEDUSA_FIT_HINT)
     tensors: dict[str, torch.Tensor] = {}
     renamed: dict[str, str] = {}
     for key in sorted(state):
         match = KEY_RE.match(key)
         assert match is not None  # count_heads accepted every key
         head, layer, kind = int(match[1]), int(match[2]), match[3]
-        tensor = state[key]
-        expected = {"linear.weight": (hidden, hidden), "linear.bias": (hidden,), "weight": (vocab, hidden)}[kind]
-        if tuple(tensor.shape) != expected:
-            raise CheckpointError(
-                f"{path}: {key!r} has shape {tuple(tensor.shape)}, the target ({target}) needs {expected} "
-                f"(hidden_size {hidden}, vocab_size {vocab})",
-                hint="were these heads trained on this target? medusa.heads and target.model must belong together",
-            )
         name = TENSOR_NAMES[kind].format(head=head, layer=layer)
-        tensors[name] = tensor.contiguous()
+        tensors[name] = state[key].contiguous()
         renamed[name] = key
     dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     config = {
