@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from specbuild.cli import app
 from specbuild.contracts.quant_formats import FORMATS, kv_cache_quant_algo
+from specbuild.eagle.format import Eagle3DraftConfig, expected_shapes, write_eagle3_draft
 from specbuild.errors import SpecbuildError
 from specbuild.export import ExportRefused, export_spec
 from specbuild.spec import PipelineSpec, load_spec
@@ -48,6 +49,7 @@ from tests.export_schemas import (
     VLLM_SPECULATIVE_FIELDS,
     vllm_medusa_parameters,
 )
+from tests.tiny_models import edit_config
 
 runner = CliRunner()
 MODELOPT_ALGOS = {"vllm": VLLM_MODELOPT_QUANT_ALGOS, "sglang": SGLANG_MODELOPT_QUANT_ALGOS}
@@ -422,8 +424,13 @@ def _mode_spec(tmp: Path, mode: str, **speculative: Any) -> PipelineSpec:
         "build": {"flow": "pytorch", "dtype": "bfloat16", "tp_size": 2, "max_batch_size": 12, "max_input_len": 200,
                   "max_output_len": 56},
     }
-    if mode == "eagle3":
-        data["draft"] = {"model": str(_model_dir(tmp / "eagle3-draft"))}
+    if mode == "eagle3":  # a real EAGLE-3 draft made for the target: export refuses anything else
+        edit_config(tmp / "target", architectures=["LlamaForCausalLM"], num_hidden_layers=4)
+        config = Eagle3DraftConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
+                                   vocab_size=16, target_layer_ids=(0, 1, 2))
+        tensors = {name: torch.zeros(shape) for name, shape in expected_shapes(config).items()
+                   if name not in ("d2t", "t2d", "embed_tokens.weight")}
+        data["draft"] = {"model": str(write_eagle3_draft(tmp / "eagle3-draft", config, tensors))}
     path = tmp / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return load_spec(path)

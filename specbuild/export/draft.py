@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbuild.contracts.llm_api import quantized_draft_dir, quantized_draft_problems
+from specbuild.contracts.model_fit import draft_findings
 from specbuild.contracts.quant_formats import FORMAT_NAMES, HF_QUANT_CONFIG, NONE, kv_cache_quant_algo, quant_algo
 from specbuild.export.plan import ExportRefused, refuse
 from specbuild.export.sources import (
@@ -106,6 +107,7 @@ def draft_load(spec: PipelineSpec, engine: str) -> DraftLoad:
             hint="use build.flow: engine (specbuild build/deploy) for a self-draft, or point draft.model at a "
                  "Hugging Face draft for this export",
         )
+    refuse_unfit_draft(spec, engine)
     fmt = spec.draft.quantization.format
     if fmt == NONE:
         return DraftLoad(spec.draft.model, None)
@@ -130,6 +132,20 @@ def draft_load(spec: PipelineSpec, engine: str) -> DraftLoad:
             f"quantization {table.modelopt_name}, which needs a GPU of compute capability "
             f"{table.min_capability // 10}.{table.min_capability % 10} or newer")
     return DraftLoad(exported, table.modelopt_name, table.modelopt_sources, (note,))
+
+
+def refuse_unfit_draft(spec: PipelineSpec, engine: str) -> None:
+    """Refuse, before anything is written, a draft.model the engine would refuse when it loads it: a directory that
+    does not exist or is not the kind the mode needs (an EAGLE-3 draft for eagle3, a Hugging Face model for
+    draft_target), or an EAGLE-3 draft made for another target; the same check `specbuild validate` makes
+    (contracts.model_fit), each problem at its spec line and field; not the capture layers, which no export writes
+    (the engines read the draft's own)."""
+    errors = [(loc, message) for severity, loc, message in draft_findings(spec, engine=engine) if severity == "error"]
+    if errors:
+        located = spec.problems_error(errors)
+        display = ENGINE_QUANTIZATION[engine].display
+        raise ExportRefused(located.message, hint=f"{display} would refuse this draft when it loads it; fix the spec "
+                            "(`specbuild validate SPEC` lists every problem), then export again")
 
 
 def _load_time(spec: PipelineSpec, engine: str, fmt: str, algo: str | None) -> DraftLoad:
