@@ -21,7 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbuild.eagle.format import Eagle3DraftConfig, draft_to_target, read_eagle3_draft
+from specbuild.eagle.format import (
+    Eagle3DraftConfig,
+    Eagle3Target,
+    draft_to_target,
+    fit_problems,
+    read_eagle3_draft,
+)
 from specbuild.errors import CheckpointError
 from specbuild.runtime.config import ModelConfig
 from specbuild.runtime.kv_cache import KVCache
@@ -57,8 +63,8 @@ class Eagle3Draft(nn.Module):
         where = f"{source}: " if source else ""
         t = target.config
         self.config = config
+        _check_fits(config, target, where, own_embedding="embed_tokens.weight" in tensors)
         self.layer_ids = config.resolve_layer_ids(t.num_layers)
-        _check_fits(config, self.layer_ids, target, where, own_embedding="embed_tokens.weight" in tensors)
         if config.hidden_act not in ACTIVATIONS:
             raise CheckpointError(f"{where}hidden_act {config.hidden_act!r} is not supported "
                                   f"(supported: {', '.join(ACTIVATIONS)})")
@@ -170,25 +176,14 @@ def _tree_slots_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, batch: int,
     return ((rel < 0) | ((rel < width) & seen))[:, None]
 
 
-def _check_fits(config: Eagle3DraftConfig, layer_ids: tuple[int, ...], target: CausalLM, where: str, *,
-                own_embedding: bool) -> None:
-    """The draft reads the target's features, embedding and vocabulary: refuse a pair that cannot work."""
+def _check_fits(config: Eagle3DraftConfig, target: CausalLM, where: str, *, own_embedding: bool) -> None:
+    """The draft reads the target's features, embedding and vocabulary: refuse a pair that cannot work, by the
+    one fit rule `validate` also applies (`specbuild.eagle.format.fit_problems`)."""
     t = target.config
-    if t.family != "llama":
-        raise CheckpointError(f"{where}EAGLE-3 drafts pair with LLaMA-family targets here, not {t.architecture}")
-    if config.vocab_size != t.vocab_size:
-        raise CheckpointError(f"{where}vocab_size {config.vocab_size} differs from the target's {t.vocab_size}",
-                              hint="an EAGLE-3 draft is trained for one target and its tokenizer")
-    if config.feature_size != t.hidden_size:
-        raise CheckpointError(f"{where}target_hidden_size {config.feature_size} differs from the target's hidden size "
-                              f"{t.hidden_size}")
-    if not own_embedding and config.hidden_size != t.hidden_size:
-        raise CheckpointError(f"{where}hidden_size {config.hidden_size} differs from the target's {t.hidden_size} and "
-                              "the draft has no embed_tokens of its own to use instead of the target's")
-    bad = [i for i in layer_ids if not 0 <= i < t.num_layers]
-    if bad or len(set(layer_ids)) != len(layer_ids):
-        raise CheckpointError(f"{where}eagle_config.eagle_aux_hidden_state_layer_ids {list(layer_ids)} must be "
-                              f"distinct layer ids of the target's {t.num_layers} layers (0..{t.num_layers - 1})")
-    if len(layer_ids) != config.num_captured:
-        raise CheckpointError(f"{where}fc reads {config.num_captured} features but {len(layer_ids)} layers are "
-                              "captured")
+    problems = fit_problems(config, Eagle3Target(t.architecture, t.hidden_size, t.vocab_size, t.num_layers),
+                            own_embedding=own_embedding)
+    if problems:
+        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
+        raise CheckpointError(f"{where}{problems[0]}{more}",
+                              hint="an EAGLE-3 draft is trained for one target: `specbuild eagle train TARGET_DIR "
+                                   "OUT_DIR` makes one for this target")
