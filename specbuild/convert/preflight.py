@@ -113,7 +113,7 @@ def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dic
             heads = spec.medusa.heads if spec.medusa is not None else None
             if request.medusa_heads is not None and heads is not None and str(heads) in err.message:
                 findings.append(("error", ("medusa", "heads"), err.message))
-            elif request.medusa_heads is None:
+            else:  # a Medusa checkpoint's own problem (e.g. its tp/vocab split) too; the target's said once
                 findings.append(("error", field, err.message))
                 failed_sources.add(request.source)
             continue
