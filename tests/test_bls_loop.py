@@ -26,6 +26,7 @@ from specbuild.python_models.bls_calls import (
     created_outputs,
 )
 from specbuild.python_models.bls_loop import (
+    PLAIN_ROUND_TOKENS,
     Chunk,
     DraftUnavailable,
     Proposal,
@@ -159,7 +160,8 @@ def test_a_draft_returning_fewer_tokens_and_one_returning_none() -> None:
 
 
 def test_a_draft_that_refuses_leaves_the_target_to_finish_alone() -> None:
-    """A draft error (DraftUnavailable) does not fail the request: the target generates the rest in one call."""
+    """A draft error (DraftUnavailable) does not fail the request: the target generates the rest alone, in plain
+    rounds (so a streaming row still streams)."""
     calls = {"n": 0}
 
     def refusing(sequence: np.ndarray, n: int) -> Proposal:
@@ -173,9 +175,54 @@ def test_a_draft_that_refuses_leaves_the_target_to_finish_alone() -> None:
     assert speculate(row, 4, refusing, fakes.verify)
     assert row.generated == greedy(target_next, PROMPT, 20)
     assert "exceeds" in row.draft_error and calls["n"] == 2
-    assert len(fakes.verified) == 2  # one speculative round, then the target alone
     first_round = len(verify_greedy(list(PROMPT), *fakes.verified[0]))
-    assert fakes.verified[1] == ([], 20 - first_round)
+    plain = fakes.verified[1:]  # then the target alone, PLAIN_ROUND_TOKENS at a time, never drafted again
+    assert all(drafts == [] and out_len <= PLAIN_ROUND_TOKENS for drafts, out_len in plain)
+    assert sum(out_len for _, out_len in plain) == 20 - first_round
+    assert len(plain) == -(-(20 - first_round) // PLAIN_ROUND_TOKENS)
+
+
+def _switching_schedule(ks: Sequence[int]) -> tuple[Callable[[], int], list[int]]:
+    """A forced load-aware schedule: round i gets ks[i] (the last one after that); the K of each round asked."""
+    asked: list[int] = []
+
+    def draft_len() -> int:
+        asked.append(ks[min(len(asked), len(ks) - 1)])
+        return asked[-1]
+
+    return draft_len, asked
+
+
+def test_a_streaming_row_streams_and_speculates_again_when_the_schedule_turns_k_back_on() -> None:
+    """Speculation switched off after round 1 (the load rose) and on again from round 4 (it fell): the row keeps
+    streaming in plain rounds of the target alone (more than one response before its last), the draft is asked
+    again as soon as K is back, and the text is the target's greedy text (issue 22: K = 0 used to be the whole rest
+    of the answer in one non-streaming call, and the row never speculated again)."""
+    fakes = Fakes()
+    chunks: list[Chunk] = []
+    draft_len, asked = _switching_schedule([4, 0, 0, 4])
+    row = Row(PROMPT, max_tokens=30)
+    assert speculate(row, draft_len, fakes.propose, fakes.verify, on_chunk=chunks.append)
+    assert row.generated == greedy(target_next, PROMPT, 30)
+    assert len(asked) == len(fakes.verified) == row.rounds  # K asked every round
+    kinds = ["draft" if drafts else "plain" for drafts, _ in fakes.verified]
+    assert kinds[:4] == ["draft", "plain", "plain", "draft"] and set(kinds[3:]) == {"draft"}
+    assert all(out_len <= PLAIN_ROUND_TOKENS for drafts, out_len in fakes.verified if not drafts)
+    assert len([c for c in chunks if not c.final]) > 1
+    assert [t for c in chunks for t in c.tokens] == row.generated
+
+
+def test_k_zero_from_the_start_streams_its_first_token_alone() -> None:
+    """Without speculation at all the first round asks the target for one token (the first response comes as soon
+    as plain decoding's), later ones PLAIN_ROUND_TOKENS; every chunk but the last is handed on before the end."""
+    fakes = Fakes()
+    chunks: list[Chunk] = []
+    row = Row(PROMPT, max_tokens=10)
+    assert speculate(row, 0, fakes.propose, fakes.verify, on_chunk=chunks.append)
+    assert [out_len for _, out_len in fakes.verified] == [1, *([PLAIN_ROUND_TOKENS] * 2), 1]
+    assert fakes.proposed == []
+    assert [len(c.tokens) for c in chunks if not c.final][:1] == [1]
+    assert row.generated == greedy(target_next, PROMPT, 10)
 
 
 def test_end_id_and_a_target_that_stops_early() -> None:

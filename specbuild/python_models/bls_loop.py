@@ -143,12 +143,22 @@ def stop_word_prefix(generated: Sequence[int], words: tuple[tuple[int, ...], ...
     return longest
 
 
+PLAIN_ROUND_TOKENS = 4
+"""Tokens the target generates per round while K is 0 (no speculation this round): rounds, not the rest of the
+answer in one call, so a streaming row still streams and K is asked again after each of them (a request speculates
+again once the load falls). Four keep the per-call overhead of a round small against its decode steps; a row's
+first plain round asks one token, so its first response comes as soon as plain decoding's would."""
+
+
 def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Verify, *,
               on_chunk: Callable[[Chunk], None] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> bool:
+              cancelled: Callable[[], bool] | None = None, plain_tokens: int = PLAIN_ROUND_TOKENS) -> bool:
     """Run rounds until the row is finished (True) or `cancelled()` says the client went away (False: nothing
     final was handed on). `k` is the draft length, or a callable asked every round (load-aware speculation,
-    `specbuild.runtime.schedule`); k = 0: the target generates what is left alone, in one call."""
+    `specbuild.runtime.schedule`); a round with k = 0 (or after the draft refused) is the target alone for
+    `plain_tokens` tokens (one in the row's first round), handed on like any round."""
+    if plain_tokens < 1:
+        raise ValueError(f"plain_tokens must be >= 1 (got {plain_tokens})")
     if row.max_tokens <= 0:
         row.finish = "length"
         _hand_on(row, on_chunk, final=True)
@@ -174,8 +184,8 @@ def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Ve
                 if logits is not None and len(logits) > len(drafts):
                     logits = logits[len(logits) - len(drafts) :]  # the rows of the kept drafts (decode.py: last n)
         # With speculation one round verifies the drafts (+1: the target's own token); without, the target
-        # generates what is left in one call.
-        out_len = len(drafts) + 1 if k > 0 else remaining
+        # generates a plain round (PLAIN_ROUND_TOKENS), and K is asked again after it.
+        out_len = len(drafts) + 1 if k > 0 else min(remaining, 1 if row.rounds == 0 else plain_tokens)
         verdict = verify(row.sequence(), drafts, logits if drafts else None, out_len)
         raw = [int(t) for t in verdict.tokens[:out_len]]
         accepted = accepted_prefix(raw, drafts) if verdict.accepted is None else min(verdict.accepted, len(drafts))
