@@ -1,36 +1,50 @@
-"""`make bench`: every bench script in turn, then the tune dry-run tables, without stopping at a failure; ends
-with one line per script saying which targets it missed, and exits 1 if any script missed one or failed.
+"""`make bench`: every bench script in turn, then the tune tables and reports (dry runs of `specbuild tune`) and the
+check that each demo spec citing a report holds what that tune chose, without stopping at a failure; ends with one
+line per script saying which targets it missed, and exits 1 if any script missed one or failed, a tune failed or
+a spec differs from the report it cites.
 
 Each script writes its figures under bench/results/ and its verdict under bench/work/verdicts/ (`targets.finish`);
 a script that ends without a verdict (it crashed) is reported as such, never as having met its targets.
-Run with `.venv/bin/python bench/run_all.py [SCRIPT ...]` (default: all of SCRIPTS).
+Run with `.venv/bin/python bench/run_all.py [SCRIPT ...]` (default: all of SCRIPTS, then `tune`).
 """
 
 from __future__ import annotations
 
-import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from targets import VERDICTS, says_missed, verdict_file
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "serving_bench")
+SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "serving_bench", "round_cost_bench")
 """Every bench/*_bench.py, in the order `make bench` runs them (runtime_bench builds the demo models the later
 ones and the tune tables use)."""
 
-TUNE_TABLES = {
-    "tune-draft-target.txt": [["configs/demo.yaml", "--dry-run"]],
-    "tune-medusa.txt": [["configs/demo-medusa.yaml", "--dry-run", "--nodes", str(n)] for n in (8, 24, 63)],
-    "tune-lookahead.txt": [["configs/demo-lookahead.yaml", "--dry-run"]],
+TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    "tune-draft-target": ("configs/demo.yaml", [{}]),
+    # the spec's own budget (what demo-medusa.yaml holds), then larger trees to compare, without their schedules
+    "tune-medusa": ("configs/demo-medusa.yaml", [{}, {"nodes": 24, "schedule": False},
+                                                 {"nodes": 63, "schedule": False}]),
+    "tune-lookahead": ("configs/demo-lookahead.yaml", [{}]),
     # serving_bench converts these two specs before the tables; the self-draft's adapter fixes L, so K is tuned
-    "tune-self-draft.txt": [["configs/demo-self-draft.yaml", "--dry-run"]],
-    "tune-eagle3.txt": [["configs/demo-eagle3.yaml", "--dry-run"]],
+    "tune-self-draft": ("configs/demo-self-draft.yaml", [{}]),
+    "tune-eagle3": ("configs/demo-eagle3.yaml", [{}]),
 }
-"""bench/results/ files holding `specbuild tune ... --dry-run` tables (no targets: figures to compare by eye)."""
+"""bench/results/<name>.txt (the `specbuild tune --dry-run` tables) and <name>.json (specbuild.tune.report: the
+same figures, the choices, the calibration settings and the machine) for each spec, one tune per options dict
+(TuneOptions fields; the first is the spec's own tune, whose choices the JSON's `settings` hold). No targets:
+figures to compare by eye, except that a spec citing its JSON must hold what it says (`tuned_spec_problems`)."""
+
+TUNE = "tune"
+"""run_all.py's name for its own part, the tune tables and reports and the check of the specs citing them."""
+RESULTS = BENCH / "results"
+CITATION = re.compile(r"bench/results/(tune-[\w-]+\.json)")
+"""How a spec cites the tune report it holds the choices of (in a comment)."""
 
 
 @dataclass(frozen=True)
@@ -63,26 +77,67 @@ def run_script(script: str, bench: Path = BENCH, verdicts: Path = VERDICTS) -> O
     return Outcome(script, status, path.read_text(encoding="utf-8").strip() if path.is_file() else None)
 
 
-def write_tune_tables() -> list[str]:
-    """The tune dry-run tables; the lines naming any that failed."""
-    specbuild = Path(sys.executable).parent / "specbuild"
-    env = {**os.environ, "COLUMNS": "120"}
+def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE_TABLES,
+                      results: Path = RESULTS) -> list[str]:
+    """Run each spec's tunes (dry runs) with tune's library API, writing their tables and report; the lines naming
+    any that failed (their report is removed, so a stale one never stands for this run)."""
+    from machine_info import machine_info
+    from rich.console import Console
+
+    from specbuild.errors import SpecbuildError
+    from specbuild.tune.report import write_report
+    from specbuild.tune.stage import TuneOptions, run_tune
+
     problems = []
-    (BENCH / "results").mkdir(parents=True, exist_ok=True)
-    for name, runs in TUNE_TABLES.items():
-        with (BENCH / "results" / name).open("w", encoding="utf-8") as out:
-            for args in runs:
-                status = subprocess.run([str(specbuild), "tune", *args], cwd=ROOT, env=env, stdout=out).returncode
-                if status:
-                    problems.append(f"{name}: `specbuild tune {' '.join(args)}` exited {status}")
+    results.mkdir(parents=True, exist_ok=True)
+    for name, (spec, runs) in tables.items():
+        report_path = results / f"{name}.json"
+        report_path.unlink(missing_ok=True)
+        reports = []
+        with (results / f"{name}.txt").open("w", encoding="utf-8") as out:
+            printer = Console(file=out, width=120)
+            for extra in runs:
+                options = TuneOptions(write=False, **extra)
+                try:
+                    reports.append(run_tune(ROOT / spec, options, out=printer))
+                except Exception as err:  # a failed tune must not stop the others
+                    why = err.message if isinstance(err, SpecbuildError) else f"{type(err).__name__}: {err}"
+                    problems.append(f"{name}: tune of {spec} with {extra or 'its defaults'} failed: {why}")
                     break
+        if len(reports) == len(runs):
+            write_report(report_path, reports, machine_info(["transformers", "specbuild"],
+                                                            torch_threads=reports[0].torch_threads))
+    return problems
+
+
+def tuned_spec_problems(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
+    """Every configs/*.yaml that cites a bench/results/tune-*.json must hold the settings that report chose and be
+    the spec it tuned: one line per difference."""
+    from specbuild.spec import load_spec
+    from specbuild.tune.report import read_report, spec_differences
+
+    problems = []
+    for spec_path in sorted((root / "configs").glob("*.yaml")):
+        for cited in sorted(set(CITATION.findall(spec_path.read_text(encoding="utf-8")))):
+            shown = spec_path.relative_to(root)
+            report_path = results / cited
+            if not report_path.is_file():
+                problems.append(f"{shown} cites bench/results/{cited}, which does not exist")
+                continue
+            report = read_report(report_path)
+            if report["spec"] != str(shown):
+                problems.append(f"{shown} cites bench/results/{cited}, a tune of {report['spec']}")
+                continue
+            problems += [f"{shown}: {line} (bench/results/{cited})"
+                         for line in spec_differences(load_spec(spec_path), report["settings"])]
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
-    scripts = argv if argv else list(SCRIPTS)
-    outcomes = [run_script(script) for script in scripts]
-    tune_problems = write_tune_tables() if not argv else []
+    """`run_all.py` runs everything; `run_all.py SCRIPT ...` those scripts, and "tune" among them the tune part."""
+    argv = argv or [*SCRIPTS, TUNE]
+    outcomes = [run_script(script) for script in argv if script != TUNE]
+    tune_problems = write_tune_tables() + tuned_spec_problems() if TUNE in argv else []
     lines, status = summary(outcomes)
     print("--- bench targets:")
     for line in lines + tune_problems:
