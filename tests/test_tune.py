@@ -30,7 +30,8 @@ from specbuild.tune.tree import expected_accepted_length, grow_tree, path_expect
 
 QUIET = Console(quiet=True)
 TREE_MARGIN = 0.95
-"""A tuned tree may fall this far below the published tree of its size on some weights (see the tree test)."""
+"""On prompts it was not tuned on, a grown tree may fall this far below the published tree of its size on some
+weights (see the tree test)."""
 
 DRAFT_SPEC = """\
 # A draft-target pipeline. This comment must survive tuning.
@@ -65,15 +66,15 @@ target:
 
 medusa:
   heads: {models}/medusa-heads
-  choices:            # the first 8 nodes of mc_sim_7b_63, as a block list
+  choices:            # a flat 8-node tree (one level), as a block list
     - [0]
-    - [0, 0]
     - [1]
-    - [0, 1]
     - [2]
-    - [0, 0, 0]
-    - [1, 0]
-    - [0, 2]
+    - [3]
+    - [4]
+    - [5]
+    - [6]
+    - [7]
 
 speculative:
   mode: medusa
@@ -308,12 +309,45 @@ def test_tune_writes_a_schedule_the_spec_accepts(converted: dict[str, Path], tmp
     assert load_spec(out).speculative.draft_len_schedule == schedule
 
 
-def test_tuned_tree_beats_the_mc_sim_prefix(converted: dict[str, Path]) -> None:
-    """Tuned on 6 held-out prompts, the tree's measured tokens per step is at least that of the same-size prefix
-    of mc_sim_7b_63 (within TREE_MARGIN), at the spec's budget and a larger one, on the calibration prompts and
-    on 6 other ones. The margin is there because the tree is grown from per-head accuracies (independence
-    assumed), so on other weights a published tree can tie or edge it on a few prompts (seen: 1.417 vs 1.420
-    on unseen prompts with demo models trained from other seeds); a tuning that picks a poor tree still fails."""
+def _rows(*measured: tuple[str, list[list[int]], int]) -> list:
+    """TreeRows whose measured tokens per step is 1 + accepted / 10 rounds."""
+    from specbuild.tune.stage import TreeRow
+
+    rows = []
+    for name, choices, accepted in measured:
+        acceptance = Acceptance(proposed_by_position=[10], accepted_by_position=[accepted])
+        rows.append(TreeRow(name, choices, 0.0, acceptance))
+    return rows
+
+
+def test_the_chosen_tree_is_the_best_measured_of_its_size_and_a_tie_keeps_the_specs() -> None:
+    """The grown tree is only predicted best, so the tree tune writes is the one of the budget's size that
+    decoded the most tokens per step; a tree of another size is never chosen; on a tie the spec's own tree stays
+    (nothing changes for no gain), else the grown tree goes before a preset."""
+    from specbuild.tune.stage import TreeTuning
+    from specbuild.tune.tree import GrownTree
+
+    grown = GrownTree(((0,), (1,)), (0.5, 0.2))
+    spec_tree, preset, bigger = [[0], [0, 0]], [[1], [0]], [[0], [1], [2]]
+
+    def chosen(tuned: int, spec: int, reference: int, current: list[list[int]] | None = spec_tree) -> str:
+        rows = _rows(("tuned", grown.choices, tuned), ("spec", spec_tree, spec), ("reference", preset, reference),
+                     ("bigger", bigger, 99))
+        return TreeTuning(None, grown, rows, current).chosen.name  # type: ignore[arg-type]
+
+    assert chosen(5, 4, 6) == "reference" and chosen(5, 6, 4) == "spec" and chosen(7, 6, 6) == "tuned"
+    assert chosen(5, 5, 5) == "spec" and chosen(5, 4, 5) == "tuned"
+    assert chosen(5, 5, 5, current=None) == "tuned"  # a spec tree of another size (--nodes) is no candidate
+
+
+def test_tune_writes_the_tree_that_decodes_best_and_the_grown_tree_holds_on_unseen_prompts(
+        converted: dict[str, Path]) -> None:
+    """Tuned on 6 held-out prompts, at the spec's budget and a larger one: the tree tune chooses decoded at least
+    as many tokens per step as every measured tree of its size (the grown one, the spec's, mc_sim_7b_63's prefix;
+    by the tune's own measurement), and the spec then holds it. On 6 other prompts the grown tree decodes within
+    TREE_MARGIN of the mc_sim_7b_63 prefix: it is grown from per-head accuracies (independence assumed), so on
+    other weights a published tree can tie or edge it on a few prompts (seen: 1.417 vs 1.420 on unseen prompts
+    with demo models trained from other seeds); a poor grown tree still fails."""
     from specbuild.demo.models import heldout_texts
     from specbuild.runtime.model import CausalLM
     from specbuild.tokenizer import load_tokenizer
@@ -329,27 +363,36 @@ def test_tuned_tree_beats_the_mc_sim_prefix(converted: dict[str, Path]) -> None:
     model = CausalLM.from_checkpoint(spec.checkpoint_dir("medusa"))
     heads = model.config.num_medusa_heads
     for budget in (None, 24):
+        before = load_spec(spec_path).medusa
+        assert before is not None
+        spec_tree = before.resolved_choices()  # the flat tree, then the one the first tune wrote
         options = TuneOptions(calib=calib, prompts=6, new_tokens=40, nodes=budget, write=budget is None,
                               schedule=False)
         report = run_tune(spec_path, options, console=QUIET, out=QUIET)
         assert report.tree is not None
-        tuned, _spec_tree, reference = report.tree.rows
+        tuned, spec_row, reference = report.tree.rows
         size = budget or 8
         assert len(tuned.choices) == size and reference.choices == reference_prefix(size, heads)
+        assert spec_row.choices == spec_tree
         assert tuned.depth <= heads and all(rank < options.top_k for path in tuned.choices for rank in path)
-        assert tuned.measured.tokens_per_step >= TREE_MARGIN * reference.measured.tokens_per_step
-        assert tuned.measured.tokens_per_step > 1.5
+        same_size = [row for row in report.tree.rows if len(row.choices) == size]
+        written = report.settings["medusa_choices"]
+        if budget is None:
+            reloaded = load_spec(spec_path)
+            assert reloaded.medusa is not None and reloaded.medusa.resolved_choices() == written
+        chosen = next(row for row in same_size if row.choices == written)
+        assert chosen.measured.tokens_per_step == max(row.measured.tokens_per_step for row in same_size)
+        assert chosen.measured.tokens_per_step > 1.5
         other = {name: medusa_acceptance(model, unseen, 40, choices).tokens_per_step
                  for name, choices in (("tuned", tuned.choices), ("reference", reference.choices))}
         assert other["tuned"] >= TREE_MARGIN * other["reference"]
         if budget is None:  # written: a tree file next to the spec, named by the spec's choices
-            tree_file = spec_path.parent / "medusa_choices" / "tune-medusa-tuned.json"
-            assert json.loads(tree_file.read_text())["choices"] == tuned.choices
-            reloaded = load_spec(spec_path)
-            assert reloaded.medusa is not None and reloaded.medusa.resolved_choices() == tuned.choices
             text = spec_path.read_text()
-            assert "  choices: medusa_choices/tune-medusa-tuned.json\n\nspeculative:" in text
             assert "# Medusa pipeline; tune replaces the tree below." in text
+            if chosen.choices != spec_tree:  # the flat spec tree decodes 1 + top-8 accuracy at most: it loses
+                tree_file = spec_path.parent / "medusa_choices" / "tune-medusa-tuned.json"
+                assert json.loads(tree_file.read_text())["choices"] == chosen.choices
+                assert "  choices: medusa_choices/tune-medusa-tuned.json\n\nspeculative:" in text
 
 
 def test_cli_errors_name_the_missing_checkpoint_and_the_fix(tmp_path: Path, demo_models: dict[str, Path]) -> None:

@@ -61,7 +61,8 @@ def tune(
     """Measure speculation on calibration text with the reference runtime and write the best settings into the
     spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
     ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
-    (next to mc_sim_7b_63), and the load-aware schedule (plain vs speculative at each batch size up to
+    (kept only where it decodes at least as many tokens per step as the spec's tree and mc_sim_7b_63's prefix of
+    its size), and the load-aware schedule (plain vs speculative at each batch size up to
     build.max_batch_size). lookahead: every (W, N, G) of the --window x --ngram x --verification-set grid that the
     spec's engine limits allow is run, and the one with the most tokens per second by the measured cost of its
     steps is written into speculative.lookahead. A self-draft (draft.source: target_layers): each L is measured

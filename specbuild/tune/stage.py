@@ -8,7 +8,9 @@ what each K measured.
 
 medusa: each head's top-k accuracy against the target's own greedy tokens is measured, and the tree is grown
 greedily under the node budget (the Medusa paper's sparse-tree construction, `tune_tree`); the tuned tree's
-predicted and measured tokens per step are printed next to the same-size prefix of mc_sim_7b_63.
+predicted and measured tokens per step are printed next to the spec's tree and the same-size prefix of
+mc_sim_7b_63, and the one of the budget's size that decoded the most tokens per step is written (the grown tree
+is only predicted best: its model assumes independent heads).
 
 lookahead: every (W, N, G) of a small grid is run and chosen by measured tokens per step over the measured cost of
 its steps' forwards (`specbuild.tune.lookahead`). A self-draft (draft.source: target_layers): each layer count L
@@ -33,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from specbuild.atomic import stage_text
 from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
@@ -210,10 +213,21 @@ class TreeTuning:
     accuracy: HeadAccuracy
     tree: GrownTree
     rows: list[TreeRow] = field(default_factory=list)  # tuned first, then the spec's tree and the reference
+    current: list[list[int]] | None = None  # the spec's own tree, kept where nothing measured better
 
     @property
     def tuned(self) -> TreeRow:
         return self.rows[0]
+
+    @property
+    def chosen(self) -> TreeRow:
+        """The tree tune writes: of the measured trees with the budget's node count (one verification costs the
+        same for each), the one with the most measured tokens per step. The grown tree is only predicted best
+        (independent heads assumed), so a preset that decodes better on the calibration prompts wins; on a tie
+        the spec keeps its own tree, then the grown tree goes before the presets."""
+        size = len(self.tree.paths)
+        same_size = [row for row in self.rows if len(row.choices) == size]
+        return max(same_size, key=lambda row: (row.measured.tokens_per_step, row.choices == self.current))
 
 
 def reference_prefix(budget: int, heads: int) -> list[list[int]]:
@@ -226,8 +240,10 @@ def reference_prefix(budget: int, heads: int) -> list[list[int]]:
 
 def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget: int,
                      compare: Sequence[tuple[str, list[list[int]]]] = (),
-                     ticks: Callable[[str, int], Tick] | None = None) -> TreeTuning:
-    """Measure head accuracies, grow the tree, and measure it (and each tree in `compare`) by decoding."""
+                     ticks: Callable[[str, int], Tick] | None = None,
+                     current: list[list[int]] | None = None) -> TreeTuning:
+    """Measure head accuracies, grow the tree, and measure it (and each tree in `compare`) by decoding;
+    `current` is the spec's own tree (see TreeTuning.chosen)."""
     ticks = ticks or (lambda _label, _total: lambda: None)
     continuations = greedy_continuations(model, prompts, options.new_tokens)
     accuracy = measure_head_accuracy(model, prompts, continuations, options.top_k,
@@ -237,7 +253,7 @@ def tune_medusa_tree(model: Any, prompts: Prompts, options: TuneOptions, budget:
     except ValueError as err:
         raise SpecbuildError(f"cannot grow a {budget}-node tree: {err}",
                              hint="lower --nodes, or raise --top-k to measure more ranks per head") from err
-    tuning = TreeTuning(accuracy, tree)
+    tuning = TreeTuning(accuracy, tree, current=current)
     batches = -(-len(prompts) // 4)
     for name, choices in [("tuned", tree.choices), *compare]:
         measured = medusa_acceptance(model, prompts, options.new_tokens, choices,
@@ -420,16 +436,62 @@ def _check_written(path: Path, update: SpecUpdate) -> None:
 # ---------------------------------------------------------------------------------------------- the command
 
 
+SETTING_FIELDS = {
+    "draft_layers": "draft.layers",
+    "num_draft_tokens": "speculative.num_draft_tokens",
+    "medusa_choices": "medusa.choices",
+    "lookahead": "speculative.lookahead",
+    "draft_len_schedule": "speculative.draft_len_schedule",
+}
+"""TuneReport.settings' keys and the spec fields they stand for."""
+
+
 @dataclass
 class TuneReport:
+    """What one tune measured, on what, and what it chose (specbuild.tune.report writes it out as JSON)."""
+
     spec: PipelineSpec
     prompts: Prompts
+    options: TuneOptions = field(default_factory=TuneOptions)
+    calibration: str = "held-out pydoc topics"  # where the prompts came from
+    torch_threads: int = 1  # what the measurements ran with
     draft_length: DraftLengthTuning | None = None
     tree: TreeTuning | None = None
     schedule: ScheduleTuning | None = None
     lookahead: LookaheadTuning | None = None
     layers: LayerTuning | None = None
     written: list[Path] = field(default_factory=list)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The tuned values, as the spec holds them once tune has written them (a Medusa tree the spec keeps
+        included): speculative.num_draft_tokens, draft.layers, medusa.choices, speculative.lookahead and
+        speculative.draft_len_schedule, each only where this tune chose it."""
+        chosen: dict[str, Any] = {}
+        if self.layers is not None:
+            chosen["draft_layers"] = self.layers.chosen
+        if self.draft_length is not None:
+            chosen["num_draft_tokens"] = self.draft_length.chosen
+        if self.tree is not None:
+            chosen["medusa_choices"] = self.tree.chosen.choices
+        if self.lookahead is not None:
+            chosen["lookahead"] = self.lookahead.chosen._asdict()
+        if self.schedule is not None:
+            chosen["draft_len_schedule"] = self.schedule.schedule
+        return chosen
+
+    def summary(self) -> str:
+        """One line naming every choice, the tables' conclusion."""
+        parts = []
+        for name, value in self.settings.items():
+            if name == "medusa_choices":
+                assert self.tree is not None
+                row = self.tree.chosen
+                value = f"{row.name} ({len(row.choices)} nodes, {row.measured.tokens_per_step:.3f} tokens/step)"
+            elif name == "lookahead":
+                value = "(W, N, G) = " + ", ".join(map(str, value.values()))
+            parts.append(f"{SETTING_FIELDS[name]} {value}")
+        return "tune chose: " + "; ".join(parts)
 
 
 @contextmanager
@@ -483,8 +545,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     except ValueError as err:
         raise SpecbuildError(str(err)) from err
     models = {role: CausalLM.from_checkpoint(path) for role, path in directories.items()}
-    report = TuneReport(spec, prompts)
     calib = str(options.calib) if options.calib else "held-out pydoc topics"
+    report = TuneReport(spec, prompts, options, calib, torch.get_num_threads())
     out.print(f"calibration: {len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}, "
               f"{options.new_tokens} new tokens each, greedy, torch threads {torch.get_num_threads()}",
               highlight=False)
@@ -519,12 +581,16 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
             heads = models["medusa"].config.num_medusa_heads
             compare = [(f"spec: {_tree_name(spec)}", current),
                        (f"{REFERENCE_TREE}[:{budget}]", reference_prefix(budget, heads))]
-            report.tree = tune_medusa_tree(models["medusa"], prompts, options, budget, compare, phase)
-            update.choices = report.tree.tree.choices
-            update.tree_source = (f"specbuild tune: greedy sparse tree ({budget} nodes) from head top-{options.top_k} "
-                                  f"accuracies on {calib} ({len(prompts)} prompts)")
+            report.tree = tune_medusa_tree(models["medusa"], prompts, options, budget, compare, phase, current)
+            chosen = report.tree.chosen
+            if chosen.choices != current:  # the spec keeps its own tree where nothing measured better
+                update.choices = chosen.choices
+                grown = (f"greedy sparse tree ({budget} nodes) from head top-{options.top_k} accuracies"
+                         if chosen is report.tree.tuned else
+                         f"{chosen.name}, which decoded more tokens per step than the greedy sparse tree")
+                update.tree_source = f"specbuild tune: {grown} on {calib} ({len(prompts)} prompts)"
         if options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
-            report.schedule = _tune_schedule(spec, models, drafter, prompts, options, update, phase)
+            report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
     if report.lookahead is not None:
         out.print(lookahead_table(report.lookahead))
@@ -537,6 +603,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         out.print(tree_table(report.tree))
     if report.schedule is not None:
         out.print(schedule_table(report.schedule, "tree paths" if mode == "medusa" else "K"))
+    out.print(report.summary(), highlight=False)
     if options.write:
         report.written = write_spec(spec, update, options.output, options.inline)
         for path in report.written:
@@ -548,25 +615,25 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     return report
 
 
-def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter | None, prompts: Prompts,
-                   options: TuneOptions, update: SpecUpdate, phase: Callable[[str, int], Tick]) -> ScheduleTuning:
-    """Plain against the tuned length and half of it at every batch size up to the engines' (see
-    tune_schedule)."""
+def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter | None, tree: TreeTuning | None,
+                   prompts: Prompts, options: TuneOptions, update: SpecUpdate,
+                   phase: Callable[[str, int], Tick]) -> ScheduleTuning:
+    """Plain against the tuned length (K, or the chosen tree's paths) and half of it at every batch size up to
+    the engines' (see tune_schedule)."""
     from specbuild.runtime.generation import generate
     from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
     from specbuild.runtime.sequence import StopCriteria
 
     stop = StopCriteria(options.new_tokens)
-    if update.num_draft_tokens is not None:
-        assert drafter is not None
+    if tree is None:
+        assert drafter is not None and update.num_draft_tokens is not None
         target, full = models["target"], update.num_draft_tokens
 
         def run(batch: list[list[int]], k: int) -> int:
             stats = drafter.generate(batch, k, stop) if k else generate(target, batch, stop=stop).stats
             return stats.generated_tokens
     else:
-        assert update.choices is not None
-        model, choices = models["medusa"], update.choices
+        model, choices = models["medusa"], tree.chosen.choices
         full = len(choices)
 
         def run(batch: list[list[int]], k: int) -> int:
@@ -622,27 +689,33 @@ def head_accuracy_table(accuracy: HeadAccuracy) -> Table:
     return table
 
 
-def schedule_table(t: ScheduleTuning, unit: str) -> Table:
+def schedule_table(t: ScheduleTuning, unit: str) -> Group:
+    """The table between its title and the schedule, each on lines of their own (the table is narrower)."""
     lengths = sorted({k for rates in t.tokens_per_second.values() for k in rates})
-    table = Table(title=f"Load-aware speculation: tokens/s by active sequences and {unit} (0: plain); schedule "
-                        f"{t.schedule}", title_justify="left")
+    table = Table()
     table.add_column("batch", justify="right")
     for k in lengths:
         table.add_column(f"{unit} {k}", justify="right")
     table.add_column("best", justify="right")
     for batch, rates in sorted(t.tokens_per_second.items()):
         table.add_row(str(batch), *(f"{rates[k]:.0f}" for k in lengths), str(t.best(batch)))
-    return table
+    return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain)"), table,
+                 Text(f"draft_len_schedule {t.schedule}: the full length at batch 1 (TensorRT-LLM's rule), then "
+                      "each batch size where the best changes"))
 
 
 def tree_table(t: TreeTuning) -> Table:
     table = Table(title="Medusa tree: tokens per step (accepted tree tokens + the target's own)", title_justify="left")
     for name, justify in (("tree", "left"), ("nodes", "right"), ("depth", "right"), ("nodes per depth", "left"),
-                          ("predicted", "right"), ("measured", "right")):
+                          ("predicted", "right"), ("measured", "right"), ("", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    chosen = t.chosen
     for row in t.rows:
         table.add_row(row.name, str(len(row.choices)), str(row.depth), str(nodes_per_depth(row.choices)),
-                      f"{1 + row.predicted_accepted:.3f}", f"{row.measured.tokens_per_step:.3f}")
+                      f"{1 + row.predicted_accepted:.3f}", f"{row.measured.tokens_per_step:.3f}",
+                      "chosen" if row is chosen else "")
     table.caption = ("predicted: 1 + the sum over nodes of the product of the path's per-head accuracies (the "
-                     "paper's independence model); measured: greedy Medusa decoding of the calibration prompts")
+                     "paper's independence model); measured: greedy Medusa decoding of the calibration prompts; "
+                     "chosen: the most measured tokens per step of the trees of the budget's size (a tie keeps the "
+                     "spec's tree)")
     return table
