@@ -6,6 +6,16 @@ failing model and quotes what the server log says. While it serves, `check()` ra
 died, a python stub died (Triton 2.51 would keep answering ready and fail that model's requests, see
 serve/watch.py) or a model is no longer READY.
 
+Where a load failure is read. The repository index (`POST /v2/repository/index`: each model's state and reason)
+answers only once the server's endpoints are up, and tritonserver starts them only after every model's load has
+ended; a model stuck LOADING (a stub that died before its first message, an `initialize` that never returns) keeps
+it silent for ever. So while the index does not answer, the server log's report of a failure ends the wait, a
+second later (`FAILURE_SETTLE_S`, so that what follows from it is reported along). `_log_failures` reads every
+form tritonserver 2.51 writes: "failed to load 'X' version N: ...", "failed to load model 'X': ...", an unreadable
+config.pbtxt, an ensemble's missing or failed step, a python stub that could not start. Once the index answers it
+decides, with the log's reasons for entries that have none and the log's failures of models it does not list (a
+model without a version directory).
+
 The server runs in its own process group (so a Ctrl-C in the terminal reaches us, not it) and gets SIGKILL when
 the thread that started it dies (PR_SET_PDEATHSIG, set when that is the main thread), so a `kill -9` of this
 process takes the server along, and its stubs follow (each stub exits when its parent is gone, pb_stub.cc).
@@ -65,6 +75,9 @@ that can take minutes, and a broken model is reported as soon as Triton gives up
 
 PROBE_INTERVAL_S = 5.0
 """How often `check()` asks the server for its models' states (process and stub checks are on every call)."""
+FAILURE_SETTLE_S = 1.0
+"""How long a load failure the log reports waits for the index to answer (the failed model may have been the last
+to load) and for the failures that follow from it (an ensemble over it) before it is reported from the log."""
 UNANSWERED_LIMIT_S = 60.0
 """A live server that has not answered its repository index for this long is reported as hung."""
 KILL_WAIT_S = 30.0
@@ -372,6 +385,7 @@ class TritonServer:
         deadline = time.monotonic() + self.ready_timeout_s
         delay = 0.1
         unnamed_since: float | None = None
+        failed_since: float | None = None
         while True:
             code = self._proc.poll()
             if code is not None:
@@ -380,12 +394,19 @@ class TritonServer:
                     raise _BindFailure(_last_error_line(log) or "address in use")
                 raise SpecbuildError(
                     f"tritonserver {describe_returncode(code)} before the repository was ready\n"
-                    + _failure_summary(_log_failures(log), log),
+                    + _failure_summary(_ordered(_log_failures(log)), log),
                     hint=f"full server log: {self.log_file}",
                 )
-            if _BIND_FAILURE.search(log := self._log_text()):
+            index = self._try_index()
+            log = self._log_text()  # (read after the index: it holds at least what the index reflects)
+            if _BIND_FAILURE.search(log):
                 raise _BindFailure(_last_error_line(log))  # the server would linger unloading; stop it now
-            death = self._watch.poll(loading=True, log=log)
+            failures = _index_failures(index, log) if index is not None else _ordered(_log_failures(log))
+            if failures:
+                failed_since = failed_since or time.monotonic()
+                if index is not None or time.monotonic() - failed_since >= FAILURE_SETTLE_S:
+                    raise SpecbuildError(_failure_summary(failures, ""), hint=f"full server log: {self.log_file}")
+            death = None if failures else self._watch.poll(loading=True, log=log)  # (the log's reasons come first)
             if death is not None:
                 # A stub that died at once is not seen alive, so its model is the one left loading once the others
                 # are done: give them a moment to be, to name it.
@@ -393,14 +414,7 @@ class TritonServer:
                 if (death.model is not None or len(_still_loading(log)) <= 1
                         or time.monotonic() - unnamed_since > LOADING_ZOMBIE_GRACE_S):
                     raise SpecbuildError(self._loading_death(death, log), hint=f"full server log: {self.log_file}")
-            index = self._try_index()
             if index is not None:
-                failed = [m for m in index if m.get("state") not in ("READY", "LOADING", "UNLOADING")]
-                if failed:
-                    raise SpecbuildError(
-                        _failure_summary(_index_failures(failed, self._log_text()), ""),
-                        hint=f"full server log: {self.log_file}",
-                    )
                 if index and all(m.get("state") == "READY" for m in index) and self._health_ready():
                     self._watch.poll(loading=False)  # every stub is up now: record them all
                     return
@@ -408,7 +422,7 @@ class TritonServer:
                     raise SpecbuildError(f"{self.repository}: the repository has no models")
             if time.monotonic() > deadline:
                 raise self._not_ready(log)
-            time.sleep(delay)
+            time.sleep(0.1 if failed_since else delay)
             delay = min(delay * 1.5, 1.0)
 
     def _not_ready(self, log: str) -> SpecbuildError:
@@ -480,42 +494,85 @@ def _post_json(url: str, timeout_s: float = 2.0) -> Any:
         return json.loads(response.read())
 
 
-def _index_failures(failed: list[dict[str, Any]], log: str) -> list[tuple[str, str]]:
-    """(model, reason) for each failed index entry; config errors have no reason in the index, only in the log."""
+def _index_failures(index: list[dict[str, Any]], log: str) -> list[tuple[str, str]]:
+    """(model, reason) for each index entry that is neither READY nor on its way, and for each model the log says
+    failed that the index does not list; entries without a reason (config errors) take the log's."""
     from_log = dict(_log_failures(log))
+    listed = {str(entry.get("name")) for entry in index}
     out = []
-    for entry in failed:
+    for entry in index:
+        if entry.get("state") in ("READY", "LOADING", "UNLOADING"):
+            continue
         name = str(entry.get("name"))
         reason = entry.get("reason") or from_log.get(name) or f"state {entry.get('state', 'unknown')}"
         out.append((name, str(reason)))
-    # Root causes first: an ensemble's failure usually only says that a step it needs is missing.
-    return sorted(out, key=lambda item: (item[1].startswith("ensemble step"), item[0]))
+    out += [(name, reason) for name, reason in from_log.items() if name not in listed]
+    return _ordered(out)
 
 
-_LOG_LINE = re.compile(r'^E\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] "(.*)"\s*$')
+def _ordered(failures: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """One entry per model (the first report), root causes first: an ensemble's failure usually only says that a
+    step it needs is missing."""
+    unique = dict(reversed(failures))
+    return sorted(unique.items(), key=lambda item: (item[1].startswith("ensemble step"), item[0]))
+
+
+_LOG_LINE = re.compile(r"^(?:[EWI]\d{4} [\d:.]+|\d{4}-\d\d-\d\dT[\d:.]+Z [EWI])\s+\d+ [\w.]+:\d+\] ?(.*)$")
+"""A tritonserver log line (default or ISO8601 format): its message, quoted and escaped since Triton 2.4x."""
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)' version \d+: (.*)", re.DOTALL)
+_FAILED_MODEL = re.compile(r"failed to load model '([^']+)': (.*)", re.DOTALL)
 _POLL_FAILED = re.compile(r"Poll failed for model directory '([^']+)': (.*)", re.DOTALL)
 _PARSE_ERROR = re.compile(r"(Error parsing text-format .*)$")
 _ENSEMBLE_DEPENDS = re.compile(r"ensemble '([^']+)' depends on '([^']+)' which (has no loaded version|[^.]*)")
+_ENSEMBLE_MISSING = re.compile(r"ensemble '?([^' ]+)'? contains models that are not available or ambiguous: (.*)")
+_STUB_PREINIT = re.compile(r"Failed to preinitialize Python stub: (.*'(?:[^']*/)?([^/']+)/\d+/model\.py'.*)")
 
 
 def _log_failures(log: str) -> list[tuple[str, str]]:
-    """(model, reason) pairs from Triton's error lines: load failures and unreadable config.pbtxt files."""
+    """(model, reason) pairs from what tritonserver logs when a model cannot load: load failures, unreadable or
+    inconsistent config.pbtxt files, ensembles without their steps, python stubs that could not start."""
     failures: list[tuple[str, str]] = []
+    for message, previous in _log_messages(log):
+        if m := _FAILED_LOAD.match(message) or _FAILED_MODEL.match(message):
+            failures.append((m.group(1), m.group(2)))
+        elif m := _ENSEMBLE_DEPENDS.search(message):
+            failures.append((m.group(1), f"ensemble step '{m.group(2)}' {m.group(3)} (it failed to load)"))
+        elif m := _ENSEMBLE_MISSING.search(message):
+            failures.append((m.group(1), f"ensemble steps missing: {m.group(2)} (no such model in the repository)"))
+        elif m := _POLL_FAILED.match(message):
+            parse = _PARSE_ERROR.search(previous)
+            failures.append((m.group(1), m.group(2) + (f" ({parse.group(1)})" if parse else "")))
+        elif m := _STUB_PREINIT.search(message):
+            failures.append((m.group(2), f"its python stub could not start: {m.group(1)}"))
+    return failures
+
+
+def _log_messages(log: str) -> list[tuple[str, str]]:
+    """(message, the line before it) for every tritonserver log line; a quoted message is unescaped, an unquoted
+    one (older servers) takes the lines after it that are not log lines (a traceback) along."""
+    out: list[tuple[str, str]] = []
     previous = ""
+    continued: list[str] | None = None
     for line in log.splitlines():
         match = _LOG_LINE.match(line)
-        if match:
-            message = match.group(1).replace("\\n", "\n").replace('\\"', '"')
-            if m := _FAILED_LOAD.match(message):
-                failures.append((m.group(1), m.group(2)))
-            elif m := _ENSEMBLE_DEPENDS.search(message):
-                failures.append((m.group(1), f"ensemble step '{m.group(2)}' {m.group(3)} (it failed to load)"))
-            elif m := _POLL_FAILED.match(message):
-                parse = _PARSE_ERROR.search(previous)
-                failures.append((m.group(1), m.group(2) + (f" ({parse.group(1)})" if parse else "")))
+        if match is None:
+            if continued is not None:
+                continued.append(line)
+            previous = line
+            continue
+        if continued is not None:
+            out[-1] = ("\n".join(continued), out[-1][1])
+            continued = None
+        message = match.group(1).strip()
+        if len(message) >= 2 and message[0] == message[-1] == '"':
+            message = message[1:-1].replace("\\n", "\n").replace('\\"', '"')
+        else:
+            continued = [message]
+        out.append((message, previous))
         previous = line
-    return failures
+    if continued is not None:
+        out[-1] = ("\n".join(continued), out[-1][1])
+    return out
 
 
 def _last_error_line(log: str) -> str:
