@@ -805,7 +805,9 @@ def main(argv: list[str] | None = None) -> int:
                 "prompts": prompts, "passes": args.passes, "torch_threads": threads, "stream": True, "concurrency": 1,
                 "engine_new_tokens": args.engine_tokens, "engine_rounds": args.engine_rounds,
                 "batches": args.batches, "sum_tolerance": SUM_TOLERANCE, "prepared": not args.no_prepare}
-    settings["uncommitted_specbuild_files"] = uncommitted("specbuild")  # what the stubs import from the work tree
+    # the served path's code, imported by the stubs from the work tree (the deployed BLS too, when prepare wrote it)
+    settings["uncommitted_specbuild_files"] = uncommitted("specbuild/python_models", "specbuild/triton_models",
+                                                          "specbuild/runtime")
     machine = machine_info(["nvidia-pytriton", "tritonclient", "transformers"], torch_threads=threads,
                            loadavg_start=load_start)
     report = assemble(settings, served_passes, local_passes, runs, machine)
@@ -822,13 +824,13 @@ def main(argv: list[str] | None = None) -> int:
     return finish("round_cost_bench", targets)
 
 
-def uncommitted(path: str) -> list[str]:
-    """Files under `path` that differ from the commit machine_info records (served code is imported from the work
+def uncommitted(*paths: str) -> list[str]:
+    """Files under `paths` that differ from the commit machine_info records (served code is imported from the work
     tree, and `prepare` deploys the work tree's BLS): figures measured on them are not that commit's."""
     import subprocess
 
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", path], cwd=ROOT, capture_output=True, text=True,
+        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return ["(git status failed)"]
