@@ -45,7 +45,7 @@ from specbuild.runtime.sequence import (
 from specbuild.runtime.speculative import DraftTargetConfig, best_k
 from specbuild.self_draft.adapter_format import CONFIG_NAME as ADAPTER_CONFIG
 
-__all__ = ["generate_self_draft", "self_draft_model", "shared_memory"]
+__all__ = ["generate_self_draft", "self_draft_model", "shared_draft", "shared_memory"]
 
 # Every config field that must agree between the target and a self-draft checkpoint (the rest is layer count,
 # quantization and parallelism, which the loaded tensors no longer depend on).
@@ -119,6 +119,17 @@ def _draft(target: CausalLM, num_layers: int, adapter: DecoderLayer | None) -> C
     return draft.eval()
 
 
+def shared_draft(target: CausalLM, num_layers: int, adapter: DecoderLayer | None
+                 ) -> tuple[CausalLM, tuple[int, list[torch.nn.Module]] | None]:
+    """The draft that shares the target's KV cache, and the side layers the target's forward runs to fill the
+    adapter's cache layer (stored after the target's last: the same tensors, another cache index)."""
+    side = None
+    if adapter is not None:
+        side = copy.copy(adapter)
+        side.index = target.config.num_layers
+    return _draft(target, num_layers, side), (None if side is None else (num_layers, [side]))
+
+
 def self_draft_model(target: CausalLM, num_layers: int, adapter: Path | None = None) -> CausalLM:
     """The self-draft of `target` as a model of its own: its first `num_layers` layers, final norm and LM head,
     sharing the target's weight tensors (no copies), then the adapter layer of `adapter` (a self-draft checkpoint
@@ -152,16 +163,11 @@ class _SelfDraftRun(RoundLoop):
         self.target, self.params, self.stop, self.config, self.accept = target, params, stop, config, accept
         self.seqs = [SequenceState(list(p)) for p in prompts]
         total = target.config.num_layers
-        side = None
-        if adapter is not None:  # the same tensors, stored in the cache layer after the target's last
-            side = copy.copy(adapter)
-            side.index = total
-        self.side = None if side is None else (num_layers, [side])
-        self.draft = _draft(target, num_layers, side)
+        self.draft, self.side = shared_draft(target, num_layers, adapter)
         k = config.num_draft_tokens
         capacity = max(len(p) for p in prompts) + stop.max_new_tokens + k + 2
         c = target.config
-        self.cache = KVCache(total + (side is not None), len(prompts), c.num_kv_heads, c.head_dim, capacity,
+        self.cache = KVCache(total + (adapter is not None), len(prompts), c.num_kv_heads, c.head_dim, capacity,
                              target.dtype, target.device)
         self.draft_cache = self.cache.alias()
         self.stats = GenerationStats()

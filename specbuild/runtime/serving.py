@@ -4,7 +4,11 @@ What TensorRT-LLM's executor does for its engines, done for the reference runtim
 row of one KV cache; requests that arrive while others run join the batch at the next step, finished ones leave
 it, and each step runs the active sequences' next blocks in one batched forward - a plain decode token, a prompt
 (prefill), a prompt tail plus external draft tokens to verify (draft-target), or a Medusa candidate tree - padded
-to one length, each row with its own positions and attention mask. A finished sequence's row stays in a pool
+to one length, each row with its own positions and attention mask. With a `Proposer`
+(`specbuild.runtime.proposers`: NGram, a draft model, the self-draft, EAGLE-3) the engine drafts for its sequences
+itself: a decoding sequence's block becomes [last token, its drafts] (or the drafted token tree), verified in the
+same batched forward as external draft tokens and by the same rules; the proposer knows nothing of verification,
+the verification nothing of how the drafts were made. A finished sequence's row stays in a pool
 until the row is needed, so a request that repeats its prefix (the BLS sends the whole sequence every round)
 computes only its new tokens, as TensorRT-LLM's KV-cache block reuse does.
 
@@ -30,6 +34,7 @@ from specbuild.medusa.tree import MedusaTree, accept_typical
 from specbuild.medusa.tree import accept_greedy as accept_tree
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
 from specbuild.runtime.decoding import SamplingDecoding, TokenDecoding
+from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.lookahead import (
     LookaheadConfig,
     LookaheadState,
@@ -42,6 +47,7 @@ from specbuild.runtime.lookahead import (
 )
 from specbuild.runtime.lookahead import check_config as check_lookahead
 from specbuild.runtime.model import CausalLM, ForwardOutput
+from specbuild.runtime.proposers import Proposal, Proposer
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.schedule import DraftSchedule
 from specbuild.runtime.sequence import GenerationStats, SequenceState, StopCriteria
@@ -188,6 +194,9 @@ class _Block:
     tree: MedusaTree | None = None  # None: a causal block
     lookahead: StepPlan | None = None  # Lookahead rows: the step's window and candidates (a tree of its own)
     mask: torch.Tensor | None = None  # [T, T] bool for a Lookahead row (its tree's ancestors)
+    drafts: list[int] | None = None  # draft tokens to verify: the block's last len(drafts) tokens
+    draft_logits: torch.Tensor | None = None  # [len(drafts), V] the draft's raw logits (rejection sampling's q)
+    external: bool = False  # the request's own draft tokens (TensorRT-LLM's external drafts), not a proposer's
 
 
 class _Sequence:
@@ -214,6 +223,9 @@ class _Sequence:
         self.heads_at: int | None = None  # block position whose hidden state the heads read after this step
         self.medusa = engine.tree is not None and request.speculate and request.draft_tokens is None
         self.verify = request.draft_tokens is not None
+        self.drafting = engine.proposer is not None and request.speculate and not request.one_round
+        self.proposal: Proposal | None = None  # this step's drafts from the engine's proposer
+        self.draft_state: object = None  # the proposer's own per-sequence state
         # Lookahead (greedy requests only: its verification matches the model's argmax; others decode plainly).
         config = LookaheadConfig(*(request.lookahead or engine.lookahead or (1, 1, 0)))  # (1, 1, 0): plain
         self.lookahead = (LookaheadState(request.prompt, config) if config.ngram_size > 1 and request.speculate
@@ -224,8 +236,18 @@ class _Sequence:
         """This step's block; `tree` is the Medusa tree the engine's load allows now (None: no speculation)."""
         start = len(self.committed)
         if self.verify:
-            tokens = [*self.pending, *(self.request.draft_tokens or ())]
-            return _Block(tokens, list(range(start, start + len(tokens))))
+            drafts = list(self.request.draft_tokens or ())
+            tokens = [*self.pending, *drafts]
+            return _Block(tokens, list(range(start, start + len(tokens))), drafts=drafts,
+                          draft_logits=self.request.draft_logits, external=True)
+        proposal, self.proposal = self.proposal, None
+        if proposal is not None and proposal.tree is not None:
+            tree = proposal.tree
+            return _Block([*self.pending, *proposal.tokens], (start + tree.depth).tolist(), tree)
+        if proposal is not None:
+            tokens = [*self.pending, *proposal.tokens]
+            return _Block(tokens, list(range(start, start + len(tokens))), drafts=list(proposal.tokens),
+                          draft_logits=proposal.logits)
         if self.medusa and tree is not None and self.topk is not None:
             nodes = tree.candidate_tokens(torch.tensor(self.pending[-1:]), self.topk[:, None])[0].tolist()
             return _Block(nodes, (start + tree.depth).tolist(), tree)
@@ -246,7 +268,7 @@ class _Sequence:
             return self._after_tree(block, out, row, logits)
         if block.lookahead is not None:
             return self._after_lookahead(block.lookahead, logits)
-        if self.verify:
+        if block.drafts is not None:
             return self._after_verify(block, logits)
         return self._after_linear(block, out, row, logits)
 
@@ -264,7 +286,10 @@ class _Sequence:
         return len(block.tokens), None, update
 
     def _after_verify(self, block: _Block, logits: torch.Tensor) -> tuple[int, None, Update]:
-        drafts = list(self.request.draft_tokens or ())
+        """The one verification of draft tokens, the request's own or a proposer's: greedy, the longest prefix
+        matching the target's choices; sampling, modified rejection sampling against the draft's distributions
+        (one-hot where the drafts came without logits: token drafts such as n-grams)."""
+        drafts = list(block.drafts or ())
         k, tail = len(drafts), len(block.tokens) - len(drafts)
         raw = logits[tail - 1 :]  # [k + 1, V]: after the last prompt token, then after each draft
         processed = self.decoding.process(raw, self.state.tokens, len(self.state.output),
@@ -273,7 +298,7 @@ class _Sequence:
         if self.decoding.greedy:
             accepted, nxt = accept_greedy(processed, processed, draft_tensor, None)  # type: ignore[arg-type]
         else:
-            q = (self.decoding.draft_probabilities(self.request.draft_logits) if self.request.draft_logits is not None
+            q = (self.decoding.draft_probabilities(block.draft_logits) if block.draft_logits is not None
                  else torch.nn.functional.one_hot(draft_tensor, processed.shape[-1]).float())
             assert self.gen is not None
             accepted, nxt = self.engine.accept(self.decoding.probabilities(processed), q, draft_tensor, self.gen)
@@ -281,9 +306,10 @@ class _Sequence:
         self.drafted += k
         if k:
             self.engine.stats.acceptance.record_acceptance(k, accepted)
-        self.verify = False  # the drafts were for this step only
+        if block.external:
+            self.verify = False  # the request's drafts were for this step only
         update = self._emit([*drafts[:accepted], nxt], list(raw[: accepted + 1]), list(processed[: accepted + 1]),
-                            one_round=self.request.one_round)
+                            one_round=block.external and self.request.one_round)
         commit = tail + accepted
         self.committed += block.tokens[:commit]
         return commit, None, update
@@ -310,7 +336,7 @@ class _Sequence:
         self.accepted += accepted
         self.drafted += tree.max_depth
         self.engine.stats.acceptance.record_acceptance(tree.max_depth, accepted)
-        self.heads_at = last
+        self.heads_at = last if self.medusa else None
         emitted = [*tokens[path[1:]].tolist(), choice[last]]
         update = self._emit(emitted, list(logits[path]), list(processed[path]), decoding)
         self.committed += tokens[path].tolist()
@@ -396,9 +422,14 @@ class _Row:
 class EngineStats:
     """Counters the tests and benchmarks read."""
 
-    forwards: int = 0
+    forwards: int = 0  # target forwards
     steps: int = 0
     rows_forwarded: int = 0  # sum over forwards of their batch size
+    max_rows: int = 0  # the most sequences one target forward ran
+    batched_forwards: int = 0  # target forwards over more than one sequence
+    draft_forwards: int = 0  # the proposer's model forwards (each over every sequence drafting that step)
+    draft_rows: int = 0  # sum over draft forwards of the sequences drafting in them
+    proposals: int = 0  # sequence steps whose block carried proposed drafts
     reused_tokens: int = 0
     admitted: int = 0
     acceptance: GenerationStats = field(default_factory=GenerationStats)  # per speculation round, by position
@@ -410,12 +441,18 @@ class ServingEngine:
     `medusa_choices` makes it a Medusa engine; `schedule` then sizes the tree by load (the first K paths of
     `medusa_choices`, whose order must keep every leading slice a tree: FasterDecoding's presets and `specbuild
     tune` trees do; K = 0: plain steps). `max_draft_len` bounds external draft tokens per request.
+
+    `proposer` makes it a speculative engine of another kind (n-gram, draft model, self-draft, EAGLE-3): each step
+    it drafts for every decoding sequence, `schedule` (full length: the proposer's max_draft_len) choosing K by
+    load (K = 0: plain steps).
     """
 
     def __init__(self, model: CausalLM, *, max_batch: int, max_seq_len: int, max_draft_len: int = 0,
                  medusa_choices: Sequence[Sequence[int]] | None = None, kv_rows: int | None = None,
                  schedule: DraftSchedule | None = None, accept: AcceptRule | None = None,
-                 lookahead: LookaheadConfig | None = None) -> None:
+                 lookahead: LookaheadConfig | None = None, proposer: Proposer | None = None) -> None:
+        if proposer is not None and (lookahead is not None or medusa_choices):
+            raise ValueError("an engine drafts with Medusa heads, Lookahead or a proposer, one of them")
         if lookahead is not None:
             if medusa_choices:
                 raise ValueError("an engine runs Medusa or Lookahead, not both")
@@ -429,6 +466,7 @@ class ServingEngine:
                              f"{model.config.num_medusa_heads} heads")
         self.model, self.max_batch, self.max_seq_len = model, max_batch, max_seq_len
         self.max_draft_len, self.tree = max_draft_len, tree
+        self.proposer = proposer
         self.schedule = schedule
         self._trees: dict[int, MedusaTree | None] = {0: None}
         self.step_tree: MedusaTree | None = None  # the tree of the step being run
@@ -438,9 +476,15 @@ class ServingEngine:
         self.topk_size = int(tree.rank.max()) + 1 if tree is not None else 0
         # A step pads short blocks to one length; longer ones (prompts) run alone.
         self.short_block = max(16, max_draft_len + 2, (tree.num_nodes + 1) if tree is not None else 0,
-                               max_block_tokens(lookahead) if lookahead is not None else 0)
+                               max_block_tokens(lookahead) if lookahead is not None else 0,
+                               proposer.block_tokens + 1 if proposer is not None else 0)
         self.rows_total = max(kv_rows or 0, 2 * max_batch, max_batch + 1)
-        self.cache = model.new_cache(self.rows_total, max_seq_len + self.short_block + 1)
+        c = model.config
+        self.cache = KVCache(c.num_layers + (proposer.extra_cache_layers if proposer is not None else 0),
+                             self.rows_total, c.num_kv_heads, c.head_dim, max_seq_len + self.short_block + 1,
+                             model.dtype, model.device)
+        if proposer is not None:
+            proposer.bind(self.cache)
         self.rows = [_Row() for _ in range(self.rows_total)]
         self.active: list[_Sequence] = []  # active[i].row == i
         self.waiting: deque[Handle] = deque()
@@ -524,12 +568,50 @@ class ServingEngine:
             return False
         self.stats.steps += 1
         self.step_tree = tree = self.tree_for(len(self.active))
+        if self.proposer is not None:
+            self._propose()
+            if not self.active:
+                return True
         blocks = [seq.block(tree) for seq in self.active]
         for start, stop in self._groups(blocks):
             self._forward(start, stop, blocks[start:stop])
         for seq in [s for s in self.active if s.handle.done]:
             self._release(seq)
         return True
+
+    def draft_len(self, active: int) -> int:
+        """K for a step with `active` sequences: the schedule's, else the proposer's full length."""
+        full = self.proposer.max_draft_len if self.proposer is not None else self.max_draft_len
+        return full if self.schedule is None else min(self.schedule.draft_len(active), full)
+
+    def _propose(self) -> None:
+        """The proposer drafts, in one batch, for every sequence whose next block is its newest token: at most K
+        tokens, and no more than it may still emit. A draft that fails fails its sequences."""
+        assert self.proposer is not None
+        k = self.draft_len(len(self.active))
+        if k <= 0:
+            return
+        seqs, ks = [], []
+        for seq in self.active:
+            left = seq.request.max_new_tokens - len(seq.state.output) - 1
+            if seq.drafting and not seq.verify and len(seq.pending) == 1 and left > 0:
+                seqs.append(seq)
+                ks.append(min(k, left))
+        if not seqs:
+            return
+        before = (self.proposer.stats.forwards, self.proposer.stats.rows)
+        try:
+            proposals = self.proposer.propose(seqs, ks)
+        except Exception as err:  # the draft failed: its sequences fail, the engine goes on
+            for seq in seqs:
+                self._finish(seq, Update([], True, "error", error=f"draft: {type(err).__name__}: {err}"))
+                self._release(seq)
+            return
+        self.stats.draft_forwards += self.proposer.stats.forwards - before[0]
+        self.stats.draft_rows += self.proposer.stats.rows - before[1]
+        for seq, proposal in zip(seqs, proposals, strict=True):
+            seq.proposal = proposal
+            self.stats.proposals += proposal is not None
 
     def _groups(self, blocks: list[_Block]) -> list[tuple[int, int]]:
         """Row ranges that share a forward: runs of short blocks; long ones (prompts) together when every row's
@@ -575,14 +657,20 @@ class ServingEngine:
                 mask[i, :n, :n] = block_mask
         view = self.cache.view(start, stop)
         sequences = self.active[start:stop]
+        proposer = self.proposer
         try:
-            out = self.model(ids, view, position_ids=positions, tree_mask=mask)
+            out = self.model(ids, view, position_ids=positions, tree_mask=mask,
+                             side_layers=proposer.side_layers if proposer is not None else None,
+                             capture_layers=proposer.capture_layers if proposer is not None else ())
         except Exception as err:  # a failed forward fails its sequences, not the engine
             for seq in sequences:
                 self._finish(seq, Update([], True, "error", error=f"{type(err).__name__}: {err}"))
             return
         self.stats.forwards += 1
         self.stats.rows_forwarded += batch
+        self.stats.max_rows = max(self.stats.max_rows, batch)
+        self.stats.batched_forwards += batch > 1
+        features = torch.cat(out.captured, dim=-1) if out.captured else None  # [B, T, F] for the proposer
         counts = torch.zeros(batch, dtype=torch.long)
         paths: list[tuple[int, torch.Tensor]] = []
         updates = []
@@ -591,6 +679,9 @@ class ServingEngine:
             counts[i] = commit
             if path is not None:
                 paths.append((i, path))
+            if features is not None and proposer is not None:
+                kept = path if path is not None else torch.arange(commit)
+                proposer.observe(seq, features[i, kept.to(features.device)])
             updates.append(update)
         view.advance(counts)
         for i, path in paths:
@@ -654,9 +745,12 @@ class ServingEngine:
         best, match = -1, 0
         for index, row in enumerate(self.rows):
             n = min(_common_prefix(row.tokens, prompt), limit)
+            if n and self.proposer is not None:
+                n = self.proposer.reusable(index, prompt, n)
             if n > match:
                 best, match = index, n
         dest = len(self.active)
+        source = dest
         if best >= dest:  # a free row holds the prefix: bring it to the active end
             self._swap(best, dest)
         else:
@@ -664,18 +758,23 @@ class ServingEngine:
             self._swap(victim, dest)
             if best >= 0 and match:
                 self.cache.copy_prefix(best, dest, match)
+                source = best
         self.cache.truncate_row(dest, match)
         row = self.rows[dest]
         row.tokens, row.owner, row.last_used = prompt[:match].copy(), seq, self._clock
         seq.row, seq.committed, seq.pending = dest, prompt[:match].tolist(), prompt[match:].tolist()
         seq.handle.reused_tokens = match
         self.stats.reused_tokens += match
+        if self.proposer is not None:
+            self.proposer.admit(seq, source, prompt, match)
         self.active.append(seq)
 
     def _swap(self, a: int, b: int) -> None:
         if a == b:
             return
         self.cache.swap_rows(a, b)
+        if self.proposer is not None:
+            self.proposer.swap_rows(a, b)
         self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
         for index in (a, b):
             owner = self.rows[index].owner
