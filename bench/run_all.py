@@ -106,7 +106,7 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
                     break
         if len(reports) == len(runs):
             write_report(report_path, reports, machine_info(["transformers", "specbuild"],
-                                                            torch_threads=reports[0].torch_threads))
+                                                            torch_threads=reports[0].torch_threads), root=ROOT)
     return problems
 
 
