@@ -314,8 +314,9 @@ class StepRun:
 
 
 def engine_table(runs: Mapping[int, Sequence[StepRun]]) -> list[dict[str, Any]]:
-    """Per batch size the median run by decode tokens/s, with its ratios to batch 1's."""
-    chosen = {b: sorted(rs, key=StepRun.decode_tokens_per_s)[(len(rs) - 1) // 2] for b, rs in runs.items() if rs}
+    """Per batch size its fastest round by decode tokens/s (rounds interleave the batch sizes), with its ratios to
+    batch 1's."""
+    chosen = {b: max(rs, key=StepRun.decode_tokens_per_s) for b, rs in runs.items() if rs}
     base = chosen.get(1)
     rows = []
     for batch, run in sorted(chosen.items()):
@@ -374,7 +375,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         "",
         f"{s['spec']}, K = {s['k']} (the repository's num_draft_tokens; the schedule keeps it at concurrency 1), "
         f"{s['max_tokens']} new tokens per request, {len(s['prompts'])} prompts, gRPC streaming at concurrency 1; "
-        f"median of {s['passes']} passes (by ms per round), served and in-process interleaved; torch threads "
+        f"each request at its fastest of {s['passes']} passes, served and in-process interleaved request by "
+        f"request; torch threads "
         f"{s['torch_threads']} (the repository's torch_threads). Served: the instrumented copy of the repository "
         "(the deployed BLS with timers). A round = one target call.",
         "",
@@ -424,7 +426,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         "responses, Triton's handling of the BLS request, the client).",
         "",
         f"## One engine step (ServingEngine, demo target, {s['engine_new_tokens']} new tokens per sequence, "
-        f"median of {s['engine_rounds']} rounds)",
+        f"fastest of {s['engine_rounds']} rounds)",
         "",
         "| active sequences | ms per decode step | decode tokens/s | × 1 sequence | step ms × 1 sequence "
         "| generation tokens/s (prefill included) | × 1 sequence |",
@@ -638,32 +640,25 @@ def _array(value: Any) -> np.ndarray:
 
 
 # -- served: the instrumented repository on tritonserver -----------------------------------------------------------
-def served_pass(client: Any, stats_client: Any, prompts: Sequence[str], max_tokens: int,
-                log: Path) -> tuple[list[RequestTiming], dict[str, ModelStats]]:
-    """Every prompt once over gRPC streaming; each request's BLS record joined with the client's time, and the
-    pass's Triton statistics (after minus before)."""
-    before = parse_statistics(stats_client.get_inference_statistics(as_json=True))
-    log.unlink(missing_ok=True)
-    generations = [client.generate(prompt, max_tokens, stream=True) for prompt in prompts]
-    records = _records(log, len(prompts))
-    after = parse_statistics(stats_client.get_inference_statistics(as_json=True))
-    timings = [RequestTiming.from_bls(record, g.latency_s, text=g.text, accepted=g.accepted_draft_tokens or 0,
-                                      drafted=g.draft_tokens or 0)
-               for record, g in zip(records, generations, strict=True)]
-    return timings, stats_delta(before, after)
+def served_request(client: Any, prompt: str, max_tokens: int, log: Path, index: int) -> RequestTiming:
+    """One request over gRPC streaming, its BLS record (the `index`-th line of the log) joined with the client's
+    time."""
+    g = client.generate(prompt, max_tokens, stream=True)
+    return RequestTiming.from_bls(_record(log, index), g.latency_s, text=g.text,
+                                  accepted=g.accepted_draft_tokens or 0, drafted=g.draft_tokens or 0)
 
 
-def _records(log: Path, count: int, timeout_s: float = 10.0) -> list[dict[str, float]]:
-    """The instrumented BLS's lines (the last is written just after the request's final response went out)."""
+def _record(log: Path, index: int, timeout_s: float = 10.0) -> dict[str, float]:
+    """The instrumented BLS's `index`-th line (written just after the request's final response went out)."""
     deadline = time.monotonic() + timeout_s
     while True:
         lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
-        if len(lines) >= count or time.monotonic() > deadline:
+        if len(lines) > index or time.monotonic() > deadline:
             break
-        time.sleep(0.05)
-    if len(lines) != count:
-        raise SystemExit(f"{log}: {len(lines)} BLS records for {count} requests")
-    return [json.loads(line) for line in lines]
+        time.sleep(0.02)
+    if len(lines) != index + 1:
+        raise SystemExit(f"{log}: {len(lines)} BLS records after request {index + 1}")
+    return json.loads(lines[index])
 
 
 # -- the engine's step ---------------------------------------------------------------------------------------------
@@ -700,17 +695,19 @@ def engine_run(model: Any, info: Any, prompts: Sequence[list[int]], batch: int, 
 
 
 # -- main ------------------------------------------------------------------------------------------------------------
-def median_pass(passes: Sequence[Any], key: Callable[[Any], float]) -> Any:
-    return sorted(passes, key=key)[(len(passes) - 1) // 2]
+def fastest(passes: Sequence[Sequence[RequestTiming]]) -> list[RequestTiming]:
+    """Per request (position in a pass) its fastest pass by round time (the BLS's request less preprocessing):
+    damps bursts of other work on a shared machine, as runtime_bench keeps each call's fastest round."""
+    return [min(column, key=lambda t: t.serve_s - t.preprocessing_s) for column in zip(*passes, strict=True)]
 
 
-def assemble(settings: Mapping[str, Any], served_passes: Sequence[tuple[list[RequestTiming], dict[str, ModelStats]]],
+def assemble(settings: Mapping[str, Any], served_passes: Sequence[list[RequestTiming]], delta: Mapping[str, ModelStats],
              local_passes: Sequence[list[RequestTiming]], runs: Mapping[int, Sequence[StepRun]],
              machine: Mapping[str, Any]) -> dict[str, Any]:
-    """The report (without its targets): each side's median pass by ms per round, split into its parts, with that
-    pass's Triton statistics, and the engine's table."""
-    served_timings, delta = median_pass(served_passes, lambda p: split(p[0])["round_ms"])
-    local_timings = median_pass(local_passes, lambda p: split(p)["round_ms"])
+    """The report (without its targets): each side's requests, each at its fastest pass, split into the parts;
+    Triton's statistics over all measured passes (`delta`), checked against every served request; the engine's
+    table."""
+    served_timings, local_timings = fastest(served_passes), fastest(local_passes)
     served, in_process = split(served_timings), split(local_timings)
     return {
         "what": "one draft-target round served by tritonserver (instrumented BLS, Triton statistics) and in-process; "
@@ -721,9 +718,9 @@ def assemble(settings: Mapping[str, Any], served_passes: Sequence[tuple[list[Req
         "served_over_in_process": served["round_ms"] / in_process["round_ms"],
         "triton_per_execution_ms": {name: stats.per_execution_ms() for name, stats in delta.items()},
         "triton_statistics": {name: asdict(stats) for name, stats in delta.items()},
-        "triton_counts": counts_agree(delta, served_timings),
+        "triton_counts": counts_agree(delta, [t for p in served_passes for t in p]),
         "same_rounds": same_rounds(served_timings, local_timings),
-        "passes": {"served_round_ms": [round(split(p[0])["round_ms"], 3) for p in served_passes],
+        "passes": {"served_round_ms": [round(split(p)["round_ms"], 3) for p in served_passes],
                    "in_process_round_ms": [round(split(p)["round_ms"], 3) for p in local_passes]},
         "requests": {"served": [asdict(t) for t in served_timings], "in_process": [asdict(t) for t in local_timings]},
         "engine": engine_table(runs),
@@ -740,10 +737,13 @@ def same_rounds(served: Sequence[RequestTiming], local: Sequence[RequestTiming])
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=48, help="new tokens per request (serving_bench's)")
-    parser.add_argument("--passes", type=int, default=3, help="passes over the prompts; the median is kept")
+    parser.add_argument("--passes", type=int, default=5,
+                        help="passes over the prompts, served and in-process request by request; per request the "
+                             "fastest pass is kept")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16], help="engine step: active sequences")
     parser.add_argument("--engine-tokens", type=int, default=48, help="engine step: new tokens per sequence")
-    parser.add_argument("--engine-rounds", type=int, default=3, help="engine step: rounds per batch size")
+    parser.add_argument("--engine-rounds", type=int, default=5,
+                        help="engine step: rounds per batch size (interleaved); the fastest is kept")
     parser.add_argument("--no-prepare", action="store_true", help="serve demo/build as it is (no convert/build/deploy)")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     args = parser.parse_args(argv)
@@ -768,19 +768,27 @@ def main(argv: list[str] | None = None) -> int:
     prompts = list(DEFAULT_PROMPTS)
 
     local = LocalBls(copy)
-    served_passes: list[tuple[list[RequestTiming], dict[str, ModelStats]]] = []
+    served_passes: list[list[RequestTiming]] = []
     local_passes: list[list[RequestTiming]] = []
     with TritonServer(copy, log_file=WORK / "tritonserver.log") as server, \
             LLMClient(server.grpc_url) as client:
         stats_client = grpcclient.InferenceServerClient(server.grpc_url)
         fields = [client.request_fields(p, args.max_tokens, True, None) for p in prompts]
-        served_pass(client, stats_client, prompts, args.max_tokens, log)  # warm-up, both sides
-        for f in fields:
+        for f in fields:  # warm-up, both sides
+            client.generate(f["text_input"], args.max_tokens, stream=True)
             local.request(f)
-        for index in range(args.passes):
-            print(f"pass {index + 1}/{args.passes}: served, then in-process", flush=True)
-            served_passes.append(served_pass(client, stats_client, prompts, args.max_tokens, log))
-            local_passes.append([local.request(f) for f in fields])
+        _record(log, len(fields) - 1)
+        log.unlink()
+        before = parse_statistics(stats_client.get_inference_statistics(as_json=True))
+        for index in range(args.passes):  # request by request: a burst of other work hits both sides alike
+            print(f"pass {index + 1}/{args.passes}", flush=True)
+            served_passes.append([])
+            local_passes.append([])
+            for i, f in enumerate(fields):
+                served_passes[-1].append(served_request(client, f["text_input"], args.max_tokens, log,
+                                                        index * len(fields) + i))
+                local_passes[-1].append(local.request(f))
+        delta = stats_delta(before, parse_statistics(stats_client.get_inference_statistics(as_json=True)))
         stats_client.close()
     local.stop()
 
@@ -810,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "specbuild/runtime")
     machine = machine_info(["nvidia-pytriton", "tritonclient", "transformers"], torch_threads=threads,
                            loadavg_start=load_start)
-    report = assemble(settings, served_passes, local_passes, runs, machine)
+    report = assemble(settings, served_passes, delta, local_passes, runs, machine)
     targets = judged(report)
     report["targets"] = [{"target": t.name, "met": t.met, "measured": t.measured} for t in targets]
     report["bench_runtime_s"] = round(time.perf_counter() - bench_start, 1)
