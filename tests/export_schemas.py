@@ -12,9 +12,6 @@ VLLM_SPECULATIVE = "vllm-project/vllm:vllm/config/speculative.py@002e77c1f0ef9b1
 VLLM_QUANTIZATION = ("vllm-project/vllm:vllm/model_executor/layers/quantization/__init__.py"
                      "@05d909563e1d1ada39a13b67e7b9a4cbca1d6a8e")
 VLLM_CACHE = "vllm-project/vllm:vllm/config/cache.py@c1d86421174a87056edc90a41dc9942391509e84"
-VLLM_MEDUSA_CONFIG = ("vllm-project/vllm:vllm/transformers_utils/configs/medusa.py"
-                      "@4bb77b3239adff81001f12cd9c9a39b65800a373")
-VLLM_MEDUSA_MODEL = "vllm-project/vllm:vllm/model_executor/models/medusa.py@09cddad8f0324594022359cd2b07e962a14b895f"
 
 VLLM_MODEL_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 """ModelDType (vllm/config/model.py), the --dtype choices."""
@@ -33,10 +30,11 @@ VLLM_SERVE_OPTIONS: dict[str, object] = {
 }
 
 VLLM_SPECULATIVE_METHODS = (
-    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+    "ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
     "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark",
 )
-"""SpeculativeMethod (VLLM_SPECULATIVE), without the per-model MTP aliases."""
+"""SpeculativeMethod (VLLM_SPECULATIVE; 0.33.0 has no medusa, no mlp_speculator), without the per-model MTP
+aliases."""
 
 VLLM_QUANTIZATION_METHODS_USED = ("fp8", "modelopt")
 """The members of QuantizationMethods (VLLM_QUANTIZATION) an export may pass: "fp8" (Fp8Config, which quantizes an
@@ -70,41 +68,6 @@ VLLM_SPECULATIVE_FIELDS: dict[str, object] = {
     "draft_sample_method": ("greedy", "probabilistic"),
     "rejection_sample_method": ("standard", "synthetic", "block"),
 }
-
-VLLM_MEDUSA_CONFIG_FIELDS: dict[str, object] = {
-    # MedusaConfig.__init__ (VLLM_MEDUSA_CONFIG) plus the attributes Medusa reads with getattr (VLLM_MEDUSA_MODEL)
-    # and PretrainedConfig's own (architectures, dtype / torch_dtype).
-    "model_type": ("medusa",),
-    "architectures": (["MedusaModel"],),
-    "hidden_size": int,
-    "vocab_size": int,
-    "num_heads": int,
-    "num_hidden_layers": int,
-    "max_paths": int,
-    "topk": int,
-    "truncated_vocab_size": int,
-    "medusa_fc_bias": bool,
-    "original_lm_head": bool,
-    "logit_scale": float,
-    "dtype": str,
-    "torch_dtype": str,
-}
-
-
-def vllm_medusa_parameters(num_heads: int, num_layers: int, hidden: int, vocab: int, *,
-                           bias: bool) -> dict[str, tuple[int, ...]]:
-    """What vLLM's Medusa model loads (VLLM_MEDUSA_MODEL, original_lm_head false): per head, ResidualBlock
-    `blocks.{h}.layers.{l}` Linear(hidden, hidden, bias=medusa_fc_bias), and ParallelLMHead `lm_heads.{h}` whose
-    checkpoint tensor is (vocab, hidden) (the layer pads its own rows; the checkpoint carries the unpadded ones)."""
-    names: dict[str, tuple[int, ...]] = {}
-    for head in range(num_heads):
-        for layer in range(num_layers):
-            names[f"blocks.{head}.layers.{layer}.weight"] = (hidden, hidden)
-            if bias:
-                names[f"blocks.{head}.layers.{layer}.bias"] = (hidden,)
-        names[f"lm_heads.{head}.weight"] = (vocab, hidden)
-    return names
-
 
 # -- SGLang --------------------------------------------------------------------------------------------------------
 SGLANG_SPECULATIVE_DOCS = ("sgl-project/sglang:docs/advanced_features/speculative_decoding.md"
@@ -152,6 +115,8 @@ SGLANG_OPTIONS: dict[str, object] = {
     "--speculative-eagle-topk": int,
     "--speculative-num-draft-tokens": int,
     "--speculative-draft-model-quantization": (*SGLANG_QUANTIZATION, "unquant"),
-    "--speculative-ngram-min-match-window-size": int,
-    "--speculative-ngram-max-match-window-size": int,
+    # sgl-project/sglang:python/sglang/srt/arg_groups/fields/spec.py@015c872628e3 (0.5.23's n-gram options)
+    "--speculative-ngram-min-bfs-breadth": int,
+    "--speculative-ngram-max-bfs-breadth": int,
+    "--speculative-ngram-max-trie-depth": int,
 }

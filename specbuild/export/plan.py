@@ -18,12 +18,15 @@ from specbuild.export.sources import Source
 from specbuild.spec.schema import NGramSpec
 
 if TYPE_CHECKING:
-    from specbuild.export.medusa_heads import VllmMedusaHeads
     from specbuild.spec import PipelineSpec
 
 ENGINES = ("vllm", "sglang")
-SCRIPT_DIR_LINE = 'here=$(cd "$(dirname "$0")" && pwd)'
-"""Sets `$here` in serve.sh to the directory the script is in, wherever the export was moved."""
+
+
+MEDUSA_INSTEAD = ("train an EAGLE-3 draft for target.model (`specbuild eagle train TARGET_DIR DRAFT_DIR`) and export "
+                  "speculative.mode: eagle3 with draft.model: DRAFT_DIR; or serve the Medusa heads with TensorRT-LLM "
+                  "1.2's engine flow (`specbuild convert`, `build`, `deploy` SPEC)")
+"""What to do instead of a Medusa export: neither vLLM 0.33 nor SGLang has Medusa."""
 
 
 class ExportRefused(SpecbuildError):
@@ -50,13 +53,9 @@ class ExportPlan:
     sources: list[Source]
     notes: list[str] = field(default_factory=list)
     """Spec settings the engine has no counterpart for (said, not silently dropped)."""
-    medusa: VllmMedusaHeads | None = None
-    """Medusa heads converted to vLLM's format, written under MEDUSA_DIR."""
-    script_lines: list[str] = field(default_factory=list)
-    """serve.sh's lines before its command (e.g. SCRIPT_DIR_LINE)."""
-    script_command: str | None = None
-    """serve.sh's command (shell text) where it differs from `command()`: a file of the export is read beside the
-    script (`$here`) rather than where it was written, so the directory can be moved."""
+    medusa: None = None
+    """Always None: no export converts Medusa heads since vLLM 0.33 dropped Medusa (vllm.py refuses it); kept while
+    specbuild/cli/export.py's dry run still asks for it."""
 
     def command(self) -> str:
         """The command as one shell line."""

@@ -3,7 +3,8 @@
 SGLang takes speculation as flat flags (`sources.SGLANG_SPECULATIVE_DOCS`). A draft-target spec with K draft tokens
 is STANDALONE drafting K steps with one candidate per step (topk 1), which verifies K + 1 tokens (the docs: with
 topk 1, num_draft_tokens becomes num_steps + 1); EAGLE-3 is the same with EAGLE3 and the EAGLE-3 draft, n-gram is
-NGRAM verifying K tokens. SGLang has no Medusa. A quantized draft is convert's ModelOpt export on build.flow:
+NGRAM proposing a chain of K (num_draft_tokens K + 1 there too: its corpus counts the last verified token). SGLang
+has no Medusa. A quantized draft is convert's ModelOpt export on build.flow:
 pytorch (`--speculative-draft-model-quantization modelopt`), or fp8 applied while loading on build.flow: engine
 (`draft.ENGINE_QUANTIZATION`). The same flags are written as the YAML file
 `launch_server --config` reads (keys without the leading dashes, `sources.SGLANG_SERVER_ARGS_DOCS`).
@@ -16,6 +17,7 @@ from pathlib import Path
 from specbuild.contracts.quant_formats import NONE
 from specbuild.export.draft import DraftLoad, draft_load
 from specbuild.export.plan import (
+    MEDUSA_INSTEAD,
     ExportPlan,
     Option,
     command_line,
@@ -24,7 +26,12 @@ from specbuild.export.plan import (
     ngram_notes,
     refuse,
 )
-from specbuild.export.sources import SGLANG_SERVER_ARGS_DOCS, SGLANG_SPECULATIVE_DOCS
+from specbuild.export.sources import (
+    SGLANG_NGRAM_PARAM,
+    SGLANG_SERVER_ARGS_DOCS,
+    SGLANG_SPEC_FIELDS,
+    SGLANG_SPECULATIVE_DOCS,
+)
 from specbuild.spec import PipelineSpec
 
 ENGINE = "sglang"
@@ -63,12 +70,23 @@ def drafted(load: DraftLoad) -> tuple[Option, ...]:
         Option("--speculative-draft-model-quantization", SGLANG_SPECULATIVE_DOCS, lambda s: load.quantization),
     )
 
-NGRAM = (  # the longest suffix looked up is max_matching_ngram_size, down to one token
+
+def trie_depth(spec: PipelineSpec) -> int:
+    """--speculative-ngram-max-trie-depth: the trie stores (and matches) sequences up to this long, so a match of the
+    longest n-gram (max_matching_ngram_size) can still propose K tokens after it (sglang 0.5.23 trie.cpp: a match of
+    depth d continues at most depth - d tokens)."""
+    return longest_ngram(spec) + _k(spec)
+
+
+# sglang 0.5.23's n-gram options: sgl-project/sglang python/sglang/srt/arg_groups/fields/spec.py@015c872628e3
+# (SGLANG_SPEC_FIELDS) and the K + 1 of python/sglang/kernels/jit/csrc/ngram_corpus/param.h@01a8b7f0f911
+# (SGLANG_NGRAM_PARAM). Breadth 1 makes the proposal one chain of K, as TensorRT-LLM's NGram and vLLM's ngram propose.
+NGRAM = (
     Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: "NGRAM"),
-    Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, _k),
-    Option("--speculative-ngram-min-match-window-size", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
-    Option("--speculative-ngram-max-match-window-size", SGLANG_SPECULATIVE_DOCS,
-           longest_ngram),
+    Option("--speculative-num-draft-tokens", SGLANG_NGRAM_PARAM, lambda s: _k(s) + 1),
+    Option("--speculative-ngram-min-bfs-breadth", SGLANG_SPEC_FIELDS, lambda s: 1),
+    Option("--speculative-ngram-max-bfs-breadth", SGLANG_SPEC_FIELDS, lambda s: 1),
+    Option("--speculative-ngram-max-trie-depth", SGLANG_SPEC_FIELDS, trie_depth),
 )
 
 def _check_draft(spec: PipelineSpec) -> list[str]:
@@ -105,12 +123,16 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         options += drafted(load)
     elif mode == "ngram":
         notes += ngram_notes(spec, "SGLang's NGRAM")
+        notes.append(f"speculative.ngram.max_matching_ngram_size {longest_ngram(spec)}: SGLang has no separate limit "
+                     "on the suffix it matches; --speculative-ngram-max-trie-depth "
+                     f"{trie_depth(spec)} (that length plus K) bounds the match and the proposal together")
+        sources += [SGLANG_SPEC_FIELDS, SGLANG_NGRAM_PARAM]
         options += NGRAM
     elif mode == "medusa":
         raise refuse(spec, DISPLAY, "speculative.mode medusa",
                      "SGLang has no Medusa: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM and NEXTN "
                      f"({SGLANG_SPECULATIVE_DOCS})",
-                     hint="`specbuild export vllm` serves the Medusa heads; or use speculative.mode draft_target")
+                     hint=MEDUSA_INSTEAD)
     elif mode == "lookahead":
         raise refuse(spec, DISPLAY, "speculative.mode lookahead",
                      "SGLang has no Lookahead decoding: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM "

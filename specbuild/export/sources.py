@@ -27,9 +27,11 @@ VLLM_ENGINE_ARGS = Source("vllm-project/vllm", "vllm/engine/arg_utils.py", "99d7
 """EngineArgs: every field is a `vllm serve` option spelt --kebab-case (tensor_parallel_size ->
 --tensor-parallel-size); `dtype` takes ModelDType, bools are BooleanOptionalAction (--trust-remote-code /
 --no-trust-remote-code)."""
-VLLM_SPECULATIVE = Source("vllm-project/vllm", "vllm/config/speculative.py", "002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443")
-"""SpeculativeConfig: the keys of --speculative-config's JSON (method, model, num_speculative_tokens, quantization,
-kv_cache_dtype, draft_sample_method, prompt_lookup_max/min) and the SpeculativeMethod choices."""
+VLLM_SPECULATIVE = Source("vllm-project/vllm", "vllm/config/speculative.py", "4ba787ec9")
+"""SpeculativeConfig of vLLM 0.33.0 (the wheel's vllm/_version.py: commit g4ba787ec9): the keys of
+--speculative-config's JSON (method, model, num_speculative_tokens, quantization, kv_cache_dtype,
+draft_sample_method, prompt_lookup_max/min) and the SpeculativeMethod choices, which have no "medusa" (and 0.33.0
+has no Medusa model)."""
 VLLM_QUANTIZATION = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/__init__.py",
                            "05d909563e1d1ada39a13b67e7b9a4cbca1d6a8e")
 """QuantizationMethods: "fp8" quantizes an unquantized checkpoint's weights while loading (no calibration)."""
@@ -55,6 +57,18 @@ medusa_fc_bias), lm_heads.{h}.weight unless original_lm_head; each layer compute
 are top-1 per head (a chain, no tree)."""
 
 # -- SGLang --------------------------------------------------------------------------------------------------------
+SGLANG_SPEC_FIELDS = Source("sgl-project/sglang", "python/sglang/srt/arg_groups/fields/spec.py",
+                            "015c872628e328b530880bcf95ae91222604b225")
+"""The `spec` namespace of ServerArgs (each field a --kebab-case option); its n-gram fields are those of the sglang
+0.5.23 wheel: --speculative-ngram-min-bfs-breadth / -max-bfs-breadth (defaults 1 / 10; `_handle_ngram` in
+arg_groups/speculative_hook.py makes --speculative-eagle-topk the max breadth), -match-type (BFS, PROB),
+-max-trie-depth (18: the longest sequence the trie stores, so a match plus the tokens proposed after it),
+-capacity, and the -external-* corpus options. The older --speculative-ngram-*-match-window-size are gone."""
+SGLANG_NGRAM_PARAM = Source("sgl-project/sglang", "python/sglang/kernels/jit/csrc/ngram_corpus/param.h",
+                            "01a8b7f0f9118582f367f74af49f7df91a4cb939")
+"""NGRAM's corpus: `get_draft_token_num` is draft_token_num - 1, because the tree it returns starts with the last
+verified token (trie.cpp `fillResult(last_token, draft_token_num + 1, ...)`); so --speculative-num-draft-tokens
+K + 1 proposes K (the same in the 0.5.23 wheel)."""
 SGLANG_SPECULATIVE_DOCS = Source("sgl-project/sglang", "docs/advanced_features/speculative_decoding.md",
                                  "fc6d465375b9e4e49d32cd9ea24024a355125435")
 """--speculative-algorithm (EAGLE, EAGLE3, STANDALONE, NGRAM, NEXTN), --speculative-draft-model-path,

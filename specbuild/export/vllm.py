@@ -4,22 +4,22 @@ Limits map one to one (tp, pp, max_model_len = max_input_len + max_output_len, m
 speculative method is one JSON object whose keys are SpeculativeConfig's fields (`sources.VLLM_SPECULATIVE`).
 The draft is the Hugging Face checkpoint the spec names, or with draft.quantization on build.flow: pytorch convert's
 ModelOpt export of it as quantization "modelopt"; on build.flow: engine only fp8, which vLLM applies while loading
-(`draft.ENGINE_QUANTIZATION` says which format goes which way).
+(`draft.ENGINE_QUANTIZATION` says which format goes which way). Medusa and Lookahead are refused: vLLM 0.33 has
+neither (no `medusa` SpeculativeMethod, no Medusa model).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
 from specbuild.contracts.quant_formats import KV_FORMATS, NONE
 from specbuild.export.draft import draft_load
-from specbuild.export.medusa_heads import CONFIG_SOURCE, MEDUSA_DIR, MODEL_SOURCE, VllmMedusaHeads, convert_heads
 from specbuild.export.plan import (
-    SCRIPT_DIR_LINE,
+    MEDUSA_INSTEAD,
     ExportPlan,
+    ExportRefused,
     Option,
     command_line,
     load_notes,
@@ -105,41 +105,26 @@ def _eagle3(spec: PipelineSpec, notes: list[str], sources: list[Source]) -> dict
     return _draft_model(spec, notes, sources, "eagle3")
 
 
-def _medusa(spec: PipelineSpec, directory: Path, heads: VllmMedusaHeads, notes: list[str]) -> dict[str, Any]:
-    assert spec.medusa is not None
-    depth = spec.medusa.depth
-    if depth > heads.num_heads:
-        raise refuse(spec, DISPLAY, f"medusa.choices (depth {depth})",
-                     f"the heads in {spec.medusa.heads} are only {heads.num_heads}, one per proposed token")
-    notes.append(f"medusa.choices: vLLM proposes one chain, each head's top-1 token ({MODEL_SOURCE}), not the "
-                 f"{len(spec.medusa.resolved_choices())}-node tree; its length is the tree's depth, {depth}")
-    return {"method": "medusa", "model": str(directory / MEDUSA_DIR), "num_speculative_tokens": depth}
+VLLM_METHODS = ("ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3", "extract_hidden_states", "dflash",
+                "ngram_gpu", "dspark", "the MTP model types")
+"""SpeculativeMethod of vLLM 0.33.0 (VLLM_SPECULATIVE), said in a refusal: no "medusa" and no "mlp_speculator"
+(both were removed with their models; vllm/model_executor/models/ has no medusa.py in 0.33.0)."""
 
 
-UNQUOTED_DIR_CHECK = (
-    r'case $here in *[\"\\]*)',
-    r'  echo "$here: a path with a quote or a backslash cannot be pasted into --speculative-config (JSON); move the '
-    r'export to a plainer path" >&2; exit 1;;',
-    "esac",
-)
-"""serve.sh's refusal of a directory it cannot paste into the JSON (one clear message instead of vLLM's parse error)."""
-
-
-def _script_command(argv: list[str], speculative: dict[str, Any]) -> str:
-    """serve.sh's command, with the Medusa heads read from MEDUSA_DIR beside the script: the JSON is quoted in two
-    parts around the model path, which the shell fills in from `$here` (SCRIPT_DIR_LINE; UNQUOTED_DIR_CHECK refuses
-    a directory whose name JSON would need to escape)."""
-    mark = json.dumps("\0")  # no path holds a NUL, so the split finds the model value alone
-    before, after = json.dumps({**speculative, "model": "\0"}, separators=(",", ":")).split(mark)
-    return f'{shlex.join(argv[:-1])} {shlex.quote(before)}"\\"$here/{MEDUSA_DIR}\\""{shlex.quote(after)}'
+def _refuse_medusa(spec: PipelineSpec) -> ExportRefused:
+    """vLLM 0.33 has no Medusa (VLLM_SPECULATIVE): what serves the same target with speculation instead."""
+    return refuse(spec, DISPLAY, "speculative.mode medusa",
+                  f"vLLM 0.33 has no Medusa: SpeculativeConfig.method takes {', '.join(VLLM_METHODS)} "
+                  f"({VLLM_SPECULATIVE}), and it has no Medusa model to load the heads into",
+                  hint=MEDUSA_INSTEAD)
 
 
 def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
-    """The command and config for `spec`, whose files will live in `directory`."""
+    """The command and config for `spec` (`directory` and `allow_pickle` are unused since no export converts Medusa
+    heads: the command and its JSON are all vLLM needs of ours)."""
     mode = spec.speculative.mode
     notes: list[str] = []
     draft_sources: list[Source] = []
-    heads: VllmMedusaHeads | None = None
     speculative: dict[str, Any] | None
     if mode == "none":
         speculative = None
@@ -150,13 +135,11 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
     elif mode == "eagle3":
         speculative = _eagle3(spec, notes, draft_sources)
     elif mode == "medusa":
-        assert spec.medusa is not None
-        heads = convert_heads(spec.medusa.heads, spec.target.model, allow_pickle=allow_pickle)
-        speculative = _medusa(spec, directory, heads, notes)
+        raise _refuse_medusa(spec)
     elif mode == "lookahead":
         raise refuse(spec, DISPLAY, "speculative.mode lookahead",
-                     "vLLM has no Lookahead decoding: SpeculativeConfig.method takes ngram, medusa, mlp_speculator, "
-                     f"draft_model, suffix, the EAGLE/MTP family ({VLLM_SPECULATIVE})",
+                     f"vLLM has no Lookahead decoding: SpeculativeConfig.method takes {', '.join(VLLM_METHODS)} "
+                     f"({VLLM_SPECULATIVE})",
                      hint="serve it with TensorRT-LLM (`specbuild deploy`), or export speculative.mode ngram, the "
                           "nearest draft-free method vLLM has")
     else:
@@ -171,10 +154,4 @@ def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = Fals
         argv += [SPECULATIVE_FLAG.flag, text]
         files[CONFIG_FILE] = json.dumps(speculative, indent=2) + "\n"
         sources += [VLLM_SPECULATIVE, *draft_sources] + ([VLLM_CACHE] if "kv_cache_dtype" in speculative else [])
-    plan = ExportPlan(ENGINE, argv, files, sources, notes, heads)
-    if heads is not None and speculative is not None:
-        plan.sources += [MODEL_SOURCE, CONFIG_SOURCE]
-        plan.script_lines = [f"# The Medusa heads are read from {MEDUSA_DIR}/ beside this script ({CONFIG_FILE} and "
-                             "manifest.json name where they were written).", SCRIPT_DIR_LINE, *UNQUOTED_DIR_CHECK]
-        plan.script_command = _script_command(argv, speculative)
-    return plan
+    return ExportPlan(ENGINE, argv, files, sources, notes)

@@ -1,4 +1,4 @@
-"""Write an export directory whole or not at all: serve.sh, the engine's config, converted heads, manifest.json.
+"""Write an export directory whole or not at all: serve.sh, the engine's config, manifest.json.
 
 `serve.sh` is the command with the export's notes as comments above it, so what the engine will not do is read where
 the command is; `manifest.json` says which spec and which upstream files it came from (and lets the next export
@@ -13,7 +13,6 @@ from pathlib import Path
 
 from specbuild.atomic import Inputs, atomic_directory
 from specbuild.contracts.llm_api import quantized_draft_dir
-from specbuild.export.medusa_heads import MEDUSA_DIR
 from specbuild.export.plan import ExportPlan
 from specbuild.manifest import Status, write_manifest
 from specbuild.spec import PipelineSpec
@@ -32,20 +31,20 @@ def serve_script(plan: ExportPlan, spec_path: str) -> str:
     lines = ["#!/bin/sh", f"# Written by `specbuild export {plan.engine}` from {spec_path}.",
              "# Names from: " + "; ".join(str(source) for source in plan.sources)]
     lines += [f"# Note: {note}" for note in plan.notes]
-    lines += plan.script_lines
-    lines.append(f'exec {plan.script_command or plan.command()} "$@"')
+    lines.append(f'exec {plan.command()} "$@"')
     return "\n".join(lines) + "\n"
 
 
 def manifest(plan: ExportPlan, spec_path: str) -> dict[str, object]:
     return {"stage": "export", "engine": plan.engine, "spec": spec_path, "argv": plan.argv,
-            "files": sorted([SCRIPT, *plan.files] + ([MEDUSA_DIR] if plan.medusa is not None else [])),
+            "files": sorted([SCRIPT, *plan.files]),
             "sources": [str(source) for source in plan.sources], "notes": plan.notes}
 
 
 def export_inputs(spec: PipelineSpec) -> Inputs:
     """What an export reads or names: the models the engine loads (a quantized draft: convert's ModelOpt export),
-    the Medusa heads it converts, and the spec. The export directory may not be, contain or lie inside any."""
+    the Medusa heads (both engines refuse Medusa; the heads are still never overwritten) and the spec. The export
+    directory may not be, contain or lie inside any."""
     try:
         spec_file: Path | None = spec.path
     except RuntimeError:  # a spec made in memory has no file
@@ -63,7 +62,5 @@ def write_export(plan: ExportPlan, directory: Path, spec_path: str, *, inputs: I
         os.chmod(script, 0o755)
         for name, text in plan.files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        if plan.medusa is not None:
-            plan.medusa.write(tmp / MEDUSA_DIR)
         write_manifest(tmp, manifest(plan, spec_path))
     return ExportResult(plan, directory, "written")
