@@ -109,7 +109,8 @@ def test_requests_join_one_batch_and_equal_plain_greedy(kind: str, schedule: dic
                                                         target: CausalLM, tiny: dict[str, Path]) -> None:
     """Six requests arriving a step apart are drafted for and verified together (several sequences per target
     and draft forward); every output is the target's plain greedy one, also for follow-ups that reuse a finished
-    request's cached prompt and output, and with a schedule that turns drafting off under load."""
+    request's cached prompt and output (in part or whole), and with a schedule that turns drafting off under
+    load."""
     proposer = _proposer(kind, target, tiny)
     engine = ServingEngine(target, max_batch=6, max_seq_len=160, proposer=proposer,
                            schedule=DraftSchedule(schedule, K) if schedule else None)
@@ -121,7 +122,8 @@ def test_requests_join_one_batch_and_equal_plain_greedy(kind: str, schedule: dic
     engine.run_until_idle()
     outputs = [h.wait(0).tokens for h in handles]
     assert outputs == [_greedy(target, p, 20) for p in prompts]
-    follow = [[*p, *out, 7, 8] for p, out in zip(prompts[:2], outputs[:2], strict=True)]
+    follow = [*([*p, *out, 7, 8] for p, out in zip(prompts[:2], outputs[:2], strict=True)),
+              [*prompts[2], *outputs[2]]]  # the whole prompt cached: its first step is still the target's own
     again = [engine.submit(EngineRequest(p, 12)) for p in follow]
     engine.run_until_idle()
     assert [h.wait(0).tokens for h in again] == [_greedy(target, p, 12) for p in follow]

@@ -261,8 +261,6 @@ def pytorch_flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
         return problems
     problems += list(settings_problems(llm_args(spec)))
     unused = "is an engine-flow setting; build.flow: pytorch builds no engine"
-    if llmapi_backend(spec) == "reference" and spec.speculative.mode in REFERENCE_REFUSED:
-        problems.append((("speculative", "mode"), REFERENCE_REFUSED[spec.speculative.mode]))
     if spec.build.gather_context_logits:
         problems.append((("build", "gather_context_logits"), f"{unused} (remove it)"))
     if spec.speculative.max_draft_len is not None:
@@ -502,13 +500,9 @@ REFERENCE_FILE = f"{LLMAPI_MODEL}/1/reference.json"
 serves the llmapi model's interface on CPU) and this side file naming the converted checkpoints it loads; model.yaml
 stays exactly what NVIDIA's model.py reads, and the reference reads its settings from there too."""
 REFERENCE_ROLES: dict[str, tuple[str, ...]] = {"none": ("target",), "draft_target": ("target", "draft"),
-                                               "eagle3": ("target",)}
+                                               "eagle3": ("target",), "ngram": ("target",)}
 """Which models `convert` writes as TensorRT-LLM checkpoints for the reference runtime, by speculative.mode (an
-EAGLE-3 draft is loaded from its Hugging Face directory as it is)."""
-REFERENCE_REFUSED: dict[str, str] = {
-    "ngram": "ngram on build.backend: reference: specbuild's reference runtime has no NGram drafter; use "
-             "build.backend: tensorrt (NVIDIA's llmapi model on TensorRT-LLM), or draft_target / eagle3",
-}
+EAGLE-3 draft is loaded from its Hugging Face directory as it is; NGram needs no draft)."""
 
 
 def llmapi_backend(spec: PipelineSpec) -> Literal["tensorrt", "reference"]:

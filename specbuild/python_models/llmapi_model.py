@@ -7,8 +7,10 @@ refused and with which text, what `text_output` holds (the prompt first unless e
 completion so far in every response), which other outputs a response carries and as what - follows NVIDIA's
 model.py and helpers.py and the LLM API under them (the contract: `specbuild.contracts.llm_api`, LLMAPI_CODE_SOURCE,
 SAMPLING_PARAMS_SOURCE, RESULT_SOURCE). The decoding is the reference runtime's: `none` through the serving engine
-(in-flight batching), DraftTarget as the BLS's draft-target rounds (`bls_loop.speculate`) over a target and a draft
-serving engine, Eagle through `specbuild.runtime.eagle3_decoding` when the runtime has it.
+(in-flight batching) for every speculative_config the reference serves: DraftTarget, Eagle (EAGLE-3, chain or
+`eagle_choices` tree) and NGram are the engine's proposers (`specbuild.runtime.proposers`), so concurrent requests
+of any method share the target's (and the draft's) forwards instead of queueing; NVIDIA's llmapi model.yaml says
+its implementation "does not support batching".
 
 Where the reference departs from NVIDIA's model, on purpose: a request aborted by a stop request still gets a final
 (empty) flag so its stream closes (NVIDIA's sends it nothing when not streaming); `sampling_param_stop` strings are
@@ -18,6 +20,7 @@ decoded from the BYTES tensor as UTF-8 (NVIDIA's passes the numpy array to Sampl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -149,18 +152,6 @@ def decoding(request: ParsedRequest, end_id: int | None) -> Any:
                           frequency_penalty=s.get("frequency_penalty"), end_id=end_id)
 
 
-def runtime_params(request: ParsedRequest) -> Any:
-    """The same choice as `decoding`, as the runtime's SamplingParams (temperature 0: the argmax)."""
-    from specbuild.runtime.sampling import SamplingParams
-
-    if is_greedy(request):
-        return SamplingParams()
-    s = request.sampling
-    return SamplingParams(temperature=float(1.0 if s.get("temperature") is None else s["temperature"]),
-                          top_k=int(s.get("top_k") or 0), top_p=float(1.0 if s.get("top_p") is None else s["top_p"]),
-                          seed=s.get("seed"))
-
-
 # -- running it ------------------------------------------------------------------------------------------------------
 
 
@@ -190,7 +181,6 @@ class Job:
     stop_words: tuple[tuple[int, ...], ...]
     on_progress: Callable[[Progress], None]
     cancelled: Callable[[], bool]
-    params: Any = None  # the runtime's SamplingParams (what batch decoders such as EAGLE-3's take)
 
 
 class Runner(Protocol):
@@ -278,7 +268,7 @@ class LlmApiModel:
 
         return Job(request.prompt_ids, int(parsed.param("max_tokens")), decoding(parsed, end_id), is_greedy(parsed),
                    end_id, request.stop_words, lambda progress: self._on_progress(request, progress, cancelled),
-                   cancelled, runtime_params(parsed))
+                   cancelled)
 
     def _stop(self, request_id: str, send: Callable[[Answer], None]) -> None:
         """handle_stop_request: abort every request with this id; the stop request itself gets CANCELLED."""
@@ -405,10 +395,6 @@ def _error(message: str, *, wrapped: bool = True) -> Answer:
 
 
 # -- runners over the reference runtime ------------------------------------------------------------------------------
-_REASONS = {"end_id": "end_id", "stop_word": "stop_word", "length": "length", "stopped": "length"}
-"""bls_loop Row.finish -> Progress.reason ("stopped": the target ended the row early, at its own limits)."""
-
-
 def _engine_request(job: Job, **fields: Any) -> Any:
     from specbuild.runtime.serving import EngineRequest
 
@@ -417,8 +403,10 @@ def _engine_request(job: Job, **fields: Any) -> Any:
 
 
 class EngineRunner:
-    """No speculation (model.yaml without speculative_config): each job is one request of the serving engine, which
-    batches it in flight with the others; its stop rules are the runtime's (the stop word kept: `_visible` cuts it)."""
+    """Every job is one request of the one serving engine, which batches it in flight with the others and, with a
+    proposer (DraftTarget's draft model, Eagle's EAGLE-3 draft, NGram), drafts for all of them in the same steps;
+    its stop rules are the runtime's (the stop word kept: `_visible` cuts it). `stats` are the engine's counters
+    (batched forwards, draft forwards), which the Triton adapter publishes as metrics."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -428,6 +416,11 @@ class EngineRunner:
 
     def stop(self) -> None:
         self.engine.stop()
+
+    def stats(self) -> dict[str, int]:
+        stats = self.engine.stats
+        return {f.name: int(getattr(stats, f.name)) for f in dataclasses.fields(stats)
+                if isinstance(getattr(stats, f.name), int)}
 
     def start(self, job: Job) -> None:
         tokens: list[int] = []
@@ -441,145 +434,35 @@ class EngineRunner:
                                            cancelled=job.cancelled, on_update=on_update))
 
 
-class DraftTargetRunner:
-    """DraftTarget: the BLS's rounds (`bls_loop.speculate`: the draft proposes up to K tokens, the target verifies
-    them and adds its own) over a draft and a target serving engine, one thread per request, so concurrent requests
-    batch in both engines. K per round from the model.yaml's draft_len_schedule / max_concurrency."""
+def proposer(config: Mapping[str, Any], load_draft: Callable[[], Any], load_eagle3: Callable[[], Any]) -> Any:
+    """The serving engine's proposer for a model.yaml speculative_config (llm_args.py's field names): DraftTarget
+    the draft checkpoint, Eagle the EAGLE-3 draft (a chain, or the static tree `eagle_choices`), NGram prompt
+    lookup with NGramDecodingConfig's settings; other decoding types are refused by name."""
+    from specbuild.runtime.proposers import Eagle3Proposer, ModelProposer, NGramConfig, NGramProposer
 
-    def __init__(self, target: Any, draft: Any, draft_len: Callable[[int], int]) -> None:
-        self.target, self.draft, self.draft_len = target, draft, draft_len
-        self._active = 0
-        self._lock = threading.Lock()
+    kind = config.get("decoding_type")
+    k = int(config.get("max_draft_len") or 0)
+    if kind == "DraftTarget":
+        return ModelProposer(load_draft(), k)
+    if kind == "Eagle":
+        choices = config.get("eagle_choices")
+        if isinstance(choices, str):  # TensorRT-LLM's string form "[[0], [0, 0], ...]"
+            import json
 
-    def check(self, job: Job) -> None:
-        self.target.check(_engine_request(job))
-
-    def start(self, job: Job) -> None:
-        threading.Thread(target=self._run, args=(job,), daemon=True, name="llmapi-draft-target").start()
-
-    def stop(self) -> None:
-        self.target.stop()
-        self.draft.stop()
-
-    def _run(self, job: Job) -> None:
-        from specbuild.python_models.bls_loop import DraftUnavailable, Proposal, Row, Verdict, speculate
-
-        def propose(sequence: np.ndarray, n: int) -> Proposal:
-            result = self.draft.submit(self._draft_request(job, sequence, n)).wait()
-            if result.error:
-                raise DraftUnavailable(result.error)
-            return Proposal(result.tokens, result.logits)
-
-        def verify(sequence: np.ndarray, drafts: list[int], logits: Any, out_len: int) -> Verdict:
-            from specbuild.runtime.serving import EngineRequest
-
-            result = self.target.submit(EngineRequest(
-                prompt=[int(t) for t in sequence], max_new_tokens=out_len, decoding=job.decoding,
-                draft_tokens=drafts or None, draft_logits=logits, one_round=bool(drafts),
-                cancelled=job.cancelled)).wait()
-            if result.error:
-                raise RuntimeError(result.error)
-            return Verdict(result.tokens, result.accepted_draft_tokens if drafts else None)
-
-        row = Row(job.prompt, job.max_tokens, end_id=job.end_id, stop_words=job.stop_words, keep_stop_words=True)
-
-        def on_chunk(chunk: Any) -> None:
-            job.on_progress(Progress(list(row.generated[: chunk.start + len(chunk.tokens)]), chunk.final,
-                                     _REASONS.get(row.finish) if chunk.final else None, row.accepted, row.drafted))
-
-        with self._lock:
-            self._active += 1
-        try:
-            if not speculate(row, lambda: self.draft_len(self._active), propose, verify, on_chunk=on_chunk,
-                             cancelled=job.cancelled):
-                job.on_progress(Progress(list(row.generated), True, "cancelled", row.accepted, row.drafted))
-        except Exception as err:  # the target refused a round: the request's error response
-            job.on_progress(Progress(list(row.generated), True, "error", error=str(err)))
-        finally:
-            with self._lock:
-                self._active -= 1
-
-    @staticmethod
-    def _draft_request(job: Job, sequence: np.ndarray, n: int) -> Any:
-        from specbuild.runtime.serving import EngineRequest
-
-        return EngineRequest(prompt=[int(t) for t in sequence], max_new_tokens=n, decoding=job.decoding,
-                             return_logits=not job.greedy, cancelled=job.cancelled)
-
-
-class _Cancelled(Exception):
-    """Raised from a batch decoder's streaming callback to end a request whose client went away or was stopped."""
-
-
-class Eagle3Runner:
-    """Eagle (an EAGLE-3 draft): `specbuild.runtime.eagle3_decoding.generate_eagle3` on one request at a time
-    (the decoder runs a batch to completion, so a request cannot join a running one): concurrent requests queue
-    on a lock and each is answered in full; tokens stream from its per-round `on_tokens` callback, which also ends
-    a cancelled request (the runtime has no cancel of its own)."""
-
-    def __init__(self, target: Any, draft: Any, num_draft_tokens: int, max_seq_len: int) -> None:
-        from specbuild.runtime.serving import ServingEngine
-
-        self.target, self.draft, self.k = target, draft, num_draft_tokens
-        self._limits = ServingEngine(target, max_batch=1, max_seq_len=max_seq_len)  # never started: its check only
-        self._lock = threading.Lock()
-
-    def check(self, job: Job) -> None:
-        """The serving engine's refusals and words (ServingEngine.check), so every runner refuses alike."""
-        self._limits.check(_engine_request(job))
-
-    def start(self, job: Job) -> None:
-        threading.Thread(target=self._run, args=(job,), daemon=True, name="llmapi-eagle3").start()
-
-    def stop(self) -> None:
-        pass
-
-    def _run(self, job: Job) -> None:
-        import torch
-
-        from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
-        from specbuild.runtime.sequence import StopCriteria
-
-        tokens: list[int] = []
-
-        def on_tokens(row: int, new: Sequence[int]) -> None:
-            tokens.extend(int(t) for t in new)
-            if job.cancelled():
-                raise _Cancelled
-            job.on_progress(Progress(list(tokens)))
-
-        stop = StopCriteria(job.max_tokens, job.end_id, job.stop_words, include_stop_words=True)
-        try:
-            with self._lock:
-                if job.cancelled():  # stopped or gone while it waited for the lock
-                    raise _Cancelled
-                with torch.inference_mode():
-                    result = generate_eagle3(self.target, self.draft, [list(job.prompt)],
-                                             Eagle3Config(num_draft_tokens=self.k), job.params, stop,
-                                             on_tokens=on_tokens)
-        except _Cancelled:
-            job.on_progress(Progress(list(tokens), True, "cancelled"))
-            return
-        except Exception as err:
-            job.on_progress(Progress(list(tokens), True, "error", error=str(err)))
-            return
-        output = [int(t) for t in result.output_ids[0]]
-        stats = result.stats
-        job.on_progress(Progress(output, True, _stop_reason(output, job), sum(stats.accepted_by_position),
-                                 sum(stats.proposed_by_position)))
-
-
-def _stop_reason(output: Sequence[int], job: Job) -> str:
-    """Why a batch decoder's sequence ended, from its output (the decoder keeps stop words)."""
-    if any(word and tuple(output[-len(word):]) == word for word in job.stop_words):
-        return "stop_word"
-    return "length" if len(output) >= job.max_tokens else "end_id"
+            choices = json.loads(choices)
+        return Eagle3Proposer(load_eagle3(), k, choices or None)
+    if kind == "NGram":
+        fields = ("max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
+        return NGramProposer(NGramConfig(k, **{f: config[f] for f in fields if config.get(f) is not None}))
+    raise RuntimeError(f"speculative_config decoding_type {kind!r}: the reference llmapi model serves no "
+                       "speculative_config, DraftTarget, Eagle or NGram (set build.backend: tensorrt for NVIDIA's)")
 
 
 def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
                 log_info: Callable[[str], None] = print) -> Runner:
-    """The runner model.yaml's settings ask for, over the checkpoints reference.json names: none (the serving
-    engine), DraftTarget (two serving engines) or Eagle (EAGLE-3); other decoding types are refused by name."""
+    """The one serving engine model.yaml's settings ask for, over the checkpoints reference.json names: plain
+    (no speculative_config), or drafting with the speculative_config's proposer, K per step from its
+    draft_len_schedule / max_concurrency."""
     import json
     from pathlib import Path
 
@@ -596,29 +479,21 @@ def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
         return CausalLM.from_checkpoint(directory, dtype=torch_dtype(str(name), where=f"{directory}: dtype"))
 
     config = settings.get("speculative_config") or {}
-    kind = config.get("decoding_type")
     batch, seq = int(settings["max_batch_size"]), int(settings["max_seq_len"])
-    if kind is None:
-        engine = ServingEngine(load("target"), max_batch=batch, max_seq_len=seq)
-        engine.start()
-        return EngineRunner(engine)
-    k = int(config.get("max_draft_len") or 0)
-    if kind == "DraftTarget":
-        steps = {int(size): int(length) for size, length in (config.get("draft_len_schedule") or {}).items()}
-        schedule = DraftSchedule(steps, k, config.get("max_concurrency"))
-        target = ServingEngine(load("target"), max_batch=batch, max_seq_len=seq, max_draft_len=k)
-        draft = ServingEngine(load("draft"), max_batch=batch, max_seq_len=seq)
-        target.start()
-        draft.start()
-        return DraftTargetRunner(target, draft, schedule.draft_len)
-    if kind == "Eagle":
-        try:
+    target = load("target")
+    if not config:
+        engine = ServingEngine(target, max_batch=batch, max_seq_len=seq)
+    else:
+        def eagle3() -> Any:
             from specbuild.runtime.eagle3 import Eagle3Draft
-        except ImportError as err:
-            raise RuntimeError("speculative_config decoding_type Eagle: this specbuild's reference runtime has no "
-                               f"EAGLE-3 decoding ({err})") from None
-        target_model = load("target")
-        draft = Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target_model, dtype=target_model.dtype)
-        return Eagle3Runner(target_model, draft, k, seq)
-    raise RuntimeError(f"speculative_config decoding_type {kind!r}: the reference llmapi model serves no "
-                       "speculative_config, DraftTarget or Eagle (set build.backend: tensorrt for NVIDIA's)")
+
+            return Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target, dtype=target.dtype)
+
+        drafting = proposer(config, lambda: load("draft"), eagle3)
+        steps = {int(size): int(length) for size, length in (config.get("draft_len_schedule") or {}).items()}
+        schedule = DraftSchedule(steps, drafting.max_draft_len, config.get("max_concurrency"))
+        engine = ServingEngine(target, max_batch=batch, max_seq_len=seq, proposer=drafting, schedule=schedule)
+        log_info(f"[trtllm] reference llmapi model: {config['decoding_type']} drafts in the serving engine "
+                 f"(max_draft_len {drafting.max_draft_len}, in-flight batching of up to {batch} requests)")
+    engine.start()
+    return EngineRunner(engine)

@@ -585,8 +585,9 @@ class ServingEngine:
         return full if self.schedule is None else min(self.schedule.draft_len(active), full)
 
     def _propose(self) -> None:
-        """The proposer drafts, in one batch, for every sequence whose next block is its newest token: at most K
-        tokens, and no more than it may still emit. A draft that fails fails its sequences."""
+        """The proposer drafts, in one batch, for every sequence in generation (past its prompt, as TensorRT-LLM
+        drafts for generation requests only; its next block is its newest token): at most K tokens, and no more than
+        it may still emit. A draft that fails fails its sequences."""
         assert self.proposer is not None
         k = self.draft_len(len(self.active))
         if k <= 0:
@@ -594,7 +595,7 @@ class ServingEngine:
         seqs, ks = [], []
         for seq in self.active:
             left = seq.request.max_new_tokens - len(seq.state.output) - 1
-            if seq.drafting and not seq.verify and len(seq.pending) == 1 and left > 0:
+            if seq.drafting and not seq.verify and seq.state.output and len(seq.pending) == 1 and left > 0:
                 seqs.append(seq)
                 ks.append(min(k, left))
         if not seqs:

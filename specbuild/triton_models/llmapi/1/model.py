@@ -5,6 +5,9 @@ A thin adapter: the settings come from 1/model.yaml as NVIDIA's model.py reads t
 auto_complete_config, the rest the LLM-API settings; LLM_CONFIG_PATH names another file, as there), the checkpoints
 from 1/reference.json; every request, output and error rule lives in `specbuild.python_models.llmapi_model`.
 `execute` only hands requests on: responses are sent from the runners' threads, as NVIDIA's event loop does.
+The serving engine's counters (`EngineStats`: target forwards, how many ran more than one request, draft
+forwards) are published as Triton custom metrics `specbuild_engine{counter=...}` on the metrics endpoint, after
+every finished request, so a client can see requests batched without timing them.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class TritonPythonModel:
                                    trust_remote_code=bool(reference.get("trust_remote_code")))
         self.runner = load_runner(settings, reference, log_info=io.log_info)
         self.model = LlmApiModel(tokenizer, self.runner, decoupled=self.decoupled)
+        self.metrics = _EngineMetrics(args.get("model_name", "tensorrt_llm"))
         io.log_info(f"[trtllm] reference llmapi model: {settings.get('speculative_config') or 'no speculation'}")
 
     def execute(self, requests: list[Any]) -> None:
@@ -65,24 +69,52 @@ class TritonPythonModel:
 
         for request in requests:
             sender = request.get_response_sender()
-            self.model.receive(io.inputs(request), _Sender(sender), request_id=io.request_id(request),
+            self.model.receive(io.inputs(request), _Sender(sender, self._publish), request_id=io.request_id(request),
                                client_cancelled=io.cancelled_check(request) or io.cancelled_check(sender))
+
+    def _publish(self) -> None:
+        self.metrics.publish(self.runner.stats())
 
     def finalize(self) -> None:
         self.runner.stop()
 
 
+class _EngineMetrics:
+    """The engine's counters as one Triton gauge family, a metric per counter (set to the running total)."""
+
+    NAME = "specbuild_engine"
+
+    def __init__(self, model: str) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        self.model = model
+        self.family = pb_utils.MetricFamily(name=self.NAME, kind=pb_utils.MetricFamily.GAUGE,
+                                            description="specbuild serving engine counters (EngineStats)")
+        self.metrics: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def publish(self, stats: dict[str, int]) -> None:
+        with self._lock:
+            for name, value in stats.items():
+                if name not in self.metrics:
+                    self.metrics[name] = self.family.Metric(labels={"model": self.model, "counter": name})
+                self.metrics[name].set(float(value))
+
+
 class _Sender:
     """Sends Answers on one request's response sender; nothing after the final one."""
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Any, on_final: Any = None) -> None:
         self.sender = sender
+        self.on_final = on_final  # called before the final response (the metrics' update)
         self.closed = False
         self._lock = threading.Lock()
 
     def __call__(self, answer: Answer) -> None:
         import triton_python_backend_utils as pb_utils
 
+        if answer.final and self.on_final is not None:  # before the answer: a client that has it sees the counts
+            self.on_final()
         with self._lock:
             if self.closed:
                 return
