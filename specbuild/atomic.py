@@ -101,9 +101,19 @@ def _stale_siblings(final: Path, *, untagged: bool = True) -> list[Path]:
 
 
 def remove_stale_temporaries(final: Path) -> list[Path]:
-    """Remove what dead runs left next to `final`; returns what was removed. Call with the output's lock held."""
+    """Remove what dead runs left next to `final`; returns what was removed. Call with the output's lock held.
+
+    A dead run that had moved the previous output aside and not yet put its new one in place (`_swap_in` without
+    an exchange) left no `final`: the newest moved-aside output is put back first, so nothing is lost."""
+    stale = _stale_siblings(final)
+    if not final.exists() and not final.is_symlink():
+        moved = [path for path in stale if f".{final.name}.old-" in path.name and path.is_dir()]
+        if moved:
+            newest = max(moved, key=lambda path: path.stat().st_mtime_ns)
+            newest.rename(final)
+            stale.remove(newest)
     removed = []
-    for path in _stale_siblings(final):
+    for path in stale:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
@@ -263,30 +273,37 @@ Inputs = Mapping[str, "Path | str | None"]
 """What a command reads, by the name the user knows it by (an option, a spec field): `{"--base": path}`."""
 
 
+def _relation(output: Path, source: Path) -> str | None:
+    if output == source:
+        return "is"
+    if output in source.parents:
+        return "contains"
+    if source in output.parents:
+        return "lies inside"
+    return None
+
+
 def refuse_overlap(output: Path, inputs: Inputs, *, output_name: str = "output") -> None:
     """Refuse an output that is, contains or lies inside one of the command's inputs, naming both.
 
     The atomic swap replaces the output directory whole, so an input inside it would be deleted, and an output
-    inside an input would change what the user pointed the command at. Paths are compared resolved (symlinks,
-    `..`), so `m2` and `./m2/../m2` are the same. Call it before any work; `atomic_directory(inputs=...)`
-    checks again under the lock."""
-    out = Path(os.path.abspath(output)).resolve()
+    inside an input would change what the user pointed the command at. Paths are compared both as written
+    (absolute: an input reached through a symlink inside the output would lose that link) and resolved (symlinks,
+    `..`: `m2` and `./m2/../m2` are the same). Call it before any work; `atomic_directory(inputs=...)` checks
+    again under the lock."""
+    written = Path(os.path.abspath(output))
+    resolved = written.resolve()
     for name, path in inputs.items():
         if path is None:
             continue
-        source = Path(os.path.abspath(path)).resolve()
-        if out == source:
-            relation = "is"
-        elif out in source.parents:
-            relation = "contains"
-        elif source in out.parents:
-            relation = "lies inside"
-        else:
+        source = Path(os.path.abspath(path))
+        relation = _relation(written, source) or _relation(resolved, source.resolve())
+        if relation is None:
             continue
         raise SpecbuildError(
             f"{output}: the {output_name} {relation} the input {name} {path}; writing it would "
             f"{'delete' if relation != 'lies inside' else 'change'} that input",
-            hint=f"choose an {output_name} outside {path} that does not contain it either",
+            hint=f"choose another {output_name}, outside {path} and not containing it",
         )
 
 
@@ -311,7 +328,7 @@ def _sibling(final: Path, kind: str) -> Path:
 @contextmanager
 def atomic_directory(final: Path, *, needed_bytes: int | None = None,
                      replaceable: Callable[[Path], None] = check_replaceable,
-                     inputs: Inputs | None = None) -> Iterator[Path]:
+                     inputs: Inputs | None = None, output_name: str = "output") -> Iterator[Path]:
     """Yield a temporary directory that replaces `final` when the block finishes without error.
 
     Holds `final`'s lock throughout, first removes what dead runs left next to it, refuses to replace what
@@ -321,7 +338,7 @@ def atomic_directory(final: Path, *, needed_bytes: int | None = None,
     `NoSpaceError`; either way the previous output is untouched and the temporary directory gone."""
     with output_lock(final):
         if inputs:
-            refuse_overlap(final, inputs)
+            refuse_overlap(final, inputs, output_name=output_name)
         replaceable(final)
         check_free_space(final.parent, needed_bytes)
         tmp = _sibling(final, "tmp")
@@ -335,16 +352,7 @@ def atomic_directory(final: Path, *, needed_bytes: int | None = None,
         try:
             yield tmp
             tmp.chmod(_directory_mode())  # the output should be readable like any other directory
-            if final.exists():
-                old = _sibling(final, "old")
-                final.rename(old)
-            try:
-                tmp.rename(final)
-            except BaseException:
-                if old is not None:
-                    old.rename(final)  # put the previous output back
-                    old = None
-                raise
+            old = _swap_in(tmp, final)
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             if is_no_space(err):
@@ -352,6 +360,64 @@ def atomic_directory(final: Path, *, needed_bytes: int | None = None,
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_EXCHANGE_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
+
+
+def _renameat2() -> Callable[..., int] | None:
+    """libc's renameat2 (Linux, glibc 2.28+), or None."""
+    import ctypes
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (renameat2 RENAME_EXCHANGE): no moment where either name is missing.
+    False where the kernel, libc or filesystem cannot (the caller falls back to two renames)."""
+    import ctypes
+
+    sys.audit("specbuild.atomic.exchange", str(a), str(b))  # a seam for the kill tests: the swap's one step
+    function = _renameat2() if sys.platform.startswith("linux") else None
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _EXCHANGE_UNSUPPORTED:
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _swap_in(tmp: Path, final: Path) -> Path | None:
+    """Put the complete `tmp` at `final`; returns where the previous output now is (to remove), or None.
+
+    With a previous output the two are exchanged in one step, so a run killed at any moment leaves `final` holding
+    the previous output or the new one, whole. Where the filesystem cannot exchange, the previous output is moved
+    aside first; a run killed between the two renames leaves no `final`, and the next run on it puts the moved-aside
+    previous output back (`remove_stale_temporaries`) before anything else."""
+    if not final.exists():
+        tmp.rename(final)
+        return None
+    old = _sibling(final, "old")
+    if exchange(tmp, final):
+        tmp.rename(old)  # tmp holds the previous output now; named as moved aside, for whoever removes it
+        return old
+    final.rename(old)
+    try:
+        tmp.rename(final)
+    except BaseException:
+        old.rename(final)  # put the previous output back
+        raise
+    return old
 
 
 def link_or_copy(source: Path, destination: Path) -> None:

@@ -4,7 +4,8 @@ that is, contains or lies inside one of its inputs.
 
 Where a command is killed is chosen, not guessed with delays: it runs in a process of its own (forked from one that
 imported specbuild's commands once, `FORKER`, and running `python -m specbuild.cli`'s main) whose audit hook
-(`sys.addaudithook`, Python's own events for open, os.link, os.rename and shutil.rmtree) stops it with SIGSTOP at one
+(`sys.addaudithook`, Python's own events for open, os.link, os.rename and shutil.rmtree, and specbuild.atomic's
+exchange of the new output with the previous one) stops it with SIGSTOP at one
 step of its write to the watched output; the test then SIGKILLs it. Nothing in specbuild is replaced: the hook only
 pauses the real command at a real filesystem step, and a command that ends without reaching it fails the test. The
 steps:
@@ -12,7 +13,8 @@ steps:
 - `lock`: about to take the output's lock (everything checked, nothing written);
 - `first file` / `second file`: creating the first / second file in the output's temporary directory;
 - `manifest`: creating manifest.json there, every other file written;
-- `swap`: renaming the temporary directory into place (the previous output already moved aside);
+- `swap`: putting the temporary directory into place (exchanging it with the previous output in one step, or, on a
+  filesystem that cannot, renaming it after the previous output was moved aside);
 - `cleanup`: removing the moved-aside previous output (the new one in place).
 
 Each kill starts from a complete previous output that the killed run would change. "Complete" for a changed output
@@ -88,7 +90,8 @@ def watch(output, point):
             writes += 1
             if (point, writes) in (("first file", 1), ("second file", 2)):
                 return stop()
-        elif event == "os.rename" and point == "swap" and os.fsdecode(os.fspath(args[0])).startswith(tmp):
+        elif event in ("os.rename", "specbuild.atomic.exchange") and point == "swap" and \
+                os.fsdecode(os.fspath(args[0])).startswith(tmp):
             return stop()
         elif event == "shutil.rmtree" and point == "cleanup" and os.fsdecode(os.fspath(args[0])).startswith(old):
             return stop()
@@ -302,8 +305,8 @@ def test_a_killed_convert_leaves_each_checkpoint_as_it_was_or_complete(
 def test_a_killed_single_model_convert_leaves_the_checkpoint_as_it_was_or_complete(
         forker: Forker, models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """`convert --model X --output Y` killed between the two renames of the swap (the previous checkpoint moved
-    aside, the new one not yet in place): the output must still be the one or the other."""
+    """`convert --model X --output Y` killed at the swap of the new checkpoint with the previous one: the output must
+    still be the one or the other (two renames with a kill between them left neither)."""
     out = tmp_path / "trt"
     assert cli("convert", "--model", models["draft"], "--output", out)[0] == 0
     before = {out: snapshot(out)}
@@ -515,3 +518,43 @@ def test_export_refuses_a_directory_overlapping_a_model_or_the_spec(models: dict
     refused(("export", "vllm", inside), f"{target / 'build' / 'export' / 'vllm'}: the output_dir's export directory "
             f"lies inside the input target.model {target}")
     assert snapshot(target.parent) == kept
+
+
+# -- the swap itself ------------------------------------------------------------------------------------------------
+def test_a_filesystem_without_exchange_still_loses_no_previous_output(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where renameat2's exchange is not available the swap is two renames; a run that died between them (the previous
+    output moved aside under its dead owner's tag, no output) has the previous output put back by the next run on it,
+    before anything else, instead of removed as a stale leftover."""
+    from specbuild import atomic
+
+    final = tmp_path / "out"
+    with atomic.atomic_directory(final) as tmp:
+        (tmp / "manifest.json").write_text("{}")
+        (tmp / "weights").write_bytes(b"previous")
+    before = snapshot(final)
+    dead = final.parent / f".{final.name}.old-{os.getpid()}-1-deadbeef"  # our pid, another start stamp: dead
+    final.rename(dead)
+    with atomic.output_lock(final):
+        pass
+    assert snapshot(final) == before and not dead.exists()
+
+    monkeypatch.setattr(atomic, "_renameat2", lambda: None)
+    with atomic.atomic_directory(final) as tmp:
+        (tmp / "manifest.json").write_text("{}")
+        (tmp / "weights").write_bytes(b"new")
+    assert (final / "weights").read_bytes() == b"new" and leftovers(tmp_path) == []
+
+
+def test_an_input_reached_through_a_link_inside_the_output_is_refused(tmp_path: Path) -> None:
+    """The swap would delete the user's link with the output: compared as written, not only resolved."""
+    from specbuild.atomic import refuse_overlap
+    from specbuild.errors import SpecbuildError
+
+    model = tmp_path / "models" / "target"
+    model.mkdir(parents=True)
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "target").symlink_to(model)
+    with pytest.raises(SpecbuildError, match=r"the output contains the input --model .*out/target"):
+        refuse_overlap(output, {"--model": output / "target"})
