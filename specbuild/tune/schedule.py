@@ -6,6 +6,11 @@ each candidate length (draft-target: K tokens per round; Medusa: the tree's firs
 thresholds only where the choice changes ({1: 4, 8: 0}), with the full length at batch size 1 as TensorRT-LLM
 requires. Tokens/s here is wall-clock, the fastest of `repeats` interleaved runs, so a busy machine slows every
 candidate alike.
+
+The lengths never grow with the batch: the more sequences share each forward, the less a round's extra draft
+and verification work can pay (TensorRT-LLM's reason for the schedule), so a length winning at a larger batch
+after a shorter one won at a smaller batch is noise on a shared machine, not a measurement to serve. Each batch
+size therefore takes the fastest of the lengths no longer than the one before it.
 """
 
 from __future__ import annotations
@@ -25,19 +30,21 @@ class ScheduleTuning:
     full_length: int
     tokens_per_second: dict[int, dict[int, float]] = field(default_factory=dict)
 
-    def best(self, batch: int) -> int:
-        rates = self.tokens_per_second[batch]
+    def best(self, batch: int, longest: int | None = None) -> int:
+        """The fastest length measured at `batch` (of those no longer than `longest`)."""
+        rates = {k: rate for k, rate in self.tokens_per_second[batch].items() if longest is None or k <= longest}
         return max(rates, key=lambda k: rates[k])
 
     @property
     def schedule(self) -> dict[int, int]:
-        """{1: full length, then each batch size where the best length changes}."""
+        """{1: full length, then each batch size where the length changes}: at each batch size the fastest length
+        no longer than the smaller batch's (see the module docstring)."""
         steps = {1: self.full_length}
         current = self.full_length
         for batch in sorted(self.tokens_per_second):
             if batch == 1:
                 continue
-            best = self.best(batch)
+            best = self.best(batch, current)
             if best != current:
                 steps[batch] = current = best
         return steps

@@ -701,7 +701,7 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
         table.add_row(str(batch), *(f"{rates[k]:.0f}" for k in lengths), str(t.best(batch)))
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain)"), table,
                  Text(f"draft_len_schedule {t.schedule}: the full length at batch 1 (TensorRT-LLM's rule), then "
-                      "each batch size where the best changes"))
+                      "at each batch size the fastest length no longer than the last (lengths never grow with load)"))
 
 
 def tree_table(t: TreeTuning) -> Table:
