@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbuild.contracts import lookahead as la
-from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles, read_engine_info
+from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles, read_engine_info, reference_checkpoint
 from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, ensemble_scheduling
 from specbuild.deploy.pbtxt import format_choices
 from specbuild.errors import SpecbuildError
@@ -119,21 +119,32 @@ def plan_repository(spec: PipelineSpec, engines: dict[str, EngineInfo], end_id: 
             "tokenizer_dir": tokenizer, "trust_remote_code": trust, "torch_threads": TORCH_THREADS},
             reference=reference),
     ]
+    # A self-draft on the reference backend is served by the target model alone: its serving engine drafts with
+    # the target's own first layers and KV cache (`self_draft` parameters), so there is no draft model to load and
+    # the BLS decodes plainly through the target, as for Medusa. The tensorrt backend keeps TensorRT-LLM's two
+    # engines (a second copy of the layers), and its repository is the draft-target one.
+    # A quantized self-draft's layers are not the target's tensors: it stays a draft model of its own.
+    self_draft = (reference and mode == "draft_target" and spec.draft is not None
+                  and spec.draft.source == "target_layers" and spec.draft.quantization is None)
+    bls_drafts = mode == "draft_target" and not self_draft
     # The BLS calls draft-target's LLM models with exec(decoupled=False), one row at a time (NVIDIA's BLS does
     # the same); elsewhere the target streams itself, through the ensemble or the BLS.
-    llm_decoupled = deploy.decoupled and mode != "draft_target"
-    models.append(_llm(TARGET, spec, engines[llm_role], engine_dir(spec, llm_role), llm_decoupled, end_id, pad_id))
-    if mode == "draft_target":
+    llm_decoupled = deploy.decoupled and not bls_drafts
+    target = _llm(TARGET, spec, engines[llm_role], engine_dir(spec, llm_role), llm_decoupled, end_id, pad_id)
+    if self_draft:
+        target.parameters.update(_self_draft_parameters(spec))
+    models.append(target)
+    if bls_drafts:
         models.append(_llm(DRAFT, spec, engines["draft"], engine_dir(spec, "draft"), False, end_id, pad_id))
     models.append(ModelPlan(BLS, BLS, {
         "model_name": BLS, "triton_max_batch_size": batch, "decoupled_mode": deploy.decoupled,
         "bls_instance_count": 1}, {  # one instance serves every request on threads of its own
-        "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT if mode == "draft_target" else "",
+        "tensorrt_llm_model_name": TARGET, "tensorrt_llm_draft_model_name": DRAFT if bls_drafts else "",
         "preprocessing_model_name": PREPROCESSING, "postprocessing_model_name": POSTPROCESSING,
-        "num_draft_tokens": spec.speculative.num_draft_tokens if mode == "draft_target" else 0,
-        "max_draft_len": engines["target"].max_draft_len if mode == "draft_target" else 0,
+        "num_draft_tokens": spec.speculative.num_draft_tokens if bls_drafts else 0,
+        "max_draft_len": engines["target"].max_draft_len if bls_drafts else 0,
         "use_draft_logits": spec.speculative.use_draft_logits, "torch_threads": TORCH_THREADS,
-        **(_schedule(spec) if mode == "draft_target" else {})},
+        **(_schedule(spec) if bls_drafts else {})},
         reference=reference))
     models.append(ModelPlan(ENSEMBLE, ENSEMBLE, {
         "model_name": ENSEMBLE, "triton_max_batch_size": batch, "llm_model_name": TARGET}, python=False,
@@ -173,6 +184,18 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
         params["kv_cache_free_gpu_mem_fraction"] = 0.45  # target and draft share the GPU's free memory
     return ModelPlan(name, TARGET, values, params, python=reference, engine=directory.resolve(),
                      reference=reference)
+
+
+def _self_draft_parameters(spec: PipelineSpec) -> dict[str, object]:
+    """What the reference tensorrt_llm model needs to self-draft: L, K, the load schedule, and (with an adapter)
+    the draft checkpoint convert wrote, whose layer L is the adapter (its layers below L are only checked against
+    the target's, never kept)."""
+    assert spec.draft is not None
+    params: dict[str, object] = {"self_draft_layers": spec.draft.layers,
+                                 "self_draft_len": spec.speculative.num_draft_tokens, **_schedule(spec)}
+    if spec.draft.adapter is not None:
+        params["self_draft_checkpoint"] = reference_checkpoint(engine_dir(spec, "draft")).resolve()
+    return params
 
 
 def _lookahead_parameters(spec: PipelineSpec, info: EngineInfo, directory: Path) -> dict[str, object]:

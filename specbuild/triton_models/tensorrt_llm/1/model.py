@@ -57,10 +57,24 @@ class TritonPythonModel:
                                      int(params["max_concurrency"]) if params.get("max_concurrency") else None)
         dtype = torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype")  # unknown: an error, not float32
         model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=dtype)
+        proposer = None
+        if params.get("self_draft_layers"):  # a self-draft: this model drafts with its own layers and KV cache
+            from specbuild.runtime.proposers import self_draft_proposer
+            from specbuild.runtime.self_draft import shared_memory
+
+            k = int(params["self_draft_len"])
+            proposer = self_draft_proposer(model, int(params["self_draft_layers"]), k,
+                                           params.get("self_draft_checkpoint") or None)
+            if schedule is not None:
+                schedule = DraftSchedule(schedule.steps, k, schedule.max_concurrency)
+            memory = shared_memory(model, proposer.draft)
+            io.log_info(f"[TensorRT-LLM] self-draft of {params['self_draft_layers']} layers, K {k}: shares the "
+                        f"target's weights and KV cache ({memory['shared_extra_params']} parameters of its own, "
+                        f"{memory['shared_extra_kv_bytes_per_token']} KV bytes per token of its own)")
         self.engine = ServingEngine(model, max_batch=info.max_batch_size, max_seq_len=info.max_seq_len,
                                     max_draft_len=info.max_draft_len, medusa_choices=choices,
                                     kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule,
-                                    lookahead=config.lookahead_config)
+                                    lookahead=config.lookahead_config, proposer=proposer)
         self.engine.start()
         self.backend = Backend(config, self.engine, log_info=io.log_info, log_warn=io.log_warn)
         self.decoupled = config.decoupled
