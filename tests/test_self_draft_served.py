@@ -52,8 +52,7 @@ def _plain_greedy(spec: Any) -> tuple[dict[str, str], int]:
     from specbuild.contracts.engine_info import engine_dir, reference_checkpoint
     from specbuild.runtime.generation import generate
     from specbuild.runtime.model import CausalLM
-    from specbuild.runtime.proposers import self_draft_proposer
-    from specbuild.runtime.self_draft import shared_memory
+    from specbuild.runtime.self_draft import self_draft_proposer, shared_memory
     from specbuild.runtime.sequence import StopCriteria
     from specbuild.tokenizer import load_tokenizer
 

@@ -29,10 +29,10 @@ from specbuild.runtime.proposers import (
     NGramConfig,
     NGramProposer,
     Proposer,
-    self_draft_proposer,
 )
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.schedule import DraftSchedule
+from specbuild.runtime.self_draft import self_draft_proposer
 from specbuild.runtime.sequence import StopCriteria
 from specbuild.runtime.serving import EngineRequest, ServingEngine
 from tests.eagle3_fixtures import write_random_draft

@@ -125,7 +125,7 @@ def plan_repository(spec: PipelineSpec, engines: dict[str, EngineInfo], end_id: 
     # engines (a second copy of the layers), and its repository is the draft-target one.
     # A quantized self-draft's layers are not the target's tensors: it stays a draft model of its own.
     self_draft = (reference and mode == "draft_target" and spec.draft is not None
-                  and spec.draft.source == "target_layers" and spec.draft.quantization is None)
+                  and spec.draft.source == "target_layers" and not spec.draft.quantization.enabled)
     bls_drafts = mode == "draft_target" and not self_draft
     # The BLS calls draft-target's LLM models with exec(decoupled=False), one row at a time (NVIDIA's BLS does
     # the same); elsewhere the target streams itself, through the ensemble or the BLS.

@@ -8,7 +8,7 @@ flight. A proposer drafts for many sequences at once: its model's forwards run o
 
 - `NGramProposer`: prompt lookup over the sequence's own tokens, no model (TensorRT-LLM's NGram drafter).
 - `ModelProposer`: a draft model proposing K-token chains: a separate draft (draft-target) with its own KV cache,
-  one row per engine row, or the target's own first L layers (`self_draft_proposer`), which write only their
+  one row per engine row, or the target's own first L layers (`self_draft.self_draft_proposer`), which write only their
   speculative slots into the target's own cache (`specbuild.runtime.self_draft`).
 - `Eagle3Proposer`: the EAGLE-3 draft layer (`specbuild.runtime.eagle3`), fed the target's captured low/mid/high
   features of the verified positions (the target's forward captures them for it), with its own KV cache rows;
@@ -338,17 +338,6 @@ class ModelProposer(Proposer):
         self.stats.rows += rows
 
 
-def self_draft_proposer(target: CausalLM, num_layers: int, max_draft_len: int,
-                        adapter: Any = None) -> ModelProposer:
-    """The target's first `num_layers` layers (+ the adapter layer of a self-draft checkpoint `adapter`, a path)
-    as a draft that shares the target's weights and KV cache."""
-    from specbuild.runtime.self_draft import adapter_layer, shared_draft
-
-    layer = adapter_layer(target, num_layers, adapter) if adapter is not None else None
-    draft, side = shared_draft(target, num_layers, layer)
-    return ModelProposer(draft, max_draft_len, shared=True, side_layers=side)
-
-
 # -- EAGLE-3 ---------------------------------------------------------------------------------------------------------
 
 
@@ -557,5 +546,4 @@ def _nodes_of(small: MedusaTree, big: MedusaTree, tokens: torch.Tensor) -> torch
     return tokens[torch.tensor([0, *(index[path] for path in small.choices)])]
 
 
-__all__ = ["Eagle3Proposer", "ModelProposer", "NGramConfig", "NGramProposer", "Proposal", "Proposer",
-           "self_draft_proposer"]
+__all__ = ["Eagle3Proposer", "ModelProposer", "NGramConfig", "NGramProposer", "Proposal", "Proposer"]

@@ -33,6 +33,7 @@ from specbuild.runtime.checkpoint import load_checkpoint
 from specbuild.runtime.config import RuntimeCheckpointError
 from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.model import CausalLM, DecoderLayer
+from specbuild.runtime.proposers import ModelProposer
 from specbuild.runtime.sampling import SamplingParams, draw, probabilities
 from specbuild.runtime.sequence import (
     GenerationResult,
@@ -45,7 +46,7 @@ from specbuild.runtime.sequence import (
 from specbuild.runtime.speculative import DraftTargetConfig, best_k
 from specbuild.self_draft.adapter_format import CONFIG_NAME as ADAPTER_CONFIG
 
-__all__ = ["generate_self_draft", "self_draft_model", "shared_draft", "shared_memory"]
+__all__ = ["generate_self_draft", "self_draft_model", "self_draft_proposer", "shared_draft", "shared_memory"]
 
 # Every config field that must agree between the target and a self-draft checkpoint (the rest is layer count,
 # quantization and parallelism, which the loaded tensors no longer depend on).
@@ -128,6 +129,15 @@ def shared_draft(target: CausalLM, num_layers: int, adapter: DecoderLayer | None
         side = copy.copy(adapter)
         side.index = target.config.num_layers
     return _draft(target, num_layers, side), (None if side is None else (num_layers, [side]))
+
+
+def self_draft_proposer(target: CausalLM, num_layers: int, max_draft_len: int,
+                        adapter: Path | str | None = None) -> ModelProposer:
+    """The serving engine's self-draft: the target's first `num_layers` layers (+ the adapter layer of the
+    self-draft checkpoint `adapter`) drafting K-token chains in the target's own KV cache, weights shared."""
+    layer = adapter_layer(target, num_layers, Path(adapter)) if adapter is not None else None
+    draft, side = shared_draft(target, num_layers, layer)
+    return ModelProposer(draft, max_draft_len, shared=True, side_layers=side)
 
 
 def self_draft_model(target: CausalLM, num_layers: int, adapter: Path | None = None) -> CausalLM:

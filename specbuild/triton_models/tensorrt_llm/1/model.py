@@ -59,8 +59,7 @@ class TritonPythonModel:
         model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=dtype)
         proposer = None
         if params.get("self_draft_layers"):  # a self-draft: this model drafts with its own layers and KV cache
-            from specbuild.runtime.proposers import self_draft_proposer
-            from specbuild.runtime.self_draft import shared_memory
+            from specbuild.runtime.self_draft import self_draft_proposer, shared_memory
 
             k = int(params["self_draft_len"])
             proposer = self_draft_proposer(model, int(params["self_draft_layers"]), k,
