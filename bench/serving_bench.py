@@ -5,18 +5,21 @@ Builds (or reuses, every stage is incremental) the demo deployments through the 
 (configs/demo-plain.yaml), and next to them Lookahead (configs/demo-lookahead.yaml), the self-draft with its adapter
 (configs/demo-self-draft.yaml), Medusa-2 (configs/demo-medusa2.yaml) with its own plain baseline (`medusa2-base`:
 Medusa-2 fine-tunes the base, so the served model is a new one and is compared with itself decoded plainly) and
-EAGLE-3 (configs/demo-eagle3.yaml: the PyTorch flow's llmapi repository on the reference backend) — serves them all
-at once with the tritonserver bundled in nvidia-pytriton (or the one on PATH), and drives each entry model over
-gRPC streaming with `specbuild bench`'s load generator (the llmapi model through its own input names). The first
-three are measured at concurrency 1, 8 and 16, the others at concurrency 1 only (`--new-concurrency` adds more) so
-the run stays a few minutes. Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
+EAGLE-3 and Draft_Target (configs/demo-eagle3.yaml, configs/demo-pytorch.yaml: the PyTorch flow's llmapi repository
+on the reference backend) — serves them all at once with the tritonserver bundled in nvidia-pytriton (or the one on
+PATH), and drives each entry model over gRPC streaming with `specbuild bench`'s load generator (the llmapi model
+through its own input names). Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
 of them alike) and the median round by tokens/s is kept. Output tokens are counted with the deployment's own
 tokenizer (re-encoding each answer), the same for every deployment.
 
-Targets, each a ratio measured side by side in the same run: plain at concurrency 8 >= 3x its own tokens/s at
-concurrency 1 (in-flight batching); draft-target and Medusa >= 1.3x plain at concurrency 1 and >= 1.0x plain at
-8 and 16 (speculation never makes a loaded server slower). The newer deployments' ratios to their baseline are
-reported, not judged. The script exits 1 when a target is missed or a deployment could not be deployed.
+Every deployment is measured at every --concurrency (default 1, 8, 16). Targets, each a ratio measured side by side
+in the same run: plain at concurrency 8 >= 3x its own tokens/s at concurrency 1 (in-flight batching); draft-target
+(BLS), Medusa, and EAGLE-3 and Draft_Target through the llmapi repository (configs/demo-eagle3.yaml,
+configs/demo-pytorch.yaml) >= 1.3x plain at concurrency 1; and every speculative deployment, at every higher
+concurrency, >= 1.0x its baseline's tokens/s **and** TTFT p50 <= 1.5x its baseline's (speculation never makes a
+loaded server slower, and never trades streaming away: an answer sent whole at the end has TTFT = latency). The
+other deployments' concurrency-1 ratios are reported, not judged. The script exits 1 when a target is missed or a
+deployment could not be deployed.
 
 Writes bench/results/serving.json (every figure, machine info), serving.md (the table), serving.png (tokens/s,
 TTFT and ITL by concurrency) and serving-curve.png (tokens/s against concurrency).
@@ -70,10 +73,12 @@ DEPLOYMENTS = {
     "self-draft": Deployment("configs/demo-self-draft.yaml"),
     "medusa2-base": Deployment("configs/demo-medusa2.yaml", plain_of=True),
     "medusa2": Deployment("configs/demo-medusa2.yaml", baseline="medusa2-base"),
-    "eagle3": Deployment("configs/demo-eagle3.yaml"),
+    "eagle3": Deployment("configs/demo-eagle3.yaml", judged=True),
+    "draft-target-llmapi": Deployment("configs/demo-pytorch.yaml", judged=True),
 }
-SPEEDUP_MIN = 1.3  # each speculative deployment's tokens/s vs plain at concurrency 1
-LOADED_MIN = 1.0  # ... and at every higher concurrency
+SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at concurrency 1
+LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
+TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non-streamed answer fails it)
 BATCHING_MIN = 3.0  # plain at concurrency 8 vs plain at concurrency 1
 console = Console(stderr=True)
 
@@ -138,10 +143,9 @@ def median_round(rounds: list[Summary]) -> Summary:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16],
-                        help="for plain, draft-target and Medusa (the judged deployments)")
-    parser.add_argument("--new-concurrency", type=int, nargs="+", default=[1],
-                        help="for the others (Lookahead, self-draft, Medusa-2 and its base, EAGLE-3): each of these "
-                             "that is also in --concurrency; add 8 16 to measure them loaded too")
+                        help="concurrent clients; every deployment is measured at each")
+    parser.add_argument("--only", nargs="+", choices=list(DEPLOYMENTS), default=None,
+                        help="serve only these deployments (plain is always served: it is the baseline)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
     parser.add_argument("--requests", type=int, default=None, help="per run (default: 8, or 2 per client)")
@@ -155,7 +159,10 @@ def main() -> int:
 
     build_demo_models(ROOT / "demo" / "models")
     repositories, failed = {}, {}
-    for name, deployment in DEPLOYMENTS.items():
+    chosen = {name: d for name, d in DEPLOYMENTS.items()
+              if args.only is None or name in args.only or name == BASELINE or name == d.baseline
+              or any(DEPLOYMENTS[o].baseline == name for o in args.only or ())}
+    for name, deployment in chosen.items():
         try:
             path = spec_path(deployment)
             repositories[name] = existing(path) if args.no_prepare else prepare(path)
@@ -185,7 +192,7 @@ def main() -> int:
         for concurrency in args.concurrency:
             load = Load(prompts=DEFAULT_PROMPTS, max_tokens=args.max_tokens, concurrency=concurrency,
                         requests=args.requests)
-            measured = [n for n in names if DEPLOYMENTS[n].judged or concurrency in args.new_concurrency]
+            measured = names
             rounds: dict[str, list[Summary]] = {name: [] for name in measured}
             for index in range(args.rounds):
                 for name in measured:
@@ -271,6 +278,7 @@ def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], arg
             continue
         ratios[name] = {str(c): {"output_tokens_per_s": speedup(s, base[c], "output_tokens_per_s"),
                                  "ttft_mean": speedup(s, base[c], "ttft_ms.mean"),
+                                 "ttft_p50": ttft_ratio(s, base[c]),
                                  "itl_mean": speedup(s, base[c], "itl_ms.mean")}
                         for c, s in by_c.items() if c in base}
     return {
@@ -288,6 +296,12 @@ def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], arg
     }
 
 
+def ttft_ratio(summary: Summary, baseline: Summary) -> float | None:
+    """TTFT p50 over the baseline's at the same concurrency (> 1: the first token comes later)."""
+    mine, theirs = summary.ttft_ms.get("p50"), baseline.ttft_ms.get("p50")
+    return mine / theirs if mine and theirs else None
+
+
 def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target with its measured ratio (None: not measured in this run, which is a miss)."""
     out = []
@@ -296,15 +310,25 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> l
         measured = plain[8].output_tokens_per_s / plain[1].output_tokens_per_s
         out.append({"target": f"plain at concurrency 8 >= {BATCHING_MIN}x plain at concurrency 1",
                     "measured": round(measured, 3), "met": measured >= BATCHING_MIN})
+    levels = sorted({c for by_c in results.values() for c in by_c})
     for name, deployment in DEPLOYMENTS.items():
-        if name == BASELINE or not deployment.judged:
+        if name == BASELINE or name not in results:
             continue
-        for c in sorted({c for n, by_c in results.items() if DEPLOYMENTS[n].judged for c in by_c}):
+        base = deployment.baseline
+        for c in levels:
+            if c == 1 and not deployment.judged:
+                continue  # reported
+            figures = ratios.get(name, {}).get(str(c), {})
             floor = SPEEDUP_MIN if c == 1 else LOADED_MIN
-            measured = ratios.get(name, {}).get(str(c), {}).get("output_tokens_per_s")
-            out.append({"target": f"{name} >= {floor}x plain tokens/s at concurrency {c}",
+            measured = figures.get("output_tokens_per_s")
+            out.append({"target": f"{name} >= {floor}x {base} tokens/s at concurrency {c}",
                         "measured": None if measured is None else round(measured, 3),
                         "met": measured is not None and measured >= floor})
+            if c > 1:
+                ttft = figures.get("ttft_p50")
+                out.append({"target": f"{name} TTFT p50 <= {TTFT_MAX}x {base}'s at concurrency {c}",
+                            "measured": None if ttft is None else round(ttft, 3),
+                            "met": ttft is not None and ttft <= TTFT_MAX})
     return out
 
 
@@ -312,7 +336,8 @@ def reported(ratios: dict[str, Any]) -> list[dict[str, Any]]:
     """The deployments no target judges: each one's tokens/s over its baseline's, per concurrency measured."""
     return [{"figure": f"{name} tokens/s vs {DEPLOYMENTS[name].baseline} at concurrency {c}",
              "measured": None if figures["output_tokens_per_s"] is None else round(figures["output_tokens_per_s"], 3)}
-            for name, by_c in ratios.items() if not DEPLOYMENTS[name].judged for c, figures in by_c.items()]
+            for name, by_c in ratios.items() if not DEPLOYMENTS[name].judged for c, figures in by_c.items()
+            if c == "1"]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -347,8 +372,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Note: {report['note']}"]
     lines += ["", "Baselines: every deployment is compared with `plain` (the demo target decoded without speculation) "
               "except `medusa2`, whose base Medusa-2 fine-tuned: it is compared with `medusa2-base`, that new base "
-              "served without speculation (configs/demo-medusa2.yaml's target, speculative.mode none). Only plain, "
-              "draft-target and Medusa are judged; the others' ratios are reported."]
+              "served without speculation (configs/demo-medusa2.yaml's target, speculative.mode none). At "
+              "concurrency 1 plain, draft-target, Medusa, EAGLE-3 and Draft_Target through llmapi are judged, the "
+              "others' ratios reported; at 8 and 16 every speculative deployment is judged on tokens/s and TTFT "
+              "p50 against its baseline."]
     for name, error in report.get("not_deployed", {}).items():
         lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name].spec}): `{error.splitlines()[0]}`"]
     for name, error in report.get("not_served", {}).items():
