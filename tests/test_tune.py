@@ -443,7 +443,7 @@ def _unconverted_spec(tmp_path: Path, flow: str, mode: str) -> Path:
 
 
 @pytest.mark.parametrize(("flow", "mode", "says", "fix"), [
-    ("pytorch", "ngram", "'ngram', which `specbuild tune` cannot measure", "no n-gram drafter"),
+    ("pytorch", "ngram", "'ngram', which `specbuild tune` cannot measure", "no search for n-gram settings"),
     ("pytorch", "eagle3", "build.flow is pytorch with build.backend auto, which `specbuild tune` cannot measure",
      "tune a copy of the spec with build.backend: reference"),
     ("engine", "ngram", "'ngram', which `specbuild tune` cannot measure", "set speculative.num_draft_tokens"),

@@ -112,8 +112,7 @@ ENGINE_FLOW_ONLY_REASON = {
 PYTORCH_ONLY_REASON = {
     "eagle3": "eagle3 runs only on the PyTorch backend (TensorRT-LLM 1.2 llm_args.py: EAGLE-3 is "
               "EagleDecodingConfig's torch spec_dec_mode EAGLE3/EAGLE3_ONE_MODEL; the engine flow's "
-              "--speculative_decoding_mode eagle builds EAGLE-1/2 heads, and specbuild's reference runtime has no "
-              "EAGLE-3 drafter yet)",
+              "--speculative_decoding_mode eagle builds EAGLE-1/2 heads)",
     "ngram": "ngram runs only on the PyTorch backend (TensorRT-LLM 1.2 llm_args.py NGramDecodingConfig."
              "supports_backend: backend == 'pytorch')",
 }

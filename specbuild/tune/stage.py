@@ -270,7 +270,8 @@ MEASURED_MODES = ("draft_target", "medusa", "lookahead", "eagle3")
 lookahead_decoding.py, eagle3_decoding.py) and tune has a search for."""
 
 UNMEASURED_MODE_REASON = {
-    "ngram": "tune measures with specbuild's reference runtime, which has no n-gram drafter; set "
+    "ngram": "tune has no search for n-gram settings yet (the reference serving engine drafts n-grams, but tune "
+             "measures through the runtime's single-request decoders, which have none); set "
              "speculative.num_draft_tokens and speculative.ngram by hand (the llmapi model reports "
              "acceptance_rate per request to compare settings by)",
 }
