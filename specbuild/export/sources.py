@@ -1,8 +1,9 @@
 """Where each exported name comes from: the upstream files read for vLLM and SGLang, named once.
 
-Every flag, config key and tensor name `export` writes points at one of these, so a reader (or a test) can check a
-name against the file it was read from. Commits are the ones the names were read at (2026-12); when a release
-renames a field, this table and tests/export_schemas.py change together.
+Every flag and config key `export` writes points at one of these, so a reader can check a name against the file it
+was read from. Commits are the ones the names were read at (2026-12). Whether the engines accept them is judged by
+the engines' own code (tests/test_engines_judge.py, `make test-engines`: vLLM 0.33.0 and SGLang 0.5.23), so a
+release that renames a field fails there first.
 """
 
 from __future__ import annotations
