@@ -12,31 +12,36 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specbuild.atomic import refuse_overlap
 from specbuild.export.plan import ENGINES, ExportPlan, ExportRefused, default_directory
-from specbuild.export.write import ExportResult, write_export
+from specbuild.export.write import ExportResult, export_inputs, write_export
 from specbuild.spec import PipelineSpec
 
 __all__ = ["ENGINES", "ExportPlan", "ExportRefused", "ExportResult", "build_plan", "default_directory",
            "export_spec"]
 
 
-def build_plan(spec: PipelineSpec, engine: str, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
+def build_plan(spec: PipelineSpec, engine: str, directory: Path) -> ExportPlan:
     if engine == "vllm":
         from specbuild.export import vllm as module
     elif engine == "sglang":
         from specbuild.export import sglang as module  # type: ignore[no-redef]
     else:
         raise ExportRefused(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
-    return module.build_plan(spec, directory, allow_pickle=allow_pickle)
+    return module.build_plan(spec, directory)
 
 
-def export_spec(spec: PipelineSpec, engine: str, directory: Path | None = None, *, dry_run: bool = False,
-                allow_pickle: bool = False) -> ExportResult:
+def export_spec(spec: PipelineSpec, engine: str, directory: Path | None = None, *,
+                dry_run: bool = False) -> ExportResult:
     """Plan the export and, unless `dry_run`, write it atomically into `directory` (default
-    `<output_dir>/export/<engine>`)."""
+    `<output_dir>/export/<engine>`). A directory that is, contains or lies inside one of the spec's models (or the
+    spec) is refused before anything is read (`export_inputs`), and again under the output's lock."""
+    given = directory is not None
     target = Path(os.path.abspath(directory if directory is not None else default_directory(spec, engine)))
-    plan = build_plan(spec, engine, target, allow_pickle=allow_pickle)
+    inputs = export_inputs(spec)
+    refuse_overlap(target, inputs, output_name="--output" if given else "output_dir's export directory")
+    plan = build_plan(spec, engine, target)
     if dry_run:
         return ExportResult(plan, target, "planned")
-    return write_export(plan, target, spec.where)
+    return write_export(plan, target, spec.where, inputs=inputs)
 

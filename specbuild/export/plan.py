@@ -53,9 +53,6 @@ class ExportPlan:
     sources: list[Source]
     notes: list[str] = field(default_factory=list)
     """Spec settings the engine has no counterpart for (said, not silently dropped)."""
-    medusa: None = None
-    """Always None: no export converts Medusa heads since vLLM 0.33 dropped Medusa (vllm.py refuses it); kept while
-    specbuild/cli/export.py's dry run still asks for it."""
 
     def command(self) -> str:
         """The command as one shell line."""

@@ -109,9 +109,9 @@ def _check_draft(spec: PipelineSpec) -> list[str]:
     return notes
 
 
-def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
-    """The command and config for `spec` (`directory` and `allow_pickle` are unused: SGLang needs no files of ours
-    beyond the command and its YAML)."""
+def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
+    """The command and config for `spec` (`directory` is unused: SGLang needs no files of ours beyond the command
+    and its YAML)."""
     mode = spec.speculative.mode
     notes: list[str] = []
     options = list(OPTIONS)

@@ -119,9 +119,9 @@ def _refuse_medusa(spec: PipelineSpec) -> ExportRefused:
                   hint=MEDUSA_INSTEAD)
 
 
-def build_plan(spec: PipelineSpec, directory: Path, *, allow_pickle: bool = False) -> ExportPlan:
-    """The command and config for `spec` (`directory` and `allow_pickle` are unused since no export converts Medusa
-    heads: the command and its JSON are all vLLM needs of ours)."""
+def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
+    """The command and config for `spec` (`directory` is unused: the command and its JSON are all vLLM needs of
+    ours)."""
     mode = spec.speculative.mode
     notes: list[str] = []
     draft_sources: list[Source] = []
