@@ -47,7 +47,7 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
               "bench": ("specbuild.bench.client",)},  # asks the served repository its prompts
     "bench": {},
     "demo": {},
-    "export": {},  # reads the spec and the HF checkpoints it names; Medusa heads through medusa/ (neutral)
+    "export": {},  # reads the spec and the HF checkpoints it names (no stage output but the quantized draft)
 }
 """Which other stages a stage may import, and through which of their modules (that stage's public face)."""
 
