@@ -10,6 +10,7 @@ Run with `.venv/bin/python bench/run_all.py [SCRIPT ...]` (default: all of SCRIP
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
         report_path = results / f"{name}.json"
         report_path.unlink(missing_ok=True)
         reports = []
+        load_start = [round(x, 2) for x in os.getloadavg()]  # wall-clock figures: how busy the machine was
         with (results / f"{name}.txt").open("w", encoding="utf-8") as out:
             printer = Console(file=out, width=120)
             for extra in runs:
@@ -106,13 +108,15 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
                     break
         if len(reports) == len(runs):
             write_report(report_path, reports, machine_info(["transformers", "specbuild"],
-                                                            torch_threads=reports[0].torch_threads), root=ROOT)
+                                                            torch_threads=reports[0].torch_threads,
+                                                            loadavg_start=load_start), root=ROOT)
     return problems
 
 
 def tuned_spec_problems(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
     """Every configs/*.yaml that cites a bench/results/tune-*.json must hold the settings that report chose and be
     the spec it tuned: one line per difference."""
+    from specbuild.errors import SpecbuildError
     from specbuild.spec import load_spec
     from specbuild.tune.report import read_report, spec_differences
 
@@ -128,8 +132,13 @@ def tuned_spec_problems(root: Path = ROOT, results: Path = RESULTS) -> list[str]
             if report["spec"] != str(shown):
                 problems.append(f"{shown} cites bench/results/{cited}, a tune of {report['spec']}")
                 continue
+            try:
+                spec = load_spec(spec_path)
+            except SpecbuildError as err:
+                problems.append(f"{shown} does not load: {err.message}")
+                continue
             problems += [f"{shown}: {line} (bench/results/{cited})"
-                         for line in spec_differences(load_spec(spec_path), report["settings"])]
+                         for line in spec_differences(spec, report["settings"])]
     return problems
 
 
