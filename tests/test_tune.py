@@ -299,9 +299,10 @@ def test_schedule_thresholds_follow_the_fastest_length_and_never_grow() -> None:
     assert set(measured.tokens_per_second) == {1, 3}
 
 
-def test_tune_writes_a_schedule_the_spec_accepts(converted: dict[str, Path], tmp_path: Path) -> None:
+def test_tune_writes_a_schedule_the_spec_accepts_and_its_report(converted: dict[str, Path], tmp_path: Path) -> None:
     """Measured on the demo pair at batch 1, 2 and 4 (build.max_batch_size): which length wins depends on the
-    machine, so only the schedule's form and its round trip through the spec are checked."""
+    machine, so only the schedule's form, its round trip through the spec, and the report of it (the values the
+    spec now holds, the tokens/s measured) are checked."""
     out = tmp_path / "scheduled.yaml"
     options = TuneOptions(prompts=4, new_tokens=24, max_k=4, repeats=1, output=out)
     report = run_tune(converted["draft"], options, console=QUIET, out=QUIET)
@@ -312,6 +313,22 @@ def test_tune_writes_a_schedule_the_spec_accepts(converted: dict[str, Path], tmp
     schedule = report.schedule.schedule
     assert schedule[1] == k and set(schedule) <= {1, 2, 4} and set(schedule.values()) <= {0, k, max(1, k // 2)}
     assert load_spec(out).speculative.draft_len_schedule == schedule
+    # the report says what was written into the spec, with the figures the schedule was chosen by
+    from specbuild.tune.report import read_report, spec_differences, write_report
+
+    written = write_report(tmp_path / "tune.json", [report], {"nproc": 2}, root=converted["draft"].parent)
+    data = read_report(tmp_path / "tune.json")
+    assert data["spec"] == "pipeline.yaml" and data["machine"] == {"nproc": 2} and written["runs"][0]["mode"]
+    assert data["settings"] == {"num_draft_tokens": k, "draft_len_schedule": schedule}
+    assert spec_differences(load_spec(out), data["settings"]) == []
+    assert spec_differences(load_spec(converted["draft"]), data["settings"])  # the untuned spec (K 7) differs
+    rows = data["runs"][0]["schedule"]["tokens_per_second_by_batch"]
+    assert [row["batch"] for row in rows] == [1, 2, 4]
+    assert all(row["tokens_per_second"] == {str(length): pytest.approx(rate, abs=0.05)
+                                            for length, rate in sorted(report.schedule.tokens_per_second[row["batch"]]
+                                                                       .items())} for row in rows)
+    assert [row["k"] for row in data["runs"][0]["draft_length"]["by_k"]] == [1, 2, 3, 4]
+    assert data["runs"][0]["calibration"]["prompts"] == 4 and data["runs"][0]["search"]["max_k"] == 4
 
 
 def _rows(*measured: tuple[str, list[list[int]], int]) -> list:
