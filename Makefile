@@ -33,7 +33,7 @@ demo: $(STAMP)
 	for spec in $(DEMO_SPECS); do $(BIN)/specbuild build $$spec || exit 1; done
 	for spec in $(DEMO_SPECS); do $(BIN)/specbuild deploy $$spec || exit 1; done
 	$(BIN)/specbuild deploy --check $(DEMO)/build/model_repository
-	@echo "--- draft-target speculation through the BLS (int8 SmoothQuant draft, K = 4):"
+	@echo "--- draft-target speculation through the BLS (int8 SmoothQuant draft, K and schedule as tune chose them, configs/demo.yaml):"
 	$(BIN)/specbuild serve $(DEMO)/build/model_repository $(DEMO_PROMPTS)
 	@echo "--- Medusa speculation through the ensemble:"
 	$(BIN)/specbuild serve $(DEMO)/build-medusa/model_repository $(DEMO_PROMPTS)

@@ -363,7 +363,7 @@ def test_summary_shows_resolved_values(tmp_path: Path) -> None:
     console = Console(record=True, width=200)
     console.print(summarize_spec(spec))
     text = console.export_text()
-    assert "demo-medusa" in text and "mc_sim_7b_top8: 8 nodes, depth 3" in text
+    assert "demo-medusa" in text and "inline list: 8 nodes, depth 3" in text
     assert str(REPO / "demo" / "models" / "medusa-heads") in text
 
 
