@@ -758,6 +758,7 @@ class Job:
         self._clock = clock
         self._last_poll = arrival_ns
         self._stopped = threading.Event()
+        self.stopped_by = ""  # what ended it early: "a stop request" or "its client's cancellation"
         self._lock = threading.Lock()
         self._outstanding = sum(row.num_sequences for row in request.rows)
         self.done = threading.Event()
@@ -765,6 +766,7 @@ class Job:
 
     def stop(self) -> None:
         """A stop command for this request's id (the executor cancels every row)."""
+        self.stopped_by = self.stopped_by or "a stop request"
         self._stopped.set()
 
     def should_stop(self) -> bool:
@@ -778,6 +780,7 @@ class Job:
             return False
         self._last_poll = now
         if self._client_cancelled():
+            self.stopped_by = self.stopped_by or "its client's cancellation"
             self._stopped.set()
             return True
         return False
@@ -959,6 +962,12 @@ class _Tracker:
         if update.context_logits is not None:
             self.context = np.asarray(update.context_logits, dtype=np.float32)
         self.counts = (update.accepted_draft_tokens, update.draft_tokens, update.reused_tokens)
+        if update.finished and update.reason == "cancelled":
+            # One line per cancelled sequence: that a cancellation reached the engine, and how far it had got.
+            request = self.job.request.request_id
+            self.backend.log_info(f"{self.backend.config.model_name}: request {request!r} stopped by "
+                                  f"{self.job.stopped_by or 'a cancellation'} after {len(self.tokens)} generated "
+                                  f"tokens")
         if self.row.streaming:
             self._send(start, final=update.finished)
         elif update.finished:
