@@ -11,7 +11,11 @@ missing, and one it creates unasked (the ten perf metrics) fails the call where 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +29,13 @@ Arrays = dict[str, np.ndarray]
 
 class RequestError(ValueError):
     """A request the BLS cannot serve; its message goes back to the client."""
+
+
+class Cancelled(RequestError):
+    """The client cancelled the request: it ends wherever it is (never taken for a refusal of a called model)."""
+
+    def __init__(self) -> None:
+        super().__init__("the request was cancelled")
 
 
 PREPROCESSING_INPUTS = {
@@ -422,3 +433,123 @@ def stack_rows(arrays: Sequence[np.ndarray]) -> np.ndarray:
         out[(slice(start, start + a.shape[0]), *(slice(0, d) for d in a.shape[1:]))] = a
         start += a.shape[0]
     return out
+
+
+# -- cancellation ---------------------------------------------------------------------------------------------
+
+
+def stop_command() -> Arrays:
+    """The LLM request that stops the call sent under the same request id: NVIDIA's stop signal (their BLS sends
+    it when every row hit a stop word, triton_decoder.py; their inflight_batcher_llm_client.py
+    `prepare_stop_signals`), which the C++ backend's `handleStopRequest` answers by cancelling the executor
+    requests registered under that id (reference/triton-backend-1.2-contract.md §2.6, §3.3)."""
+    zero = np.zeros((1, 1), dtype=np.int32)
+    return {"input_ids": zero, "input_lengths": zero, "request_output_len": zero,
+            "stop": np.ones((1, 1), dtype=bool)}
+
+
+class Cancellation:
+    """One BLS request's cancellation. Set once (the client went away), it runs the canceller of every call then
+    in flight and, at once, of any call started later, so that no called model works on for nobody."""
+
+    def __init__(self, warn: Callable[[str], None] = print) -> None:
+        self._warn = warn
+        self._lock = threading.Lock()
+        self._set = False
+        self._calls: dict[int, Callable[[], None]] = {}
+        self._keys = itertools.count()
+
+    @property
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            if self._set:
+                return
+            self._set = True
+            cancellers = list(self._calls.values())
+        for cancel in cancellers:
+            self._run(cancel)
+
+    @contextlib.contextmanager
+    def call(self, cancel: Callable[[], None]) -> Iterator[None]:
+        """While the block runs, a cancellation runs `cancel` (at once when the request is cancelled already)."""
+        with self._lock:
+            key = next(self._keys)
+            self._calls[key] = cancel
+            already = self._set
+        if already:
+            self._run(cancel)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+
+    def _run(self, cancel: Callable[[], None]) -> None:
+        try:
+            cancel()
+        except Exception as err:  # a canceller that fails must not stop the others (or the watching thread)
+            self._warn(f"cancelling a call failed: {err}")
+
+
+class CancelWatch:
+    """One thread that asks, every `period_s`, whether each request being served was cancelled, and sets its
+    Cancellation. Asking is an IPC round trip to the server in Triton's python backend, so it is paced here
+    rather than done on every response, and it also reaches requests whose call answers only at its end."""
+
+    def __init__(self, period_s: float, warn: Callable[[str], None] = print) -> None:
+        self.period_s = period_s
+        self._warn = warn
+        self._cond = threading.Condition()
+        self._watched: dict[int, tuple[Callable[[], bool], Cancellation]] = {}
+        self._keys = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @contextlib.contextmanager
+    def watching(self, client_cancelled: Callable[[], bool] | None) -> Iterator[Cancellation]:
+        """The request's Cancellation, watched while the block runs (never set when there is nothing to ask)."""
+        cancellation = Cancellation(self._warn)
+        if client_cancelled is None:
+            yield cancellation
+            return
+        with self._cond:
+            key = next(self._keys)
+            self._watched[key] = (client_cancelled, cancellation)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="bls-cancel-watch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        try:
+            yield cancellation
+        finally:
+            with self._cond:
+                del self._watched[key]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._watched and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                watched = list(self._watched.values())
+            for client_cancelled, cancellation in watched:
+                if cancellation.is_set:
+                    continue
+                try:
+                    cancelled = client_cancelled()
+                except Exception:  # e.g. the request completed meanwhile
+                    cancelled = False
+                if cancelled:
+                    cancellation.set()
+            time.sleep(self.period_s)

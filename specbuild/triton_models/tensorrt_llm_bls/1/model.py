@@ -11,6 +11,13 @@ unchanged when `tensorrt_llm` is the C++ `tensorrtllm` backend.
   serves batch > 1. Its text is detokenised here with postprocessing's own tokenizer and settings (read from
   its config.pbtxt), which is what postprocessing would answer, without a Triton call per round.
 
+Cancellation: a client's cancellation (asked of Triton every cancellation_check_period_ms of the target's config,
+`bls_calls.CancelWatch`) ends the request between responses and rounds, and stops the LLM calls it has in flight.
+Triton 2.51's python backend (r24.10) cannot cancel a BLS call: `ResponseIterator.cancel()` came with
+triton-inference-server/python_backend 7f21b670 (PR #398, r25.05; README.md "Cancelling decoupled BLS requests"
+@f9088ff6). So every LLM call carries a request id and is stopped with the backend's stop command under it, as
+NVIDIA's BLS stops a call whose rows all hit a stop word; where the iterator has `cancel()`, that instead.
+
 This file only converts tensors and calls the other models; what it sends and reads is
 specbuild.python_models.bls_calls.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import traceback
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +43,9 @@ from specbuild.python_models.bls_calls import (
     RESPONSE_OUTPUTS,
     Arrays,
     BlsRequest,
+    Cancellation,
+    Cancelled,
+    CancelWatch,
     Preprocessed,
     RequestError,
     RowCalls,
@@ -45,6 +56,7 @@ from specbuild.python_models.bls_calls import (
     first,
     loop_outputs,
     stack_rows,
+    stop_command,
 )
 from specbuild.python_models.bls_loop import Chunk, DraftUnavailable, Proposal, Row, Verdict, speculate
 from specbuild.python_models.detokenize import StreamedText, decode_chunk, preceding_tokens
@@ -110,26 +122,49 @@ def _response(part: Arrays) -> Any:
     return io.pb_utils.InferenceResponse(output_tensors=[io.output(name, value) for name, value in part.items()])
 
 
-class _Decoupled:
+class _Reply:
+    """What both replies share: the response sender, and whether the client cancelled, asked of the sender only
+    while the request is unanswered. The python backend asks Triton through the sender's response factory, which
+    the final response frees, or through the request, which a decoupled model's `execute` has released by then
+    (python_backend src/python_be.cc `ProcessIsRequestCancelled` @a2564ea, r24.10); so the final response and the
+    question never overlap."""
+
+    def __init__(self, sender: Any) -> None:
+        self.sender = sender
+        self.closed = False
+        self._lock = threading.Lock()
+        self._ask = io.cancelled_check(sender)
+
+    def client_cancelled(self) -> bool:
+        with self._lock:
+            return not self.closed and self._ask is not None and bool(self._ask())
+
+    @property
+    def can_ask(self) -> bool:
+        return self._ask is not None
+
+
+class _Decoupled(_Reply):
     """Responses of a decoupled BLS: streamed parts go out at once (the stream ends with an empty final flag
     when the last part could not say it was the last); a non-streaming request's parts are held one behind so
     that the last carries the final flag (HTTP /generate then sees one response)."""
 
     def __init__(self, sender: Any, *, hold: bool) -> None:
-        self.sender, self.hold = sender, hold
+        super().__init__(sender)
+        self.hold = hold
         self.held: Arrays | None = None
-        self.closed = False
 
     def _send(self, response: Any = None, final: bool = False) -> None:
         flags = io.FINAL if final else 0
-        try:
-            if response is None:
-                self.sender.send(flags=flags)
-            else:
-                self.sender.send(response, flags=flags)
-        except io.pb_utils.TritonModelException as err:  # the client went away: nobody to tell
-            io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: response not sent: {err}")
-        self.closed = self.closed or final
+        with self._lock:
+            try:
+                if response is None:
+                    self.sender.send(flags=flags)
+                else:
+                    self.sender.send(response, flags=flags)
+            except io.pb_utils.TritonModelException as err:  # the client went away: nobody to tell
+                io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: response not sent: {err}")
+            self.closed = self.closed or final
 
     def send(self, part: Arrays, final: bool = False) -> None:
         if self.held is not None:
@@ -158,24 +193,24 @@ class _Decoupled:
         self._send(io.error(message), True)
 
 
-class _Collected:
+class _Collected(_Reply):
     """The one response of a non-decoupled BLS: every row's part joined (text_output as one 1-D array), sent
     with the final flag when the request is done (a non-decoupled python model may answer through its response
     sender, so requests are served on threads side by side)."""
 
     def __init__(self, sender: Any) -> None:
-        self.sender = sender
+        super().__init__(sender)
         self.parts: list[Arrays] = []
         self.message: str | None = None
-        self.sent = False
 
     def send(self, part: Arrays, final: bool = False) -> None:
         self.parts.append(part)
 
     def finish(self) -> None:
-        if not self.sent:
-            self.sent = True
-            self.sender.send(self.response(), flags=io.FINAL)
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self.sender.send(self.response(), flags=io.FINAL)
 
     def error(self, message: str) -> None:
         self.message = message
@@ -213,6 +248,8 @@ class TritonPythonModel:
         self.target_limits = None if engine is None else (engine.max_seq_len, engine.max_draft_len)
         draft = _param(params, "tensorrt_llm_draft_model_name", None)
         self.draft = _Model.read(repository, draft) if draft else None
+        period_ms = int(_param(self.target.parameters, "cancellation_check_period_ms", "100"))
+        self.cancel_watch = CancelWatch(max(period_ms, 1) / 1000, warn=io.pb_utils.Logger.log_warn)
         draft_engine = _engine(repository, self.draft) if self.draft else None
         # A draft engine built without gather_generation_logits refuses return_generation_logits (executor:
         # "To return generation logits, gather_generation_logits must be enabled"): propose without logits then.
@@ -250,11 +287,15 @@ class TritonPythonModel:
             threading.Thread(target=self._serve_counted, args=(request, reply), name="tensorrt_llm_bls",
                              daemon=True).start()
 
+    def finalize(self) -> None:
+        self.cancel_watch.close()
+
     def _serve_counted(self, request: Any, reply: Any) -> None:
         with self._lock:
             self.in_flight += 1
         try:
-            self._serve(request, reply)
+            with self.cancel_watch.watching(reply.client_cancelled if reply.can_ask else None) as cancellation:
+                self._serve(request, reply, cancellation)
         finally:
             with self._lock:
                 self.in_flight -= 1
@@ -271,7 +312,7 @@ class TritonPythonModel:
         return bool(first(stream, 0, False))
 
     # -- a request -------------------------------------------------------------------------------------------
-    def _serve(self, triton_request: Any, reply: Any) -> None:
+    def _serve(self, triton_request: Any, reply: Any, cancellation: Cancellation) -> None:
         try:
             request = BlsRequest(io.inputs(triton_request))
             k = request.validate(draft_model=self.draft and self.draft.name, default_k=self.default_k,
@@ -279,9 +320,9 @@ class TritonPythonModel:
             pre = Preprocessed.from_outputs(self._call(self.preprocessing, request.preprocessing_inputs(),
                                                        list(PREPROCESSING_OUTPUTS)))
             if k > 0:
-                self._speculate(triton_request, request, pre, k, reply)
+                self._speculate(cancellation, request, pre, k, reply)
             else:
-                self._chain(triton_request, request, pre, reply)
+                self._chain(cancellation, request, pre, reply)
             reply.finish()
         except RequestError as err:
             reply.error(str(err))
@@ -291,8 +332,8 @@ class TritonPythonModel:
             reply.error(message)
 
     # -- calls to the other models ---------------------------------------------------------------------------
-    def _request(self, model: str, inputs: Arrays, outputs: list[str]) -> Any:
-        return io.pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs,
+    def _request(self, model: str, inputs: Arrays, outputs: list[str], request_id: str = "") -> Any:
+        return io.pb_utils.InferenceRequest(model_name=model, requested_output_names=outputs, request_id=request_id,
                                             inputs=[io.output(name, value) for name, value in inputs.items()])
 
     @staticmethod
@@ -305,39 +346,72 @@ class TritonPythonModel:
         """One exec(decoupled=False): the outputs the model returned, by name."""
         return self._outputs(self._request(model, inputs, outputs).exec(), model)
 
-    def _stream(self, model: str, inputs: Arrays, outputs: list[str], triton_request: Any) -> Iterator[Arrays]:
-        """exec(decoupled=True): every response that has outputs (the last may be an empty final flag)."""
-        responses = self._request(model, inputs, outputs).exec(decoupled=True)
-        for response in responses:
-            answer = self._outputs(response, model)
-            if answer:
-                yield answer
-            if triton_request.is_cancelled():
-                cancel = getattr(responses, "cancel", None)
-                if cancel is not None:
-                    cancel()
-                raise RequestError("the request was cancelled")
+    def _stream(self, model: _Model, inputs: Arrays, outputs: list[str],
+                cancellation: Cancellation) -> Iterator[Arrays]:
+        """exec(decoupled=True) on an LLM model: every response that has outputs (the last may be an empty final
+        flag), until the request is cancelled, which stops the call."""
+        if cancellation.is_set:
+            raise Cancelled
+        request_id = uuid.uuid4().hex
+        started: dict[str, Any] = {}  # the response iterator, once exec() has returned it
+        # Stoppable before exec() returns: Triton 2.51's returns only with the first response (its ResponseIterator
+        # is built from it, python_backend src/pb_response_iterator.cc @c5f304d), for a call that does not stream
+        # the only one.
+        with cancellation.call(lambda: self._stop_call(model, request_id, started.get("responses"))):
+            started["responses"] = responses = self._request(model.name, inputs, outputs,
+                                                             request_id).exec(decoupled=True)
+            for response in responses:
+                if cancellation.is_set:
+                    raise Cancelled
+                answer = self._outputs(response, model.name)
+                if answer:
+                    yield answer
 
-    def _llm(self, model: Any, inputs: Arrays, outputs: list[str], triton_request: Any) -> Arrays:
+    def _exec(self, model: _Model, inputs: Arrays, outputs: list[str], cancellation: Cancellation) -> Arrays:
+        """exec() on a non-decoupled LLM model: its one answer; a cancellation meanwhile stops the call."""
+        if cancellation.is_set:
+            raise Cancelled
+        request_id = uuid.uuid4().hex
+        with cancellation.call(lambda: self._stop_call(model, request_id, None)):
+            answer = self._outputs(self._request(model.name, inputs, outputs, request_id).exec(), model.name)
+        if cancellation.is_set:  # the answer of a stopped call: cut short
+            raise Cancelled
+        return answer
+
+    def _stop_call(self, model: _Model, request_id: str, responses: Any) -> None:
+        """Stop an LLM call of a cancelled request: the response iterator's `cancel()` where this Triton has it,
+        else the backend's stop command under the call's request id (see the module docstring)."""
+        cancel = getattr(responses, "cancel", None)
+        if callable(cancel):
+            cancel()
+            return
+        stop = self._request(model.name, stop_command(), [], request_id)
+        answers = list(stop.exec(decoupled=True)) if model.decoupled else [stop.exec()]
+        for answer in answers:
+            if answer.has_error():
+                io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: stopping a cancelled request's call to "
+                                            f"{model.name} failed: {answer.error().message()}")
+
+    def _llm(self, model: _Model, inputs: Arrays, outputs: list[str], cancellation: Cancellation) -> Arrays:
         """One non-streaming LLM answer, however the LLM model is deployed."""
         if not model.decoupled:
-            return self._call(model.name, inputs, outputs)
-        answers = list(self._stream(model.name, inputs, outputs, triton_request))
+            return self._exec(model, inputs, outputs, cancellation)
+        answers = list(self._stream(model, inputs, outputs, cancellation))
         if not answers:
             raise RequestError(f"{model.name}: no response")
         return answers[-1]
 
     # -- without speculation: NVIDIA's flow ------------------------------------------------------------------
-    def _chain(self, triton_request: Any, request: BlsRequest, pre: Preprocessed, reply: Any) -> None:
+    def _chain(self, cancellation: Cancellation, request: BlsRequest, pre: Preprocessed, reply: Any) -> None:
         stream = request.flag("stream")
         llm = self.target
         if llm.decoupled:
             inputs = chain_inputs(request, pre)
             answers: Iterator[tuple[int | None, Arrays]] = (
                 (None, answer) for answer in
-                self._stream(llm.name, inputs, self._wanted(inputs, stream), triton_request))
+                self._stream(llm, inputs, self._wanted(inputs, stream), cancellation))
         else:
-            answers = self._rows(triton_request, request, pre)
+            answers = self._rows(cancellation, request, pre)
         streamed: dict[tuple[int, int], list[int]] = {}
         finals: set[tuple[int, int]] = set()
         for row, answer in answers:
@@ -358,13 +432,12 @@ class TritonPythonModel:
         if stream and llm.decoupled and not self.accumulate:
             self._flush(request, streamed, finals, reply)
 
-    def _rows(self, triton_request: Any, request: BlsRequest, pre: Preprocessed) -> Iterator[tuple[int, Arrays]]:
+    def _rows(self, cancellation: Cancellation, request: BlsRequest,
+              pre: Preprocessed) -> Iterator[tuple[int, Arrays]]:
         """A non-decoupled LLM: one exec() per row, not streaming (the backend cannot stream then)."""
         for b in range(pre.batch):
             inputs = chain_inputs(request, pre, row=b, streaming=False)
-            yield b, self._call(self.target.name, inputs, self._wanted(inputs, False))
-            if b + 1 < pre.batch and triton_request.is_cancelled():
-                raise RequestError("the request was cancelled")
+            yield b, self._exec(self.target, inputs, self._wanted(inputs, False), cancellation)
 
     def _wanted(self, inputs: Arrays, stream: bool) -> list[str]:
         """The outputs the LLM creates for these inputs; in reference repositories also is_final for streams."""
@@ -421,7 +494,8 @@ class TritonPythonModel:
                 reply.send(part)
 
     # -- draft-target speculation ----------------------------------------------------------------------------
-    def _speculate(self, triton_request: Any, request: BlsRequest, pre: Preprocessed, k: int, reply: Any) -> None:
+    def _speculate(self, cancellation: Cancellation, request: BlsRequest, pre: Preprocessed, k: int,
+                   reply: Any) -> None:
         assert self.draft is not None and self.tokenizer is not None
         stream = request.flag("stream")
         use_logits = request.flag("use_draft_logits", 0, self.use_draft_logits)
@@ -442,7 +516,9 @@ class TritonPythonModel:
                 assert self.draft is not None
                 try:
                     answer = self._llm(self.draft, calls.draft_call(sequence, n), calls.draft_outputs,
-                                       triton_request)
+                                       cancellation)
+                except Cancelled:
+                    raise
                 except RequestError as err:
                     if not calls.use_draft_logits:
                         io.pb_utils.Logger.log_warn(f"tensorrt_llm_bls: the draft refused, the target goes on "
@@ -457,7 +533,7 @@ class TritonPythonModel:
             def verify(sequence: np.ndarray, drafts: list[int], logits: Any, out_len: int,
                        calls: RowCalls = calls) -> Verdict:
                 answer = self._llm(self.target, calls.target_call(sequence, drafts, logits, out_len),
-                                   calls.target_outputs, triton_request)
+                                   calls.target_outputs, cancellation)
                 return calls.verdict(answer)
 
             on_chunk = None
@@ -472,8 +548,8 @@ class TritonPythonModel:
                     reply.send(part, chunk.final and b == last)
 
             if not speculate(row, lambda k=k: self.draft_len(k), propose, verify, on_chunk=on_chunk,
-                             cancelled=triton_request.is_cancelled):
-                raise RequestError("the request was cancelled")
+                             cancelled=lambda: cancellation.is_set):
+                raise Cancelled
             if not stream:
                 tokens = [*row.prompt, *row.generated] if include_prompt else row.generated
                 text_value = decode_chunk(self.tokenizer, tokens, [], True, self.skip_special_tokens)
