@@ -200,13 +200,20 @@ def test_sampled_outputs_follow_the_target(kind: str, rule: object, should_match
     """Sampling at temperature 1: the tokens at positions 1 and 2 (drafted after the first, accepted or
     resampled) follow the target's exact marginal; keeping every draft (a wrong rule) does not."""
     target, draft = tiny_pair
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    proposer = ModelProposer(draft, 2) if kind == "draft" else NGramProposer(NGramConfig(2, 3))
-    engine = ServingEngine(target, max_batch=256, max_seq_len=32, proposer=proposer, accept=rule)  # type: ignore[arg-type]
+    # For n-grams: a prompt in which every token has a successor, so that whatever the target samples first the
+    # lookup drafts (a prompt of few tokens drafts for some first tokens only, and keeping those few drafts does
+    # not show), with the pool per request (a public one fills with the other requests' samples, whose drafts
+    # follow the target's distribution already).
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2] if kind == "draft" else list(range(TINY_VOCAB)) * 2
+    proposer = (ModelProposer(draft, 2) if kind == "draft"
+                else NGramProposer(NGramConfig(2, 3, is_public_pool=False)))
+    engine = ServingEngine(target, max_batch=256, max_seq_len=40, proposer=proposer, accept=rule)  # type: ignore[arg-type]
     handles = [engine.submit(EngineRequest(prompt, 3, SamplingParams(temperature=1.0, seed=i))) for i in range(2500)]
     engine.run_until_idle()
     outputs = [h.wait(0).tokens for h in handles]
     assert engine.stats.proposals > 0
-    for position in (1, 2):
-        p_value = marginal_p_value(target, prompt, position, outputs)
-        assert (p_value > 0.01) == should_match, f"position {position}: p={p_value:.2e}"
+    p_values = {position: marginal_p_value(target, prompt, position, outputs) for position in (1, 2)}
+    if should_match:  # every drafted position follows the target
+        assert all(p > 0.01 for p in p_values.values()), p_values
+    else:
+        assert min(p_values.values()) < 0.01, p_values
