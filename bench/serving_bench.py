@@ -63,6 +63,7 @@ class Deployment:
     baseline: str = BASELINE
     judged: bool = False
     plain_of: bool = False
+    reference_of: bool = False  # that spec on build.backend: reference (an llmapi repository served on CPU)
 
 
 DEPLOYMENTS = {
@@ -74,7 +75,7 @@ DEPLOYMENTS = {
     "medusa2-base": Deployment("configs/demo-medusa2.yaml", plain_of=True),
     "medusa2": Deployment("configs/demo-medusa2.yaml", baseline="medusa2-base"),
     "eagle3": Deployment("configs/demo-eagle3.yaml", judged=True),
-    "draft-target-llmapi": Deployment("configs/demo-pytorch.yaml", judged=True),
+    "draft-target-llmapi": Deployment("configs/demo-pytorch.yaml", judged=True, reference_of=True),
 }
 SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at concurrency 1
 LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
@@ -84,23 +85,29 @@ console = Console(stderr=True)
 
 
 def spec_path(deployment: Deployment) -> Path:
-    """The spec to deploy: the config, or (plain_of) a copy of it without speculation, written under demo/specs/
-    with absolute paths and its own output_dir."""
+    """The spec to deploy: the config, or a copy of it written under demo/specs/ with absolute paths and its own
+    output_dir: without speculation (plain_of), or on build.backend: reference (reference_of)."""
     path = ROOT / deployment.spec
-    if not deployment.plain_of:
+    if not (deployment.plain_of or deployment.reference_of):
         return path
     import yaml
 
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    name = f"{data['name']}-plain"
-    data.update(name=name, output_dir=str(ROOT / "demo" / f"build-{name.removeprefix('demo-')}"),
-                speculative={"mode": "none"})
-    data["target"]["model"] = str((path.parent / data["target"]["model"]).resolve())
-    for key in ("draft", "medusa"):
-        data.pop(key, None)
+    name = f"{data['name']}-{'plain' if deployment.plain_of else 'reference'}"
+    data.update(name=name, output_dir=str(ROOT / "demo" / f"build-{name.removeprefix('demo-')}"))
+    for key in ("target", "draft"):
+        if key in data and "model" in data[key]:
+            data[key]["model"] = str((path.parent / data[key]["model"]).resolve())
+    if deployment.plain_of:
+        data["speculative"] = {"mode": "none"}
+        for key in ("draft", "medusa"):
+            data.pop(key, None)
+    else:
+        data["build"]["backend"] = "reference"
     derived = ROOT / "demo" / "specs" / f"{name}.yaml"
     derived.parent.mkdir(parents=True, exist_ok=True)
-    text = f"# {deployment.spec} without speculation (written by bench/serving_bench.py)\n" + yaml.safe_dump(
+    how = "without speculation" if deployment.plain_of else "on build.backend: reference"
+    text = f"# {deployment.spec} {how} (written by bench/serving_bench.py)\n" + yaml.safe_dump(
         data, sort_keys=False)
     if not derived.is_file() or derived.read_text(encoding="utf-8") != text:  # unchanged: stages stay up to date
         derived.write_text(text, encoding="utf-8")
