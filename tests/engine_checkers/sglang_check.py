@@ -25,10 +25,12 @@ OUT.json: `{"engine": "sglang", "version": ..., "facts": {...}, "cases": [{"name
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -72,6 +74,7 @@ def stand_in_gpu() -> None:
     if not torch.version.cuda:
         torch.version.cuda = "12.9"
     bin_dir = tempfile.mkdtemp(prefix="specbuild-nvidia-smi-")
+    atexit.register(shutil.rmtree, bin_dir, True)  # the stand-in leaves nothing behind in /tmp
     script = os.path.join(bin_dir, "nvidia-smi")
     with open(script, "w", encoding="utf-8") as handle:
         handle.write("#!/bin/sh\ncase \"$*\" in\n"
