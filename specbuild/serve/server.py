@@ -10,7 +10,8 @@ Where a load failure is read. The repository index (`POST /v2/repository/index`:
 answers only once the server's endpoints are up, and tritonserver starts them only after every model's load has
 ended; a model stuck LOADING (a stub that died before its first message, an `initialize` that never returns) keeps
 it silent for ever. So while the index does not answer, the server log's report of a failure ends the wait, a
-second later (`FAILURE_SETTLE_S`, so that what follows from it is reported along). `_log_failures` reads every
+second later (`FAILURE_SETTLE_S`, so that what follows from it is reported along), or once the models still loading
+have ended too, for at most `FAILURE_OTHERS_S` more (so that every failing model is named). `_log_failures` reads every
 form tritonserver 2.51 writes: "failed to load 'X' version N: ...", "failed to load model 'X': ...", an unreadable
 config.pbtxt, an ensemble's missing or failed step, a python stub that could not start. Once the index answers it
 decides, with the log's reasons for entries that have none and the log's failures of models it does not list (a
@@ -76,8 +77,12 @@ that can take minutes, and a broken model is reported as soon as Triton gives up
 PROBE_INTERVAL_S = 5.0
 """How often `check()` asks the server for its models' states (process and stub checks are on every call)."""
 FAILURE_SETTLE_S = 1.0
-"""How long a load failure the log reports waits for the index to answer (the failed model may have been the last
-to load) and for the failures that follow from it (an ensemble over it) before it is reported from the log."""
+"""How long a load failure the log reports waits, at least, for the index to answer (the failed model may have been
+the last to load) and for the failures that follow from it (an ensemble over it) before it is reported from the log."""
+FAILURE_OTHERS_S = 20.0
+"""How long past that the report waits while other models are still loading (a python stub that imports torch and
+reads its engine takes seconds before its own failure reaches the log), so that every model that fails is named,
+not only the first; a model stuck LOADING holds the report this long at most, not the ready-timeout."""
 UNANSWERED_LIMIT_S = 60.0
 """A live server that has not answered its repository index for this long is reported as hung."""
 KILL_WAIT_S = 30.0
@@ -404,7 +409,10 @@ class TritonServer:
             failures = _index_failures(index, log) if index is not None else _ordered(_log_failures(log))
             if failures:
                 failed_since = failed_since or time.monotonic()
-                if index is not None or time.monotonic() - failed_since >= FAILURE_SETTLE_S:
+                now = time.monotonic()
+                settled = now - failed_since >= FAILURE_SETTLE_S and (
+                    not _still_loading(log) or now - failed_since >= FAILURE_SETTLE_S + FAILURE_OTHERS_S)
+                if index is not None or settled:
                     raise SpecbuildError(_failure_summary(failures, ""), hint=f"full server log: {self.log_file}")
             death = None if failures else self._watch.poll(loading=True, log=log)  # (the log's reasons come first)
             if death is not None:
