@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := demo
 
-.PHONY: install demo test test-fast test-variant test-engines lint bench gpu-engines clean
+.PHONY: install demo docs docs-serve test test-fast test-variant test-engines lint bench gpu-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,30 +15,41 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job on the built-in demo models, end to end: build the models (cached) and what is trained on the target
-# (an EAGLE-3 draft, a self-draft adapter, Medusa-2 base and heads; each cached), convert (the draft quantized with
-# ModelOpt int8 SmoothQuant, the target with Medusa and Medusa-2 heads, a plain target, one for Lookahead, a
-# self-draft of the target's first layers with its adapter), build reference bundles, deploy seven Triton
-# repositories (six in the TensorRT-LLM backend's layout, one around Triton's llmapi model for the PyTorch flow's
-# EAGLE-3), then serve the draft-target, the Medusa and the EAGLE-3 repositories with the bundled tritonserver, ask a
-# few prompts over gRPC streaming and HTTP, print answers and acceptance, stop. (The others are built and deployed;
-# `specbuild serve demo/build-<name>/model_repository` serves one by hand, about 12 s for the server start.)
-DEMO_SPECS := configs/demo.yaml configs/demo-medusa.yaml configs/demo-plain.yaml configs/demo-lookahead.yaml \
-	configs/demo-self-draft.yaml configs/demo-medusa2.yaml configs/demo-eagle3.yaml
+# The main job on the built-in demo models, end to end (configs/demo.yaml: draft-target speculation with the draft
+# quantized by ModelOpt int8 SmoothQuant): build the demo models (cached; no extras), then validate, convert, build,
+# deploy and check the repository, serve it with the bundled tritonserver, ask a few prompts over gRPC streaming and
+# HTTP, print the answers and the acceptance, stop. Each step skips itself when its output is up to date, so a
+# second `make demo` only serves. `make demo-<name>` does the same for the other demo specs (configs/demo-<name>.yaml),
+# training only the demo extra that spec needs; `make demo-all` runs every one.
 DEMO_PROMPTS := --prompt "The for statement" --prompt "A module can contain" --max-tokens 40
+DEMO_METHODS := medusa plain lookahead self-draft medusa2 eagle3
+# the demo extra (specbuild.demo.extras) each spec needs; the others need none
+DEMO_EXTRAS_self-draft := self-draft-adapter
+DEMO_EXTRAS_medusa2 := medusa2
+DEMO_EXTRAS_eagle3 := eagle3-draft
+# one spec end to end: $(1) the spec, $(2) its model repository, $(3) the extras it needs
+define demo_pipeline
+	$(BIN)/specbuild demo-models $(DEMO)/models --extras $(if $(3),$(3),none)
+	$(BIN)/specbuild validate $(1) >/dev/null && echo "valid: $(1)"
+	$(BIN)/specbuild convert $(1)
+	$(BIN)/specbuild build $(1)
+	$(BIN)/specbuild deploy $(1)
+	$(BIN)/specbuild deploy --check $(2)
+	$(BIN)/specbuild serve $(2) $(DEMO_PROMPTS)
+endef
+.PHONY: $(addprefix demo-,$(DEMO_METHODS)) demo-all
 demo: $(STAMP)
-	$(BIN)/specbuild demo-models $(DEMO)/models
-	for spec in $(DEMO_SPECS); do $(BIN)/specbuild validate $$spec >/dev/null && echo "valid: $$spec" || exit 1; done
-	for spec in $(DEMO_SPECS); do $(BIN)/specbuild convert $$spec || exit 1; done
-	for spec in $(DEMO_SPECS); do $(BIN)/specbuild build $$spec || exit 1; done
-	for spec in $(DEMO_SPECS); do $(BIN)/specbuild deploy $$spec || exit 1; done
-	$(BIN)/specbuild deploy --check $(DEMO)/build/model_repository
-	@echo "--- draft-target speculation through the BLS (int8 SmoothQuant draft, K and schedule as tune chose them, configs/demo.yaml):"
-	$(BIN)/specbuild serve $(DEMO)/build/model_repository $(DEMO_PROMPTS)
-	@echo "--- Medusa speculation through the ensemble:"
-	$(BIN)/specbuild serve $(DEMO)/build-medusa/model_repository $(DEMO_PROMPTS)
-	@echo "--- EAGLE-3 (PyTorch flow) through Triton's llmapi model, served on CPU by the reference backend:"
-	$(BIN)/specbuild serve $(DEMO)/build-eagle3/model_repository $(DEMO_PROMPTS)
+	$(call demo_pipeline,configs/demo.yaml,$(DEMO)/build/model_repository,)
+$(addprefix demo-,$(DEMO_METHODS)): demo-%: $(STAMP)
+	$(call demo_pipeline,configs/demo-$*.yaml,$(DEMO)/build-$*/model_repository,$(DEMO_EXTRAS_$*))
+demo-all: demo $(addprefix demo-,$(DEMO_METHODS))
+
+# The user documentation (mkdocs.yml, docs/): a strict build, so a broken link or a missing bench/results include
+# fails; tests/test_docs.py runs the same build in `make test-fast`. `make docs-serve` previews it.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -109,8 +109,29 @@ def _check_replaceable(directory: Path) -> None:
 
 
 def build_all_extras(models_dir: Path, *, force: bool = False, progress: Progress | None = None) -> dict[str, Path]:
+    return build_extras(models_dir, known_extras(), force=force, progress=progress)
+
+
+def known_extras() -> list[str]:
+    """Every registered extra's name, sorted."""
     _register_known()
-    return {name: build_extra(models_dir, name, force=force, progress=progress) for name in sorted(EXTRAS)}
+    return sorted(EXTRAS)
+
+
+def check_extra_names(names: list[str]) -> None:
+    """Refuse names that are no registered extra, naming the known ones."""
+    unknown = sorted(set(names) - set(known_extras()))
+    if unknown:
+        raise SpecbuildError(f"--extras: unknown demo extra {', '.join(map(repr, unknown))}",
+                             hint=f"known: {', '.join(known_extras())} (or 'all', 'none')")
+
+
+def build_extras(models_dir: Path, names: list[str], *, force: bool = False,
+                 progress: Progress | None = None) -> dict[str, Path]:
+    """Build (or reuse) the extras `names`, refusing an unknown name before any is trained: a demo that needs
+    one method's extra should not wait for every other method's training (`specbuild demo-models --extras`)."""
+    check_extra_names(names)
+    return {name: build_extra(models_dir, name, force=force, progress=progress) for name in names}
 
 
 def _register_known() -> None:
