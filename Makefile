@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# NVIDIA Dynamo 1.6.1 without its dependencies: on Python 3.11-3.13 ai-dynamo requires aisimulate==0.13.0, a
+	@# placeholder whose build downloads from an index outside the registry, so `pip install ai-dynamo` fails; only
+	@# Dynamo's planner and replay import it. pyproject.toml lists ai-dynamo-runtime and ai-dynamo's other requirements.
+	$(BIN)/python -m pip install --quiet --no-deps ai-dynamo==1.6.1
 	touch $@
 
 install: $(STAMP)
