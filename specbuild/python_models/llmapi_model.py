@@ -8,9 +8,9 @@ completion so far in every response), which other outputs a response carries and
 model.py and helpers.py and the LLM API under them (the contract: `specbuild.contracts.llm_api`, LLMAPI_CODE_SOURCE,
 SAMPLING_PARAMS_SOURCE, RESULT_SOURCE). The decoding is the reference runtime's: `none` through the serving engine
 (in-flight batching) for every speculative_config the reference serves: DraftTarget, Eagle (EAGLE-3, chain or
-`eagle_choices` tree) and NGram are the engine's proposers (`specbuild.runtime.proposers`), so concurrent requests
-of any method share the target's (and the draft's) forwards instead of queueing; NVIDIA's llmapi model.yaml says
-its implementation "does not support batching".
+`eagle_choices` tree), NGram and SA (suffix automaton) are the engine's proposers (`specbuild.runtime.proposers`),
+so concurrent requests of any method share the target's (and the draft's) forwards instead of queueing; NVIDIA's
+llmapi model.yaml says its implementation "does not support batching".
 
 Where the reference departs from NVIDIA's model, on purpose: a request aborted by a stop request still gets a final
 (empty) flag so its stream closes (NVIDIA's sends it nothing when not streaming); `sampling_param_stop` strings are
@@ -404,7 +404,7 @@ def _engine_request(job: Job, **fields: Any) -> Any:
 
 class EngineRunner:
     """Every job is one request of the one serving engine, which batches it in flight with the others and, with a
-    proposer (DraftTarget's draft model, Eagle's EAGLE-3 draft, NGram), drafts for all of them in the same steps;
+    proposer (DraftTarget's draft model, Eagle's EAGLE-3 draft, NGram, SA), drafts for all of them in the same steps;
     its stop rules are the runtime's (the stop word kept: `_visible` cuts it). `stats` are the engine's counters
     (batched forwards, draft forwards), which the Triton adapter publishes as metrics."""
 
@@ -434,17 +434,26 @@ class EngineRunner:
                                            cancelled=job.cancelled, on_update=on_update))
 
 
-def proposer(config: Mapping[str, Any], load_draft: Callable[[], Any], load_eagle3: Callable[[], Any]) -> Any:
+def proposer(config: Mapping[str, Any], load_draft: Callable[[], Any], load_eagle3: Callable[[], Any],
+             max_batch: int = 1) -> Any:
     """The serving engine's proposer for a model.yaml speculative_config (llm_args.py's field names): DraftTarget
     the draft checkpoint, Eagle the EAGLE-3 draft (a chain, or the static tree `eagle_choices`), NGram prompt
-    lookup with NGramDecodingConfig's settings; other decoding types are refused by name."""
-    from specbuild.runtime.proposers import Eagle3Proposer, ModelProposer, NGramConfig, NGramProposer
+    lookup with NGramDecodingConfig's settings, SA the suffix automaton with SADecodingConfig's; other decoding
+    types are refused by name."""
+    from specbuild.runtime.proposers import (
+        Eagle3Proposer,
+        ModelProposer,
+        NGramConfig,
+        NGramProposer,
+        SAConfig,
+        SAProposer,
+    )
 
     kind = config.get("decoding_type")
     k = int(config.get("max_draft_len") or 0)
-    if kind == "DraftTarget":
+    if kind in ("DraftTarget", "Draft_Target"):  # the 1.2 and 1.3 lines' spellings (contracts.llm_api LINES)
         return ModelProposer(load_draft(), k)
-    if kind == "Eagle":
+    if kind in ("Eagle", "Eagle3"):
         choices = config.get("eagle_choices")
         if isinstance(choices, str):  # TensorRT-LLM's string form "[[0], [0, 0], ...]"
             import json
@@ -454,8 +463,30 @@ def proposer(config: Mapping[str, Any], load_draft: Callable[[], Any], load_eagl
     if kind == "NGram":
         fields = ("max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
         return NGramProposer(NGramConfig(k, **{f: config[f] for f in fields if config.get(f) is not None}))
+    if kind == "SA":
+        fields = ("max_matching_ngram_size", "enable_global_pool", "global_pool_size")
+        return SAProposer(SAConfig(k, **{f: config[f] for f in fields if config.get(f) is not None}), max_batch)
     raise RuntimeError(f"speculative_config decoding_type {kind!r}: the reference llmapi model serves no "
-                       "speculative_config, DraftTarget, Eagle or NGram (set build.backend: tensorrt for NVIDIA's)")
+                       "speculative_config, DraftTarget, Eagle, NGram or SA (set build.backend: tensorrt for "
+                       "NVIDIA's)")
+
+
+def draft_schedule(config: Mapping[str, Any], max_draft_len: int, line: str | None = None) -> Any:
+    """The engine's load rules from a speculative_config: draft_len_schedule looked up as the TensorRT-LLM `line`
+    does (`specbuild.runtime.schedule.lookup_for_line`), max_concurrency, and the acceptance switch-off
+    (acceptance_window / acceptance_length_threshold; the 1.4 line's acceptance_rate_window_size /
+    acceptance_rate_threshold read alike)."""
+    from specbuild.runtime.schedule import DraftSchedule, lookup_for_line
+
+    steps = {int(size): int(length) for size, length in (config.get("draft_len_schedule") or {}).items()}
+    window = config.get("acceptance_window", config.get("acceptance_rate_window_size"))
+    threshold = config.get("acceptance_length_threshold", config.get("acceptance_rate_threshold"))
+    try:
+        return DraftSchedule(steps, max_draft_len, config.get("max_concurrency"), lookup_for_line(line),
+                             None if window is None else int(window),
+                             None if threshold is None else float(threshold))
+    except ValueError as err:
+        raise RuntimeError(f"model.yaml speculative_config: {err}") from None
 
 
 def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
@@ -468,7 +499,6 @@ def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
 
     from specbuild.dtypes import torch_dtype
     from specbuild.runtime.model import CausalLM
-    from specbuild.runtime.schedule import DraftSchedule
     from specbuild.runtime.serving import ServingEngine
 
     checkpoints = reference["checkpoints"]
@@ -489,9 +519,8 @@ def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
 
             return Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target, dtype=target.dtype)
 
-        drafting = proposer(config, lambda: load("draft"), eagle3)
-        steps = {int(size): int(length) for size, length in (config.get("draft_len_schedule") or {}).items()}
-        schedule = DraftSchedule(steps, drafting.max_draft_len, config.get("max_concurrency"))
+        drafting = proposer(config, lambda: load("draft"), eagle3, batch)
+        schedule = draft_schedule(config, drafting.max_draft_len, reference.get("trtllm_line"))
         engine = ServingEngine(target, max_batch=batch, max_seq_len=seq, proposer=drafting, schedule=schedule)
         log_info(f"[trtllm] reference llmapi model: {config['decoding_type']} drafts in the serving engine "
                  f"(max_draft_len {drafting.max_draft_len}, in-flight batching of up to {batch} requests)")

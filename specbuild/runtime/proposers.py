@@ -7,6 +7,8 @@ distributions, the tree accept). So a method is lossless whatever its drafts are
 flight. A proposer drafts for many sequences at once: its model's forwards run over the engine's rows.
 
 - `NGramProposer`: prompt lookup over the sequence's own tokens, no model (TensorRT-LLM's NGram drafter).
+- `SAProposer`: the continuation of the longest earlier match of the sequence's suffix, from a suffix automaton
+  extended by each accepted token (TensorRT-LLM's SA drafter; `specbuild.runtime.suffix_automaton`).
 - `ModelProposer`: a draft model proposing K-token chains: a separate draft (draft-target) with its own KV cache,
   one row per engine row, or the target's own first L layers (`self_draft.self_draft_proposer`), which write only their
   speculative slots into the target's own cache (`specbuild.runtime.self_draft`).
@@ -33,6 +35,7 @@ from specbuild.runtime.decoding import TokenDecoding
 from specbuild.runtime.kv_cache import KVCache
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import draw
+from specbuild.runtime.suffix_automaton import SuffixAutomaton
 
 SHORT_FEED = 16
 """Feeds up to this many tokens share one draft forward; longer ones (a draft catching up on a prompt) run alone."""
@@ -92,6 +95,9 @@ class Proposer:
 
     def swap_rows(self, a: int, b: int) -> None:
         """The engine exchanged rows a and b."""
+
+    def release(self, seq: Drafting) -> None:
+        """`seq` finished (or failed, or was cancelled): its row returns to the engine's pool."""
 
     def observe(self, seq: Drafting, features: torch.Tensor) -> None:
         """The captured target features [n, F] of the n tokens the last target forward committed for `seq`."""
@@ -181,8 +187,9 @@ class _NGramState:
 class NGramProposer(Proposer):
     """Prompt lookup: the tokens that followed the sequence's last n tokens where they occurred before.
 
-    The semantics of NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/ngram.py @02499765
-    (`NGramPoolManager.get_draft_tokens`), written anew: each step the pool learns every (pattern, match) pair of
+    The semantics of NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/ngram.py @02499765 (unchanged at
+    @c4dc529f: `NGramPoolManager.get_draft_tokens`, a private pool dropped when its request completes), written
+    anew: each step the pool learns every (pattern, match) pair of
     the sequence from `start` on (patterns of max_matching_ngram_size down to 1 tokens, a match the up to
     max_draft_len tokens after it; a new match replaces the kept ones that are shorter, and with is_keep_all false
     a longer match replaces the one kept); the drafts are the match of the longest pattern that ends the sequence
@@ -231,6 +238,108 @@ class NGramProposer(Proposer):
                 drafts = list(matches[0] if c.is_use_oldest else matches[-1])
                 break
         state.start = max(0, n - (c.max_draft_len + c.max_matching_ngram_size - 1))
+        return drafts
+
+
+# -- SA (suffix automaton) -------------------------------------------------------------------------------------------
+
+GLOBAL_POOL_MATCH = 64
+"""The most tokens of a request's tail matched against the other requests' automata (SADecodingConfig's doc:
+"suffix matching is capped at 64 tokens per request" with enable_global_pool)."""
+
+
+@dataclass(frozen=True)
+class SAConfig:
+    """TensorRT-LLM's SADecodingConfig (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, main as indexed in
+    2026): `max_draft_len` tokens after the match; `max_matching_ngram_size` -1 the longest match, n > 0 sizes n
+    down to 1 (0 invalid); `enable_global_pool` searches every active request's automaton (and completed ones
+    kept until `global_pool_size`, default max(64, max_batch_size), evicting the oldest completed)."""
+
+    max_draft_len: int
+    max_matching_ngram_size: int = -1
+    enable_global_pool: bool = False
+    global_pool_size: int | None = None
+
+    def __post_init__(self) -> None:
+        """SADecodingConfig.validate_sa_config's refusals, in its words."""
+        if self.max_draft_len < 1:
+            raise ValueError("max_draft_len must be > 0 for SA")
+        n = self.max_matching_ngram_size
+        if n == 0 or n < -1:
+            raise ValueError(f"max_matching_ngram_size must be > 0 (fixed ngram) or -1 (longest match). Got {n}.")
+        if self.enable_global_pool and n != -1 and not 1 <= n <= GLOBAL_POOL_MATCH:
+            raise ValueError("max_matching_ngram_size must be -1 (longest match) or in [1, 64] when "
+                             f"enable_global_pool is True. Got {n}.")
+        if self.global_pool_size is not None:
+            if self.global_pool_size < 1:
+                raise ValueError("global_pool_size must be >= 1")
+            if not self.enable_global_pool:
+                raise ValueError("global_pool_size requires enable_global_pool=True")
+
+
+@dataclass
+class _SAState:
+    automaton: SuffixAutomaton
+    active: bool = True
+
+
+class SAProposer(Proposer):
+    """Suffix-automaton drafting (TensorRT-LLM's standalone SA, `SAWorker`): each sequence's automaton is built
+    from its prompt when it first drafts and then extended with exactly the tokens accepted since (never rebuilt);
+    the drafts are the up to K tokens that followed the earliest earlier occurrence of the match
+    (`SuffixAutomaton.match`). Without a match the sequence drafts nothing that step (TensorRT-LLM's kernel then
+    leaves its draft buffer as it was, to be rejected by verification: the same output, fewer wasted slots here).
+
+    With `enable_global_pool`, the longest match of the sequence's last (at most 64) tokens over the other pool
+    members' automata counts too when it is longer than its own; the pool holds the active sequences and the
+    most recently completed ones up to `global_pool_size`."""
+
+    def __init__(self, config: SAConfig, max_batch: int = 1) -> None:
+        super().__init__()
+        self.config = config
+        self.max_draft_len = config.max_draft_len
+        self.block_tokens = config.max_draft_len + 1
+        self.pool_size = config.global_pool_size or max(GLOBAL_POOL_MATCH, max_batch)
+        if config.global_pool_size is not None and config.global_pool_size < max_batch:
+            raise ValueError(f"global_pool_size {config.global_pool_size} must be >= max_batch_size {max_batch}")
+        self.pool: list[_SAState] = []  # admission order: active and retained completed automata
+
+    def admit(self, seq: Drafting, source: int, prompt: np.ndarray, match: int) -> None:
+        seq.draft_state = state = _SAState(SuffixAutomaton())
+        if self.config.enable_global_pool:
+            self.pool.append(state)
+            finished = [s for s in self.pool if not s.active]
+            while len(self.pool) > self.pool_size and finished:
+                self.pool.remove(finished.pop(0))
+
+    def release(self, seq: Drafting) -> None:
+        if isinstance(seq.draft_state, _SAState):
+            seq.draft_state.active = False
+
+    def propose(self, seqs: Sequence[Drafting], ks: Sequence[int]) -> list[Proposal | None]:
+        out: list[Proposal | None] = []
+        for seq, k in zip(seqs, ks, strict=True):
+            drafts = self.lookup(seq.draft_state, [*seq.committed, *seq.pending], k)
+            out.append(Proposal(drafts) if drafts else None)
+        return out
+
+    def lookup(self, state: _SAState, tokens: Sequence[int], k: int) -> list[int]:
+        """Extend the automaton with the tokens it has not seen (the sequence only grows) and draft up to k."""
+        automaton = state.automaton
+        if len(tokens) < len(automaton):
+            raise RuntimeError(f"SA drafter out of step: its automaton holds {len(automaton)} tokens, the "
+                               f"sequence {len(tokens)}")
+        automaton.extend_all(tokens[len(automaton):])
+        length, drafts = automaton.drafts(k, self.config.max_matching_ngram_size)
+        if self.config.enable_global_pool:
+            tail = tokens[-GLOBAL_POOL_MATCH:]
+            for other in self.pool:
+                if other is state:
+                    continue
+                found = other.automaton.match_other(tail)
+                if found is not None and found[0] > length:
+                    length, start = found
+                    drafts = other.automaton.tokens[start : start + k]
         return drafts
 
 
@@ -546,4 +655,5 @@ def _nodes_of(small: MedusaTree, big: MedusaTree, tokens: torch.Tensor) -> torch
     return tokens[torch.tensor([0, *(index[path] for path in small.choices)])]
 
 
-__all__ = ["Eagle3Proposer", "ModelProposer", "NGramConfig", "NGramProposer", "Proposal", "Proposer"]
+__all__ = ["Eagle3Proposer", "ModelProposer", "NGramConfig", "NGramProposer", "Proposal", "Proposer", "SAConfig",
+           "SAProposer"]

@@ -1,24 +1,58 @@
-"""Load-aware speculation: how many tokens to draft per step for a given number of active sequences.
+"""Load-aware speculation: how many tokens to draft per step for a given number of active sequences, and when
+to stop speculating for good - the rules TensorRT-LLM's PyTorch backend applies, in one place for the serving
+engine (every proposer, the Medusa tree) and the Triton models.
 
 A speculative step costs more than a plain one; with few sequences the hardware has room and drafting pays,
-with many it does not. TensorRT-LLM's LLM API has the same two knobs on every speculative config
-(NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py`, `DecodingBaseConfig`, 1.2 line): `draft_len_schedule`
-maps batch-size thresholds to draft lengths ({1: 4, 4: 2, 8: 0}: from 1 active sequence draft 4, from 4 draft 2,
-from 8 none) and must contain 1 with the full draft length; `max_concurrency` turns speculation off above that
-many active sequences. The n-gram drafter's auto-disable works the same way.
+with many it does not. TensorRT-LLM's LLM API has the same knobs on every speculative config (`DecodingBaseConfig`
+in NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py`):
+
+- `max_concurrency`: no speculation when more sequences are active (`Drafter.should_use_spec_decode`,
+  tensorrt_llm/_torch/speculative/drafter.py @83ab45a5: `len(requests) <= max_concurrency`, the requests capped
+  by max_batch_size and by max_num_tokens // (1 + max_total_draft_tokens); the engine's rows are its batch cap).
+- `draft_len_schedule` (batch size -> draft length). Two lookups, by TensorRT-LLM line:
+  `"from"` (the 1.2 line; drafter.py's `get_draft_len_for_batch_size` by `bisect_right`): a key is the smallest
+  batch size its length applies from - the entry of the largest key <= the batch - and the schedule must map 1
+  to max_draft_len ({1: 4, 4: 2, 8: 0}: from 1 draft 4, from 4 draft 2, from 8 none);
+  `"up_to"` (main after 1.2, `get_draft_len_for_batch_size` in tensorrt_llm/_torch/speculative/ by
+  `bisect_left`, "New semantics"): a key is the largest batch size its length applies to - the entry of the
+  smallest key >= the batch, 0 above the largest key - the smallest key must map to max_draft_len, and
+  max_concurrency is the schedule {max_concurrency: max_draft_len} (the two are mutually exclusive there).
+- `acceptance_window` / `acceptance_length_threshold` (`SpeculationGate`, tensorrt_llm/_torch/speculative/
+  speculation_gate.py @41080dc5): once `window` requests have completed, speculation is switched off for good when
+  the mean over the last `window` completed requests of (avg decoded tokens per iteration - 1) is below the
+  threshold; it never switches back on. Off when either is unset or the window is 0.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
+
+Lookup = Literal["from", "up_to"]
+"""How a batch size between draft_len_schedule keys is looked up (the module docstring: TensorRT-LLM 1.2 / main)."""
 
 
-def schedule_problems(schedule: Mapping[int, int], full_draft_len: int) -> list[str]:
+def lookup_for_line(line: str | None) -> Lookup:
+    """The draft_len_schedule lookup of a TensorRT-LLM line ("1.2", "1.3", "main", ...; None: 1.2, the line
+    specbuild's LLM-API contract follows). Every later line is given main's rule: the index read showed main's
+    and the 1.2 line's, not the release where it changed."""
+    return "from" if line in (None, "", "1.2") or str(line).startswith("1.2.") else "up_to"
+
+
+def schedule_problems(schedule: Mapping[int, int], full_draft_len: int, lookup: Lookup = "from") -> list[str]:
     """What is wrong with a schedule whose full draft length (batch size 1: K, or the Medusa tree's node count)
     is `full_draft_len`; TensorRT-LLM's LLM API calls that length max_draft_len."""
     problems = []
-    if 1 not in schedule:
+    if lookup == "up_to":
+        sizes = [size for size in schedule if type(size) is int]
+        if sizes and schedule[min(sizes)] != full_draft_len:
+            problems.append(f"the smallest batch size {min(sizes)} must draft the full length {full_draft_len} "
+                            f"(draft_len_schedule[{min(sizes)}] must equal max_draft_len), not "
+                            f"{schedule[min(sizes)]}")
+    elif 1 not in schedule:
         problems.append(f"must map batch size 1 to the full draft length ({{1: {full_draft_len}}}), as "
                         "TensorRT-LLM requires")
     elif schedule[1] != full_draft_len:
@@ -33,23 +67,73 @@ def schedule_problems(schedule: Mapping[int, int], full_draft_len: int) -> list[
 
 @dataclass(frozen=True)
 class DraftSchedule:
-    """Draft length by number of active sequences; `max_concurrency`: none above it."""
+    """Draft length by number of active sequences (`steps`, looked up per `lookup`); `max_concurrency`: none above
+    it; `acceptance_window` / `acceptance_threshold`: the switch-off rule (`SpeculationGate`)."""
 
     steps: dict[int, int] = field(default_factory=dict)
     full_draft_len: int = 0
     """The draft length at batch size 1 (K, or the Medusa tree's node count)."""
     max_concurrency: int | None = None
+    lookup: Lookup = "from"
+    acceptance_window: int | None = None
+    acceptance_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps:
-            problems = schedule_problems(self.steps, self.full_draft_len)
+            problems = schedule_problems(self.steps, self.full_draft_len, self.lookup)
             if problems:
                 raise ValueError("draft_len_schedule " + "; ".join(problems))
+            if self.lookup == "up_to" and self.max_concurrency is not None:
+                raise ValueError("max_concurrency and draft_len_schedule are mutually exclusive. Use "
+                                 "max_concurrency for a simple speculation cutoff, or draft_len_schedule for "
+                                 "dynamic draft-length control.")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be a positive integer (got {self.max_concurrency})")
+        if self.acceptance_window is not None and self.acceptance_window < 0:
+            raise ValueError(f"acceptance_window must be >= 0 (got {self.acceptance_window})")
+        if self.acceptance_threshold is not None and self.acceptance_threshold < 0:
+            raise ValueError(f"acceptance_length_threshold must be >= 0 (got {self.acceptance_threshold})")
 
     def draft_len(self, active: int) -> int:
-        """The draft length for `active` sequences: the entry of the largest threshold <= active."""
+        """The draft length for `active` sequences."""
         if self.max_concurrency is not None and active > self.max_concurrency:
             return 0
         if not self.steps:
             return self.full_draft_len
-        return self.steps[max(size for size in self.steps if size <= max(1, active))]
+        sizes = sorted(self.steps)
+        if self.lookup == "up_to":
+            index = bisect_left(sizes, active)
+            return self.steps[sizes[index]] if index < len(sizes) else 0
+        return self.steps[sizes[max(0, bisect_right(sizes, max(1, active)) - 1)]]
+
+    def gate(self) -> SpeculationGate | None:
+        """A fresh switch-off gate for one engine (None: the rule is off)."""
+        if not self.acceptance_window or self.acceptance_threshold is None:
+            return None
+        return SpeculationGate(self.acceptance_window, self.acceptance_threshold)
+
+
+class SpeculationGate:
+    """TensorRT-LLM's rolling acceptance gate: each completed request records its acceptance length (its
+    decoded tokens per iteration - 1, at least 0); from the `window`-th completion on, a mean over the last
+    `window` below `threshold` disables speculation permanently."""
+
+    def __init__(self, window: int, threshold: float) -> None:
+        self.window, self.threshold = window, threshold
+        self.history: deque[float] = deque()
+        self.completed = 0
+        self.disabled = False
+
+    def record(self, tokens: int, iterations: int) -> bool:
+        """A request finished with `tokens` decoded over `iterations` target iterations; returns whether this
+        completion switched speculation off."""
+        if self.disabled or self.window <= 0:
+            return False
+        self.history.append(max(0.0, tokens / iterations - 1.0) if iterations else 0.0)
+        if len(self.history) > self.window:
+            self.history.popleft()
+        self.completed += 1
+        if self.completed >= self.window and sum(self.history) / len(self.history) < self.threshold:
+            self.disabled = True
+            return True
+        return False

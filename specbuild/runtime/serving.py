@@ -214,6 +214,7 @@ class _Sequence:
         self.pending: list[int] = []  # tokens to feed next (the cache holds everything before them)
         self.gen = None if self.decoding.greedy else torch.Generator().manual_seed(_seed(request, self.decoding))
         self.accepted = self.drafted = 0
+        self.iterations = 0  # target forwards that ran this sequence's blocks (the speculation gate's denominator)
         self.cum_log_prob = 0.0
         self.sent = 0  # output tokens already sent in updates
         self.token_logits: list[torch.Tensor] = []  # the raw logits each output token came from
@@ -262,6 +263,7 @@ class _Sequence:
         """Accept/sample from the row's logits; returns (tokens to commit as a linear prefix of the block, or
         the tree path to compact; the Update)."""
         logits = out.logits[row, : len(block.tokens)]
+        self.iterations += 1
         if self.request.return_context_logits and self.context_logits is None:
             self.context_logits = logits[: len(self.request.prompt)].float().clone()
         if block.tree is not None:
@@ -468,6 +470,7 @@ class ServingEngine:
         self.max_draft_len, self.tree = max_draft_len, tree
         self.proposer = proposer
         self.schedule = schedule
+        self.gate = schedule.gate() if schedule is not None else None  # acceptance switch-off (TensorRT-LLM's)
         self._trees: dict[int, MedusaTree | None] = {0: None}
         self.step_tree: MedusaTree | None = None  # the tree of the step being run
         if tree is not None:
@@ -582,6 +585,8 @@ class ServingEngine:
     def draft_len(self, active: int) -> int:
         """K for a step with `active` sequences: the schedule's, else the proposer's full length."""
         full = self.proposer.max_draft_len if self.proposer is not None else self.max_draft_len
+        if self.gate is not None and self.gate.disabled:
+            return 0
         return full if self.schedule is None else min(self.schedule.draft_len(active), full)
 
     def _propose(self) -> None:
@@ -701,6 +706,8 @@ class ServingEngine:
             return None
         k = self.tree.num_nodes if self.schedule is None else min(self.schedule.draft_len(active),
                                                                    self.tree.num_nodes)
+        if self.gate is not None and self.gate.disabled:
+            k = 0
         if k not in self._trees:
             assert self.choices is not None
             try:
@@ -786,7 +793,14 @@ class ServingEngine:
         seq.handle._record(update)
 
     def _release(self, seq: _Sequence) -> None:
-        """A finished sequence leaves the active rows; its row joins the pool with what it holds."""
+        """A finished sequence leaves the active rows; its row joins the pool with what it holds. A sequence that
+        could speculate and completed (not failed or cancelled) counts towards the acceptance gate."""
+        result = seq.handle.result
+        if (self.gate is not None and result is not None and result.reason in ("length", "end_id", "stop_word")
+                and (seq.drafting or seq.medusa or seq.lookahead is not None)):
+            self.gate.record(len(seq.state.output), seq.iterations)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         last = len(self.active) - 1
         row = seq.row
         self.active[row], self.active[last] = self.active[last], self.active[row]
