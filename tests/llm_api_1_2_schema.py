@@ -3,10 +3,10 @@
 TensorRT-LLM does not install on this machine (no GPU, no wheel), so the generated model.yaml, trtllm-serve options
 and config.pbtxt are checked field by field against this table, written down from the upstream files, not from
 specbuild.contracts.llm_api (a shared mistake would pass both otherwise):
-- NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.2 line, commit 195839a7 (as stored in the fork
-  HuiGao-NV/TensorRT-LLM): DecodingBaseConfig and the decoding configs' fields and types, from_dict's
+- NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.2 line (commit 195839a7; tag v1.2.0): DecodingBaseConfig
+  and the decoding configs' fields and types, from_dict's
   decoding_type keys, supports_backend; BaseLlmArgs fields.
-- NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py @195839a7 (same fork): trtllm-serve's options.
+- NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py, 1.2 line (commit 195839a7): trtllm-serve's options.
 - NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @0a710573 and 1/model.yaml
   @0ebb1536: the llmapi model's tensors and its model.yaml keys.
 """

@@ -29,14 +29,16 @@ CONFIGS = sorted(path for path in (ROOT / "configs").glob("*.yaml")
 
 
 def _spec(tmp_path: Path, models: dict[str, Path] | None = None, **changes: Any) -> Any:
-    """A PyTorch-flow draft-target spec on `models` (the demo pair, or paths that need not exist)."""
+    """A PyTorch-flow draft-target spec for TensorRT-LLM 1.2 (what tests/llm_api_1_2_schema.py holds) on `models`
+    (the demo pair, or paths that need not exist); tests/test_trtllm_lines.py covers the later lines."""
     target = models["target"] if models else tmp_path / "target"
     draft = models["draft"] if models else tmp_path / "draft"
     data: dict[str, Any] = {
         "name": "pt", "output_dir": str(tmp_path / "out"),
         "target": {"model": str(target)}, "draft": {"model": str(draft)},
         "speculative": {"mode": "draft_target", "num_draft_tokens": 3, "draft_len_schedule": {1: 3, 4: 0}},
-        "build": {"flow": "pytorch", "max_batch_size": 8, "max_input_len": 128, "max_output_len": 32},
+        "build": {"flow": "pytorch", "trtllm": "1.2", "max_batch_size": 8, "max_input_len": 128,
+                  "max_output_len": 32},
         "deploy": {"decoupled": True},
     }
     for section, values in changes.items():
@@ -109,14 +111,15 @@ def test_settings_check_is_the_table(tmp_path: Path) -> None:
     bad = copy.deepcopy(args)
     bad["max_tokens_in_paged_kv_cache"] = 1
     bad["speculative_config"]["num_eagle_layers"] = 2
-    messages = [message for _, message in llm_api.settings_problems(bad)]
+    messages = [message for _, message in llm_api.settings_problems(bad, llm_api.LINE_1_2)]
     assert any("'max_tokens_in_paged_kv_cache' is not an LlmArgs field" in m for m in messages)
-    assert any("'num_eagle_layers' is not a field of DraftTargetDecodingConfig" in m for m in messages)
+    assert any("'num_eagle_layers' is not a field of TensorRT-LLM 1.2's DraftTargetDecodingConfig" in m
+               for m in messages)
     for decoding_type, supported in upstream.SUPPORTS_PYTORCH.items():
-        assert llm_api.DECODING_TYPES[decoding_type].supports("pytorch") is supported
-        assert set(upstream.DECODING_CONFIGS[decoding_type]) == llm_api.DECODING_TYPES[decoding_type].fields
+        assert llm_api.LINE_1_2.decoding_types[decoding_type].supports("pytorch") is supported
+        assert set(upstream.DECODING_CONFIGS[decoding_type]) == llm_api.LINE_1_2.decoding_types[decoding_type].fields
     lookahead = {**args, "speculative_config": {"decoding_type": "Lookahead", "max_draft_len": 3}}
-    messages = [message for _, message in llm_api.settings_problems(lookahead)]
+    messages = [message for _, message in llm_api.settings_problems(lookahead, llm_api.LINE_1_2)]
     assert any("Speculation type Lookahead does not support backend pytorch" in m for m in messages)
 
 
@@ -124,7 +127,8 @@ def test_medusa_refused_on_pytorch(tmp_path: Path) -> None:
     """Medusa is engine-only in 1.2 (MedusaDecodingConfig.supports_backend): refused with that reason and the fix."""
     data = {"name": "m", "target": {"model": str(tmp_path)}, "medusa": {"heads": str(tmp_path / "heads")},
             "speculative": {"mode": "medusa"},
-            "build": {"flow": "pytorch", "max_batch_size": 1, "max_input_len": 8, "max_output_len": 8}}
+            "build": {"flow": "pytorch", "trtllm": "1.2", "max_batch_size": 1, "max_input_len": 8,
+                      "max_output_len": 8}}
     spec = parse_spec(data, tmp_path / "m.yaml")
     [(loc, message)] = llm_api.pytorch_flow_problems(spec)
     assert loc == ("speculative", "mode")
@@ -235,10 +239,13 @@ def test_existing_specs_unchanged() -> None:
 
 
 def test_demo_pytorch_config_has_no_problem() -> None:
-    """configs/demo-pytorch.yaml: the demo pair on the PyTorch flow, valid as shipped."""
+    """configs/demo-pytorch.yaml: the demo pair on the PyTorch flow, valid as shipped, on the line it names."""
     spec = load_spec(ROOT / "configs" / "demo-pytorch.yaml")
     assert spec.build.flow == "pytorch" and llm_api.pytorch_flow_problems(spec) == []
-    _check_llm_args(llm_api.llm_args(spec))
+    assert spec.build.trtllm == llm_api.NEWEST_LINE.name  # pinned in the file, the newest line read
+    args = llm_api.llm_args(spec)
+    assert list(llm_api.settings_problems(args, llm_api.line_of(spec))) == []
+    assert args["speculative_config"]["decoding_type"] == "Draft_Target"
 
 
 

@@ -120,7 +120,8 @@ def test_lookahead_section_needs_lookahead_mode(tmp_path: Path) -> None:
 def test_pytorch_flow_refuses_with_supports_backend(tmp_path: Path) -> None:
     """llm_args.py (1.2) LookaheadDecodingConfig.supports_backend is False for 'pytorch'."""
     loaded = parse_spec({"name": "x", "target": {"model": str(tmp_path)},
-                         "build": {"flow": "pytorch", "max_batch_size": 1, "max_input_len": 8, "max_output_len": 8},
+                         "build": {"flow": "pytorch", "trtllm": "1.2", "max_batch_size": 1, "max_input_len": 8,
+                                   "max_output_len": 8},
                          "speculative": {"mode": "lookahead"}}, tmp_path / "spec.yaml")
     [(loc, message)] = flow_problems(loaded)
     assert loc == ("speculative", "mode") and "supports_backend is False for 'pytorch'" in message

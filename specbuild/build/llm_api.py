@@ -2,7 +2,8 @@
 
 The PyTorch backend builds nothing ahead of serving (the LLM API loads the HF checkpoints when it starts), so this
 stage only runs every check the flow has (`contracts.llm_api.pytorch_flow_problems`: the mode, the settings against
-TensorRT-LLM 1.2's llm_args.py tables, engine-flow settings the flow would ignore, a quantized draft) and writes
+the llm_args.py tables of the spec's TensorRT-LLM line (`build.trtllm`), engine-flow settings the flow would ignore,
+a quantized draft) and writes
 `<output_dir>/llm_api/llm_api.json` with its manifest. Why write anything: deploy then serves exactly what build
 checked, and a spec edited after build is caught by deploy as a stale engine is on the engine flow; the manifest
 hashes the checkpoints' config.json files so a changed checkpoint reruns the checks.
@@ -20,7 +21,7 @@ from rich.console import Console
 from specbuild.atomic import Inputs, atomic_directory, output_lock, refuse_overlap
 from specbuild.contracts.llm_api import (
     LLM_API_PLAN,
-    LLM_ARGS_SOURCE,
+    line_of,
     llm_api_dir,
     llm_args,
     quantized_draft_dir,
@@ -46,12 +47,13 @@ class LlmApiResult:
     directory: Path
     status: Status
     settings: dict[str, Any]
+    line: str
 
     def summary(self) -> str:
         speculative = self.settings.get("speculative_config") or {}
         method = speculative.get("decoding_type", "no speculation")
         return (f"{self.status}: {self.directory / LLM_API_PLAN} (PyTorch backend, no engine step; {method}; "
-                f"checked against {LLM_ARGS_SOURCE})")
+                f"checked against TensorRT-LLM {self.line} (LLM API settings))")
 
 
 def _config_files(spec: PipelineSpec) -> list[Path]:
@@ -97,22 +99,23 @@ def build_llm_api(spec: PipelineSpec, *, dry_run: bool = False, force: bool = Fa
     refuse_overlap(directory, inputs_named, output_name="output_dir's llm_api directory")
     refuse_pytorch_flow_problems(spec, "build")
     settings = llm_args(spec)
+    line = line_of(spec)
     files = _config_files(spec)
     if dry_run:
         console.print_json(json.dumps(settings))
-        return LlmApiResult(directory, "planned", settings)
+        return LlmApiResult(directory, "planned", settings, line.name)
     # As the manifest's JSON will read back (draft_len_schedule's keys become strings), or it is never fresh.
-    manifest_settings = json.loads(json.dumps({"llm_args": settings, "source": LLM_ARGS_SOURCE}))
+    manifest_settings = json.loads(json.dumps({"llm_args": settings, "trtllm": line.name, "source": line.source}))
     with output_lock(directory):  # the decision and the write, by one run at a time (as every stage)
         known = read_manifest(directory)
         inputs = fingerprint_files(files, (known or {}).get("inputs"))
         tools = tool_versions()
         if not force and is_fresh(known, settings=manifest_settings, tools=tools, inputs=inputs,
                                   directory=directory):
-            return LlmApiResult(directory, "up to date", settings)
+            return LlmApiResult(directory, "up to date", settings, line.name)
         with atomic_directory(directory, inputs=inputs_named) as tmp:
             (tmp / LLM_API_PLAN).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n",
                                             encoding="utf-8")
             write_manifest(tmp, {"stage": "build", "flow": "pytorch", "spec": spec.where, "inputs": inputs,
                                  "settings": manifest_settings, "tools": tools, "outputs": output_sizes(tmp)})
-    return LlmApiResult(directory, "written", settings)
+    return LlmApiResult(directory, "written", settings, line.name)

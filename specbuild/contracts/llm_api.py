@@ -1,52 +1,54 @@
-"""What a spec asks of TensorRT-LLM 1.2's LLM API (the PyTorch backend), as data, and which flow runs which mode.
+"""What a spec asks of TensorRT-LLM's LLM API (the PyTorch backend), one table per release line, and which flow runs
+which mode.
 
 `build.flow: pytorch` has no engine: the LLM API takes the HF checkpoints and a handful of `LlmArgs` settings, one
-of them a `speculative_config`. `build` checks those settings against the tables here and records them; `deploy`
-writes them into Triton's llmapi `model.yaml` and a `trtllm-serve` options file. The tables are read from
-NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py` of the 1.2 line (the version at commit 195839a7, read
-through its copy in the fork HuiGao-NV/TensorRT-LLM: the engine flow's `BuildConfig`/`TrtLlmArgs` still in it,
-`DecodingBaseConfig.from_dict` naming the decoding types below):
-- `DecodingBaseConfig` fields (every decoding config has them), and each config's own fields;
-- `DecodingBaseConfig.from_dict`: the `decoding_type` string a YAML `speculative_config` names its class by;
-- `supports_backend(backend)`: Medusa and Lookahead return False for "pytorch"; NGram, MTP and AUTO are
-  "pytorch" only; DraftTarget "pytorch" or "_autodeploy"; Eagle inherits True; `TrtLlmArgs`/`TorchLlmArgs`
-  refuse a config whose `supports_backend` is False with "Speculation type {decoding_type} does not support
-  backend {backend}".
-- `BaseLlmArgs` fields specbuild sets: model, tensor_parallel_size, pipeline_parallel_size, max_batch_size,
-  max_seq_len, max_num_tokens (default 8192), speculative_config, backend, dtype (default "auto").
-EAGLE-3 in 1.2 is `EagleDecodingConfig` (decoding_type "Eagle") with an EAGLE-3 draft: its torch
-`spec_dec_mode` is EAGLE3 or EAGLE3_ONE_MODEL (`eagle3_one_model`); the engine flow's EAGLE (trtllm-build
-`--speculative_decoding_mode eagle`) builds EAGLE-1/2 heads, not EAGLE-3 drafts.
+of them a `speculative_config`. `build` checks those settings against the spec's line (`build.trtllm`) and records
+them; `deploy` writes them into Triton's llmapi `model.yaml` and a `trtllm-serve` options file, in that line's
+spelling. Each line is DATA (`Line`): its decoding types (the `decoding_type` string a YAML `speculative_config`
+names its class by, each config's own fields, `supports_backend`), the `DecodingBaseConfig` fields, and which
+decoding type each spec mode becomes. Where they were read (NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py`):
+- line 1.2 (the last with engines): the 1.2-line llm_args.py at commit 195839a7 (release tag v1.2.0 of
+  NVIDIA/TensorRT-LLM is the one to compare against): `DecodingBaseConfig.from_dict` keys DraftTarget, Eagle,
+  NGram, Medusa, Lookahead, MTP, AUTO; `supports_backend`: Medusa and Lookahead False for "pytorch", NGram, MTP and
+  AUTO "pytorch" only, DraftTarget "pytorch" or "_autodeploy", Eagle the base class's True; acceptance switch-off
+  fields `acceptance_window` / `acceptance_length_threshold`. EAGLE-3 is `EagleDecodingConfig` with an EAGLE-3
+  draft (torch spec_dec_mode EAGLE3 / EAGLE3_ONE_MODEL).
+- line 1.3 (PyTorch backend only): llm_args.py @0004396720054fd8e205cbf616f21f0b57c6b412 of NVIDIA/TensorRT-LLM,
+  a 1.3-line commit (no MedusaDecodingConfig or LookaheadDecodingConfig any more; EagleDecodingConfig's
+  eagle_choices validator warns it "will be removed in release 1.4"): decoding types Eagle, Eagle3
+  (`Eagle3DecodingConfig(EagleDecodingConfig)`, adds `sa_config`), SaveState, User_Provided, NGram, SA,
+  Draft_Target, MTP, PARD, DFlash, DSpark, AUTO; `DecodingBaseConfig` renames the switch-off fields to
+  `acceptance_rate_window_size` / `acceptance_rate_threshold` (a rate in [0, 1]), adds use_rejection_sampling,
+  advanced_sampling_mode, enable_penalty; its validators: `max_concurrency` and `draft_len_schedule` are mutually
+  exclusive, and the schedule's smallest batch-size key must map to max_draft_len, no entry above it.
+The 1.4 release candidates were not reachable in the source index, so no 1.4 table is written (a line is added
+here only from its own llm_args.py).
+`BaseLlmArgs` fields specbuild sets (both lines): model, tensor_parallel_size, pipeline_parallel_size,
+max_batch_size, max_seq_len, max_num_tokens (default 8192), speculative_config, backend, dtype (default "auto").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from specbuild.contracts.engine_limits import default_max_num_tokens
 from specbuild.contracts.quant_formats import FORMATS, PYTORCH_LINEAR_SOURCE
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
 from specbuild.spec.problems import Loc
-from specbuild.spec.schema import Eagle3Spec, NGramSpec
+from specbuild.spec.schema import NEWEST_TRTLLM_LINE, Eagle3Spec, NGramSpec, TrtllmLine
 
-LLM_ARGS_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.2 line, commit 195839a7 "
-                   "(as stored in the fork HuiGao-NV/TensorRT-LLM)")
 LLMAPI_MODEL_SOURCE = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/ (config.pbtxt @0a710573, "
                        "1/model.yaml @0ebb1536, 1/model.py @044a90d2)")
-SERVE_SOURCE = "NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py @195839a7 (HuiGao-NV/TensorRT-LLM)"
+SERVE_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py (click options --backend, --tp_size, --pp_size, "
+                "--max_batch_size, --max_num_tokens, --max_seq_len, --trust_remote_code, --extra_llm_api_options; "
+                "the same on both lines: NVIDIA's own launchers of the 1.3 line still pass them, e.g. "
+                "`--backend pytorch --tp_size N --extra_llm_api_options FILE`)")
 PYTORCH = "pytorch"
 """`LlmArgs.backend` of the PyTorch flow (and trtllm-serve's default `--backend`)."""
-
-DECODING_BASE_FIELDS = frozenset({
-    "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
-    "load_format", "acceptance_window", "acceptance_length_threshold", "allow_advanced_sampling",
-})
-"""`DecodingBaseConfig` fields (llm_args.py 1.2): every decoding config accepts them (`speculative_model_dir` is
-an alias of `speculative_model`)."""
 
 
 @dataclass(frozen=True)
@@ -59,55 +61,150 @@ class DecodingType:
     fields: frozenset[str]
     backends: frozenset[str] | None
 
-    @property
-    def all_fields(self) -> frozenset[str]:
-        return DECODING_BASE_FIELDS | self.fields
-
     def supports(self, backend: str) -> bool:
         return self.backends is None or backend in self.backends
 
 
-DECODING_TYPES: dict[str, DecodingType] = {
-    "DraftTarget": DecodingType("DraftTargetDecodingConfig", "DraftTarget", frozenset(),
-                                frozenset({"pytorch", "_autodeploy"})),
-    "Eagle": DecodingType("EagleDecodingConfig", "Eagle", frozenset({
-        "eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
-        "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
-        "eagle3_model_arch"}), None),
-    "NGram": DecodingType("NGramDecodingConfig", "NGram", frozenset({
-        "max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"}), frozenset({"pytorch"})),
-    "Medusa": DecodingType("MedusaDecodingConfig", "Medusa", frozenset({"medusa_choices", "num_medusa_heads"}),
-                           frozenset({"tensorrt"})),  # supports_backend: backend not in ("pytorch", "_autodeploy")
-    "Lookahead": DecodingType("LookaheadDecodingConfig", "Lookahead", frozenset({
-        "max_window_size", "max_ngram_size", "max_verification_set_size"}), frozenset({"tensorrt"})),  # likewise
-    "MTP": DecodingType("MTPDecodingConfig", "MTP", frozenset({
-        "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta",
-        "use_mtp_vanilla", "mtp_eagle_one_model"}), frozenset({"pytorch"})),
-    "AUTO": DecodingType("AutoDecodingConfig", "AUTO", frozenset(), frozenset({"pytorch"})),
-}
-"""The decoding configs of llm_args.py 1.2 that matter to specbuild's modes (plus MTP and AUTO, which no spec mode
-selects), by `decoding_type`."""
+def _types(*types: DecodingType) -> dict[str, DecodingType]:
+    return {t.decoding_type: t for t in types}
 
-MODE_DECODING_TYPE: dict[str, str] = {
-    "draft_target": "DraftTarget", "eagle3": "Eagle", "ngram": "NGram", "medusa": "Medusa",
-}
-"""spec `speculative.mode` -> the LLM API's decoding_type (mode `none` sets no speculative_config)."""
+
+_PYTORCH_ONLY = frozenset({"pytorch"})
+_TORCH_OR_AUTODEPLOY = frozenset({"pytorch", "_autodeploy"})
+_ENGINE_ONLY = frozenset({"tensorrt"})  # supports_backend: backend not in ("pytorch", "_autodeploy")
+_EAGLE_FIELDS = frozenset({
+    "eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
+    "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
+    "eagle3_model_arch"})
+_NGRAM_FIELDS = frozenset({"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"})
+
+
+@dataclass(frozen=True)
+class Line:
+    """One TensorRT-LLM release line's LLM API as data: what `build`/`deploy` write and check for a spec naming it.
+
+    `mode_types` maps a spec `speculative.mode` to the line's decoding_type (a mode missing here is one the line
+    lacks: `missing_modes` says what to use instead); `acceptance_fields` are the (window, threshold) names of the
+    acceptance switch-off; `engine_flow` whether the line still builds engines; `exclusive_schedule` whether
+    max_concurrency and draft_len_schedule are mutually exclusive and the schedule's smallest key must hold
+    max_draft_len (validators of the line's DecodingBaseConfig)."""
+
+    name: str
+    source: str
+    base_fields: frozenset[str]
+    decoding_types: dict[str, DecodingType]
+    mode_types: dict[str, str]
+    acceptance_fields: tuple[str, str]
+    engine_flow: bool
+    writes_eagle3_one_model: bool
+    exclusive_schedule: bool
+    missing_modes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """How a user is told the line: a version, never a commit."""
+        return f"TensorRT-LLM {self.name}"
+
+    def fields_of(self, decoding: DecodingType) -> frozenset[str]:
+        return self.base_fields | decoding.fields
+
+
+LINE_1_2 = Line(
+    name="1.2",
+    source="NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.2 line (commit 195839a7; tag v1.2.0)",
+    base_fields=frozenset({
+        "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
+        "load_format", "acceptance_window", "acceptance_length_threshold", "allow_advanced_sampling"}),
+    decoding_types=_types(
+        DecodingType("DraftTargetDecodingConfig", "DraftTarget", frozenset(), _TORCH_OR_AUTODEPLOY),
+        DecodingType("EagleDecodingConfig", "Eagle", _EAGLE_FIELDS, None),
+        DecodingType("NGramDecodingConfig", "NGram", _NGRAM_FIELDS, _PYTORCH_ONLY),
+        DecodingType("MedusaDecodingConfig", "Medusa", frozenset({"medusa_choices", "num_medusa_heads"}),
+                     _ENGINE_ONLY),
+        DecodingType("LookaheadDecodingConfig", "Lookahead", frozenset({
+            "max_window_size", "max_ngram_size", "max_verification_set_size"}), _ENGINE_ONLY),
+        DecodingType("MTPDecodingConfig", "MTP", frozenset({
+            "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta",
+            "use_mtp_vanilla", "mtp_eagle_one_model"}), _PYTORCH_ONLY),
+        DecodingType("AutoDecodingConfig", "AUTO", frozenset(), _PYTORCH_ONLY),
+    ),
+    mode_types={"draft_target": "DraftTarget", "eagle3": "Eagle", "ngram": "NGram", "medusa": "Medusa",
+                "lookahead": "Lookahead"},
+    acceptance_fields=("acceptance_window", "acceptance_length_threshold"),
+    engine_flow=True,
+    writes_eagle3_one_model=True,
+    exclusive_schedule=False,
+)
+
+_SA_ENHANCED = frozenset({"sa_config"})
+LINE_1_3 = Line(
+    name="1.3",
+    source="NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @0004396720054fd8e205cbf616f21f0b57c6b412 (1.3 line)",
+    base_fields=frozenset({
+        "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
+        "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
+        "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty"}),
+    decoding_types=_types(
+        DecodingType("EagleDecodingConfig", "Eagle", _EAGLE_FIELDS, None),
+        DecodingType("Eagle3DecodingConfig", "Eagle3", _EAGLE_FIELDS | _SA_ENHANCED, None),
+        DecodingType("SaveHiddenStatesDecodingConfig", "SaveState", frozenset({
+            "output_directory", "write_interval", "file_prefix", "eagle3_layers_to_capture"}), None),
+        DecodingType("UserProvidedDecodingConfig", "User_Provided", frozenset({"drafter", "resource_manager"}), None),
+        DecodingType("NGramDecodingConfig", "NGram", _NGRAM_FIELDS, _PYTORCH_ONLY),
+        DecodingType("SADecodingConfig", "SA", frozenset({
+            "max_matching_ngram_size", "enable_global_pool", "global_pool_size"}), _PYTORCH_ONLY),
+        DecodingType("DraftTargetDecodingConfig", "Draft_Target", frozenset(), _TORCH_OR_AUTODEPLOY),
+        DecodingType("MTPDecodingConfig", "MTP", frozenset({
+            "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "use_mtp_vanilla",
+            "mtp_eagle_one_model", "use_dynamic_tree", "dynamic_tree_max_topK", "sa_config",
+            "num_nextn_predict_layers", "begin_thinking_phase_token", "end_thinking_phase_token"}),
+            _TORCH_OR_AUTODEPLOY),
+        DecodingType("PARDDecodingConfig", "PARD", frozenset({"mask_token_id"}) | _SA_ENHANCED, _PYTORCH_ONLY),
+        DecodingType("DFlashDecodingConfig", "DFlash", frozenset({
+            "mask_token_id", "target_layer_ids", "attention_backend"}), _PYTORCH_ONLY),
+        DecodingType("DSparkDecodingConfig", "DSpark", frozenset({
+            "mask_token_id", "target_layer_ids", "block_size", "markov_rank", "markov_head_type",
+            "attention_backend"}), _PYTORCH_ONLY),
+        DecodingType("AutoDecodingConfig", "AUTO", frozenset(), None),
+    ),
+    mode_types={"draft_target": "Draft_Target", "eagle3": "Eagle3", "ngram": "NGram", "sa": "SA"},
+    acceptance_fields=("acceptance_rate_window_size", "acceptance_rate_threshold"),
+    engine_flow=False,
+    writes_eagle3_one_model=False,  # deprecated there: False "is ignored and falls back to True"
+    exclusive_schedule=True,
+    missing_modes={
+        "medusa": "TensorRT-LLM 1.3 has no Medusa (no MedusaDecodingConfig in its llm_args.py): train an EAGLE-3 "
+                  "draft with `specbuild eagle train` and use speculative.mode: eagle3 (`specbuild migrate SPEC "
+                  "OUT.yaml` writes that spec), or keep Medusa on build.flow: engine with build.trtllm: '1.2'",
+        "lookahead": "TensorRT-LLM 1.3 has no Lookahead (no LookaheadDecodingConfig in its llm_args.py): use "
+                     "speculative.mode: ngram, its training-free successor (`specbuild migrate SPEC OUT.yaml`), "
+                     "or keep Lookahead on build.flow: engine with build.trtllm: '1.2'",
+    },
+)
+
+LINES: dict[str, Line] = {line.name: line for line in (LINE_1_2, LINE_1_3)}
+"""Every line specbuild writes for, oldest first; `build.trtllm` names one (schema.TrtllmLine)."""
+NEWEST_LINE = LINES[NEWEST_TRTLLM_LINE]
+if set(LINES) != set(get_args(TrtllmLine)):  # the schema's Literal and these tables name the same lines
+    raise RuntimeError(f"build.trtllm lines {get_args(TrtllmLine)} != contracts.llm_api LINES {sorted(LINES)}")
+
+DECODING_ALIASES: dict[str, str] = {"DraftTarget": "Draft_Target", "Draft_Target": "DraftTarget",
+                                    "Eagle": "Eagle3", "Eagle3": "Eagle"}
+"""decoding_type spellings that name the same method on the other line (1.2's DraftTarget is 1.3's Draft_Target;
+1.2's Eagle with an EAGLE-3 draft is 1.3's Eagle3): what a reader of either line's model.yaml accepts."""
+
+
+def line_of(spec: PipelineSpec) -> Line:
+    """The spec's TensorRT-LLM line (`build.trtllm`, default by flow: 1.2 for engines, the newest for pytorch)."""
+    return LINES[spec.build.line]
+
 
 LLM_ARGS_FIELDS = frozenset({
     "model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len",
     "max_num_tokens", "speculative_config", "trust_remote_code", "dtype",
 })
-"""The `BaseLlmArgs`/`TorchLlmArgs` fields specbuild writes (llm_args.py 1.2; trust_remote_code is the LLM
+"""The `BaseLlmArgs`/`TorchLlmArgs` fields specbuild writes (llm_args.py of both lines; trust_remote_code is the LLM
 constructor's)."""
-
-ENGINE_FLOW_ONLY_REASON = {
-    "medusa": "Medusa runs only on the engine flow: TensorRT-LLM 1.2's MedusaDecodingConfig.supports_backend is "
-              "False for 'pytorch' (tensorrt_llm/llmapi/llm_args.py), so LLM(backend='pytorch') refuses it with "
-              "'Speculation type Medusa does not support backend pytorch'",
-    "lookahead": "Lookahead runs only on the engine flow: TensorRT-LLM 1.2's LookaheadDecodingConfig."
-                 "supports_backend is False for 'pytorch' (tensorrt_llm/llmapi/llm_args.py)",
-}
-"""Why a mode is refused on `build.flow: pytorch` (`lookahead` for the day a spec mode selects it)."""
 
 PYTORCH_ONLY_REASON = {
     "eagle3": "eagle3 runs only on the PyTorch backend (TensorRT-LLM 1.2 llm_args.py: EAGLE-3 is "
@@ -115,19 +212,40 @@ PYTORCH_ONLY_REASON = {
               "--speculative_decoding_mode eagle builds EAGLE-1/2 heads)",
     "ngram": "ngram runs only on the PyTorch backend (TensorRT-LLM 1.2 llm_args.py NGramDecodingConfig."
              "supports_backend: backend == 'pytorch')",
+    "sa": "sa runs only on the PyTorch backend (SADecodingConfig.supports_backend: backend == 'pytorch'; TensorRT-LLM "
+          "1.3 and later)",
 }
 """Why a mode is refused on the engine flow."""
 
 
+def _mode_problem(line: Line, mode: str) -> str | None:
+    """Why `line`'s PyTorch backend cannot run `mode` (None: it can, or the mode needs no speculative_config)."""
+    if mode == "none":
+        return None
+    if mode in line.missing_modes:
+        return line.missing_modes[mode]
+    decoding_type = line.mode_types.get(mode)
+    if decoding_type is None:
+        return f"{line.label} has no decoding config for speculative.mode {mode}"
+    decoding = line.decoding_types[decoding_type]
+    if not decoding.supports(PYTORCH):
+        return (f"{decoding_type} runs only on the engine flow: {line.label}'s {decoding.config_class}."
+                "supports_backend is False for 'pytorch' (tensorrt_llm/llmapi/llm_args.py), so "
+                f"LLM(backend='pytorch') refuses it with 'Speculation type {decoding_type} does not support "
+                "backend pytorch'; set build.flow: engine, or use draft_target, eagle3 or ngram")
+    return None
+
+
 def flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
-    """The spec's speculative mode where its `build.flow` cannot run it, with TensorRT-LLM's reason and the fix:
-    every stage checks this first, so an engine-flow stage never meets a mode it has no engine for."""
+    """The spec's speculative mode where its `build.flow` (and line) cannot run it, with TensorRT-LLM's reason and
+    the fix: every stage checks this first, so an engine-flow stage never meets a mode it has no engine for."""
     mode = spec.speculative.mode
     if spec.build.flow == "engine" and mode in PYTORCH_ONLY_REASON:
         return [(("speculative", "mode"), f"{PYTORCH_ONLY_REASON[mode]}; set build.flow: pytorch")]
-    if spec.build.flow == PYTORCH and mode in ENGINE_FLOW_ONLY_REASON:
-        return [(("speculative", "mode"), f"{ENGINE_FLOW_ONLY_REASON[mode]}; set build.flow: engine, or use "
-                 "draft_target, eagle3 or ngram")]
+    if spec.build.flow == PYTORCH:
+        problem = _mode_problem(line_of(spec), mode)
+        if problem is not None:
+            return [(("speculative", "mode"), problem)]
     return []
 
 
@@ -140,12 +258,14 @@ def refuse_other_flow(spec: PipelineSpec, stage: str) -> None:
 
 
 def speculative_config(spec: PipelineSpec) -> dict[str, Any] | None:
-    """The `speculative_config` mapping (YAML form, `decoding_type` first) the spec asks the LLM API for, or None.
-
-    K (`speculative.num_draft_tokens`) is `max_draft_len`; `speculative_model` is the draft checkpoint (a draft
-    model for DraftTarget, an EAGLE-3 draft for Eagle); the NGram and Eagle settings keep llm_args.py's names."""
+    """The `speculative_config` mapping (YAML form, `decoding_type` first) the spec asks its line's LLM API for, or
+    None. K (`speculative.num_draft_tokens`) is `max_draft_len`; `speculative_model` is the draft checkpoint (a
+    draft model for draft_target, an EAGLE-3 draft for eagle3); the NGram and Eagle settings keep llm_args.py's
+    names. On a line whose max_concurrency and draft_len_schedule are exclusive, a schedule carries the
+    concurrency cut-off itself (its last entry at 0), so only one is written."""
+    line = line_of(spec)
     speculative = spec.speculative
-    decoding_type = MODE_DECODING_TYPE.get(speculative.mode)
+    decoding_type = line.mode_types.get(speculative.mode)
     if decoding_type is None:
         return None
     config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": speculative.num_draft_tokens}
@@ -156,14 +276,36 @@ def speculative_config(spec: PipelineSpec) -> dict[str, Any] | None:
         config.update(ngram.model_dump())
     if speculative.mode == "eagle3":
         eagle3 = speculative.eagle3 or Eagle3Spec()
-        config["eagle3_one_model"] = eagle3.eagle3_one_model
+        if line.writes_eagle3_one_model:
+            config["eagle3_one_model"] = eagle3.eagle3_one_model
         if eagle3.eagle3_layers_to_capture is not None:
             config["eagle3_layers_to_capture"] = list(eagle3.eagle3_layers_to_capture)
-    if speculative.draft_len_schedule is not None:
-        config["draft_len_schedule"] = {int(k): int(v) for k, v in sorted(speculative.draft_len_schedule.items())}
-    if speculative.max_concurrency is not None:
+    schedule = speculative.draft_len_schedule
+    if schedule is not None and line.exclusive_schedule:
+        config["draft_len_schedule"] = up_to_schedule(schedule, spec.build.max_batch_size, speculative.max_concurrency)
+    elif schedule is not None:
+        config["draft_len_schedule"] = {int(k): int(v) for k, v in sorted(schedule.items())}
+    if speculative.max_concurrency is not None and not (line.exclusive_schedule and schedule is not None):
         config["max_concurrency"] = speculative.max_concurrency
     return config
+
+
+def up_to_schedule(schedule: Mapping[int, int], max_batch_size: int, max_concurrency: int | None) -> dict[int, int]:
+    """A spec's draft_len_schedule (specbuild's meaning, the 1.2 line's: each key the batch size its length applies
+    FROM) as the 1.3 line spells it: each key the largest batch size its length applies UP TO, 0 above the largest
+    key (llm_args.py @0004396 DecodingBaseConfig.draft_len_schedule: "{4:4, 8:2, 32:1} - Batch sizes 1-4: use
+    draft_len=4 ... 33+: draft_len=0"); max_concurrency, exclusive with a schedule there, becomes its last bound.
+    {1: 4, 4: 2, 8: 0} -> {3: 4, 7: 2}; the smallest key still maps to max_draft_len, as 1.3 requires."""
+    limit = min(max_batch_size, max_concurrency or max_batch_size)
+    starts = sorted(int(k) for k in schedule)
+    ranges = []
+    for index, start in enumerate(starts):
+        end = min(starts[index + 1] - 1 if index + 1 < len(starts) else limit, limit)
+        if start <= end:
+            ranges.append((end, int(schedule[start])))
+    while ranges and ranges[-1][1] == 0:  # trailing zeros are the implicit 0 above the largest key
+        ranges.pop()
+    return dict(ranges)
 
 
 def llm_args(spec: PipelineSpec) -> dict[str, Any]:
@@ -191,25 +333,54 @@ def llm_args(spec: PipelineSpec) -> dict[str, Any]:
     return args
 
 
-def settings_problems(args: dict[str, Any]) -> Iterator[tuple[Loc, str]]:
-    """Check LLM-API settings against the tables: every key an LlmArgs field, the decoding_type one `from_dict`
-    knows, every speculative_config key a field of that config, and the config supported on the backend."""
+def _schedule_problems(config: Mapping[str, Any]) -> Iterator[str]:
+    """The 1.3 line's DecodingBaseConfig validators on the load-aware fields (validate_draft_len_schedule_and_sort,
+    validate_max_concurrency_and_draft_len_schedule_mutually_exclusive)."""
+    schedule = config.get("draft_len_schedule")
+    if schedule is None:
+        return
+    if config.get("max_concurrency") is not None:
+        yield "max_concurrency and draft_len_schedule are mutually exclusive"
+    k = config.get("max_draft_len")
+    steps = {int(size): int(length) for size, length in schedule.items()}
+    if steps and k is not None:
+        smallest = min(steps)
+        if steps[smallest] != k:
+            yield (f"draft_len_schedule[{smallest}] must equal max_draft_len because it is the smallest "
+                   f"batch-size key (got {steps[smallest]}, max_draft_len {k})")
+        if any(length > k for length in steps.values()):
+            yield "draft_len_schedule: all draft lengths must be <= max_draft_len"
+
+
+def settings_problems(args: Mapping[str, Any], line: Line | None = None) -> Iterator[tuple[Loc, str]]:
+    """Check LLM-API settings against a line's tables: every key an LlmArgs field, the decoding_type one the line's
+    `from_dict` knows, every speculative_config key a field of that config, the config supported on the backend,
+    and the line's load-aware rules. `line` None (a model.yaml read back without its spec): the settings pass if
+    some line accepts them, else the newest line's problems are reported."""
+    if line is None:
+        found = {name: list(settings_problems(args, each)) for name, each in LINES.items()}
+        if not any(not problems for problems in found.values()):
+            yield from found[NEWEST_LINE.name]
+        return
     for key in sorted(set(args) - LLM_ARGS_FIELDS):
-        yield ("build",), f"LLM-API setting {key!r} is not an LlmArgs field ({LLM_ARGS_SOURCE})"
+        yield ("build",), f"LLM-API setting {key!r} is not an LlmArgs field of {line.label}"
     config = args.get("speculative_config")
     if config is None:
         return
-    decoding = DECODING_TYPES.get(str(config.get("decoding_type")))
+    decoding = line.decoding_types.get(str(config.get("decoding_type")))
     if decoding is None:
-        yield ("speculative", "mode"), (f"decoding_type {config.get('decoding_type')!r} is not one of "
-                                        f"{', '.join(sorted(DECODING_TYPES))} ({LLM_ARGS_SOURCE})")
+        yield ("speculative", "mode"), (f"decoding_type {config.get('decoding_type')!r} is not one of {line.label}'s "
+                                        f"{', '.join(sorted(line.decoding_types))}")
         return
-    for key in sorted(set(config) - {"decoding_type"} - decoding.all_fields):
-        yield ("speculative",), f"{key!r} is not a field of {decoding.config_class} ({LLM_ARGS_SOURCE})"
+    for key in sorted(set(config) - {"decoding_type"} - line.fields_of(decoding)):
+        yield ("speculative",), f"{key!r} is not a field of {line.label}'s {decoding.config_class}"
     backend = str(args.get("backend", PYTORCH))
     if not decoding.supports(backend):
         yield ("speculative", "mode"), (f"Speculation type {decoding.decoding_type} does not support backend "
-                                        f"{backend} ({decoding.config_class}.supports_backend, {LLM_ARGS_SOURCE})")
+                                        f"{backend} ({line.label}'s {decoding.config_class}.supports_backend)")
+    if line.exclusive_schedule:
+        for problem in _schedule_problems(config):
+            yield ("speculative", "draft_len_schedule"), f"{problem} ({line.label}'s DecodingBaseConfig)"
 
 
 QUANTIZED_DRAFT_DIR = "draft-hf"
@@ -300,7 +471,8 @@ container's triton_backend/all_models/llmapi/tensorrt_llm/)."""
 LLMAPI_MODEL_YAML = f"{LLMAPI_MODEL}/1/model.yaml"
 """What marks a repository as the PyTorch flow's (deploy writes it; the engine flow's tensorrt_llm has no 1/ file)."""
 CODE_NOTE = (f"{LLMAPI_MODEL}/{' and '.join(LLMAPI_CODE)} are NVIDIA's, not written here: copy them from the "
-             "TensorRT-LLM 1.2 container's triton_backend/all_models/llmapi/tensorrt_llm/1/")
+             "TensorRT-LLM container's triton_backend/all_models/llmapi/tensorrt_llm/1/ (the spec's build.trtllm "
+             "line)")
 
 
 def missing_llmapi_code(repository: Path) -> list[str]:
@@ -411,7 +583,7 @@ LLMAPI_CODE_SOURCE = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tens
                       "(_execute_single_request, _convert_request, _create_response, handle_stop_request) and "
                       "1/helpers.py @fab2f90b (get_sampling_params_from_request, get_output_config_from_request, "
                       "get_streaming_from_request, get_input_scalar_by_name)")
-SAMPLING_PARAMS_SOURCE = "NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @195839a7 (HuiGao-NV/TensorRT-LLM)"
+SAMPLING_PARAMS_SOURCE = "NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py, 1.2 line (commit 195839a7)"
 RESULT_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/executor/result.py (CompletionOutput: `text` is the whole text so "
                  "far, `text_diff` the new part) and cpp/tensorrt_llm/batch_manager/llmRequest.cpp @119c6e60 "
                  "createResult (not streaming: the prompt tokens lead the output unless exclude_input_from_output; "
@@ -530,6 +702,7 @@ def reference_settings(spec: PipelineSpec) -> dict[str, Any]:
         "checkpoints": {role: str(spec.checkpoint_dir(role).resolve()) for role in reference_roles(spec)},
         "tokenizer": str(Path(spec.target.model).resolve()),
         "trust_remote_code": spec.target.trust_remote_code,
+        "trtllm_line": line_of(spec).name,  # how the reference reads draft_len_schedule (runtime.schedule)
     }
     if spec.speculative.mode == "eagle3" and spec.draft is not None and spec.draft.model is not None:
         settings["eagle3_draft"] = str(Path(spec.draft.model).resolve())

@@ -42,6 +42,7 @@ from specbuild.contracts.llm_api import (
     SERVE_SCRIPT,
     SERVE_SOURCE,
     Tensor,
+    line_of,
     llm_api_dir,
     llm_args,
     llmapi_backend,
@@ -114,7 +115,8 @@ def repository_files(spec: PipelineSpec, args: dict[str, Any]) -> dict[str, str]
     # The options file beside the script, wherever the repository is moved to.
     shown = " ".join(shlex.quote(part) for part in command[:-1]) + f' "$(dirname "$0")/{command[-1]}"'
     script = ("#!/bin/sh\n"
-              f"# TensorRT-LLM's OpenAI server on the same settings ({SERVE_SOURCE}); written by specbuild.\n"
+              f"# TensorRT-LLM {line_of(spec).name}'s OpenAI server on the same settings ({SERVE_SOURCE}); "
+              "written by specbuild.\n"
               f'exec {shown} "$@"\n')
     reference = llmapi_backend(spec) == "reference"
     note = (f"{LLMAPI_MODEL}/1/model.py is specbuild's reference (build.backend: reference); for TensorRT-LLM put "
@@ -122,7 +124,8 @@ def repository_files(spec: PipelineSpec, args: dict[str, Any]) -> dict[str, str]
     files = {
         CONFIG: config_text(),
         MODEL_YAML: _yaml(model_yaml(spec, args),
-                          f"# LLM-API settings for Triton's llmapi model ({LLMAPI_MODEL_SOURCE}).\n# {note}.\n"),
+                          f"# LLM-API settings for Triton's llmapi model ({LLMAPI_MODEL_SOURCE}), as TensorRT-LLM "
+                          f"{line_of(spec).name} names them.\n# {note}.\n"),
         SERVE_OPTIONS: _yaml(options, "# trtllm-serve --extra_llm_api_options: LLM-API settings beyond its flags.\n"),
         SERVE_SCRIPT: script,
     }

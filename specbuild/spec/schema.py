@@ -32,6 +32,7 @@ from pydantic import (
 from specbuild.contracts import lookahead as la
 from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMAT_NAMES
 from specbuild.dtypes import DTYPES
+from specbuild.dynamo.spec import DynamoSpec, dynamo_issues
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
 from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
@@ -63,6 +64,12 @@ Flow = Literal["engine", "pytorch"]
 """Which TensorRT-LLM 1.2 workflow the spec targets: `engine` (convert_checkpoint -> trtllm-build engines -> the
 C++ tensorrtllm Triton backend; the default) or `pytorch` (the LLM API's PyTorch backend: HF checkpoints, no engine
 step, served by trtllm-serve or Triton's llmapi model)."""
+TrtllmLine = Literal["1.2", "1.3"]
+"""The TensorRT-LLM release lines specbuild writes LLM-API settings for (`build.trtllm`; the tables are
+specbuild.contracts.llm_api LINES). 1.2 is the last line with the engine flow."""
+ENGINE_TRTLLM_LINE = "1.2"
+NEWEST_TRTLLM_LINE = "1.3"
+"""`build.trtllm`'s default on `build.flow: pytorch`: the newest line whose llm_args.py was read."""
 BuildDType = Literal[("auto", *sorted(DTYPES, key=lambda name: DTYPES[name].itemsize))]
 """`auto` or a name from specbuild.dtypes, smallest first: 'auto', 'float16', 'bfloat16', 'float32'."""
 Backend = Literal["auto", "tensorrt", "reference"]
@@ -372,6 +379,9 @@ class BuildSpec(_Section):
     """`engine`: TensorRT-LLM checkpoints -> engines (built where `backend` says) -> the tensorrtllm Triton backend.
     `pytorch`: TensorRT-LLM's LLM API on its PyTorch backend (HF checkpoints, no engine step; `build` validates
     the LLM-API settings, `deploy` writes Triton's llmapi model and a trtllm-serve command)."""
+    trtllm: TrtllmLine | None = None
+    """The TensorRT-LLM release line served ("1.2", "1.3"): its LLM-API field names are what build checks and
+    deploy writes. Default: "1.2" on `flow: engine` (the only line with engines), the newest line on `pytorch`."""
     backend: Backend = "auto"
     """`tensorrt` runs trtllm-build (NVIDIA GPU + TensorRT-LLM); `reference` packages checkpoints for
     specbuild's PyTorch runtime; `auto` picks tensorrt where TensorRT-LLM is importable (engine flow only)."""
@@ -395,6 +405,21 @@ class BuildSpec(_Section):
     """Memory of that GPU in GiB, the unit of NVIDIA's product names and nvidia-smi (80 for an "H100 80GB");
     `build` warns when weights + KV cache for the limits above would not fit.
     Default: the named GPU's memory, or what nvidia-smi shows."""
+
+    @model_validator(mode="after")
+    def _check_line(self) -> BuildSpec:
+        if self.flow == "engine" and self.trtllm not in (None, ENGINE_TRTLLM_LINE):
+            raise_issues([(("trtllm",), f"TensorRT-LLM {self.trtllm} has no engine flow (trtllm-build and the "
+                           f"C++ Triton backend end with {ENGINE_TRTLLM_LINE}): set build.flow: pytorch, or "
+                           f"build.trtllm: '{ENGINE_TRTLLM_LINE}' (`specbuild migrate` moves a spec over)", None)])
+        return self
+
+    @property
+    def line(self) -> str:
+        """`trtllm`, or its default for the flow."""
+        if self.trtllm is not None:
+            return self.trtllm
+        return ENGINE_TRTLLM_LINE if self.flow == "engine" else NEWEST_TRTLLM_LINE
 
     @property
     def world_size(self) -> int:
@@ -422,6 +447,10 @@ class DeploySpec(_Section):
     http_port: Port = 8000
     grpc_port: Port = 8001
     metrics_port: Port = 8002
+    target: Literal["triton", "dynamo"] = "triton"
+    """`triton`: the Triton model repository; `dynamo`: NVIDIA Dynamo's frontend, router and workers
+    (`deploy.dynamo`; specbuild.dynamo), served on http_port."""
+    dynamo: DynamoSpec = Field(default_factory=DynamoSpec)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> DeploySpec:
@@ -572,6 +601,7 @@ def _spec_mode_issues(spec: PipelineSpec) -> list[Issue]:
     present = {"draft": spec.draft is not None, "medusa": spec.medusa is not None}
     k_given = "num_draft_tokens" in spec.speculative.model_fields_set
     issues = list(_mode_issues(spec.speculative.mode, present, k_given))
+    issues += dynamo_issues(spec)
     if spec.draft is not None and spec.draft.is_self_draft:
         if spec.speculative.mode != "draft_target":
             issues.append((("draft", "source"), f"target_layers makes a draft-target draft; speculative.mode "
