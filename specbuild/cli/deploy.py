@@ -42,7 +42,14 @@ def deploy(
         from specbuild.spec import load_spec
 
         assert spec_path is not None
-        result = deploy_repository(load_spec(spec_path), dry_run=dry_run, force=force, console=console)
+        spec = load_spec(spec_path)
+        if spec.deploy.target == "dynamo":  # NVIDIA Dynamo's launch and DynamoGraphDeployment (specbuild.dynamo)
+            from specbuild.dynamo.write import deploy_dynamo
+
+            console.print(deploy_dynamo(spec, dry_run=dry_run, force=force, console=console).summary(),
+                          highlight=False, soft_wrap=True)
+            return
+        result = deploy_repository(spec, dry_run=dry_run, force=force, console=console)
         # The check deploy ran on what it wrote (None for a dry run; the llmapi repository has no ensemble to check)
         if isinstance(result, DeployResult) and result.report is not None:
             out.print(result.report.table())

@@ -1,0 +1,268 @@
+"""`specbuild deploy` for `deploy.target: dynamo`: the local launch and the Kubernetes DynamoGraphDeployment.
+
+Writes `<output_dir>/dynamo/` atomically:
+- `launch.json`: what `specbuild serve DIR` starts (the frontend's arguments, each worker role's command and
+  replicas, the model name), and `launch.sh`, the same launch for a GPU host with the engines installed: the
+  Dynamo frontend (`python -m dynamo.frontend --router-mode ...`, file discovery, loopback) and N workers.
+- The workers' engine settings, from the one writer each engine has in specbuild: TensorRT-LLM's LLM-API settings
+  as `build` checked them (`specbuild.deploy.llmapi`, the same mapping trtllm-serve's options file and Triton's
+  llmapi model.yaml carry) in `engine.yaml`, passed as `--extra-engine-args` (ai-dynamo/dynamo
+  examples/backends/trtllm/launch/, 1.6.1 wheel dynamo/trtllm/backend_args.py); vLLM's and SGLang's arguments from
+  `specbuild export`'s plan (`specbuild.export.build_plan`), after `python -m dynamo.vllm --model M` /
+  `python -m dynamo.sglang`.
+- `reference.json` on build.backend: reference (engine trtllm): the converted checkpoints specbuild's reference
+  serving engine loads when `specbuild serve` runs the workers on CPU.
+- `k8s/dynamographdeployment.yaml`: a `nvidia.com/v1alpha1` DynamoGraphDeployment (the shape of ai-dynamo/dynamo
+  examples/backends/trtllm/deploy/disagg.yaml @04521f47, validated against the CRD's schema at 29a131e8 in the
+  tests): a Frontend service and the worker services (aggregated, or prefill and decode) with their replicas, GPUs
+  per worker = tp x pp, the models' PVC mounted at /models, and the engine settings inline
+  (`--override-engine-args` JSON for trtllm) with the models' paths moved to the mount.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from specbuild.atomic import atomic_directory, refuse_overlap
+from specbuild.errors import SpecbuildError
+from specbuild.manifest import output_sizes, write_manifest
+from specbuild.spec import PipelineSpec
+
+DEPLOY_DIR = "dynamo"
+LAUNCH_FILE = "launch.json"
+LAUNCH_SCRIPT = "launch.sh"
+ENGINE_FILE = "engine.yaml"
+REFERENCE_FILE = "reference.json"
+MANIFEST = "k8s/dynamographdeployment.yaml"
+MODEL_MOUNT = "/models"
+NAMESPACE = "specbuild"
+COMPONENT = "backend"
+KV_BLOCK_SIZE = 16
+WORKER_MODULES = {"trtllm": "dynamo.trtllm", "vllm": "dynamo.vllm", "sglang": "dynamo.sglang"}
+WORKER_SERVICES = {"trtllm": "TRTLLMWorker", "vllm": "VllmWorker", "sglang": "SGLangWorker"}
+TRTLLM_KV_BACKENDS = {"nixl": "NIXL", "ucx": "UCX", "mpi": "MPI"}
+"""deploy.dynamo.kv_transfer -> TensorRT-LLM's CacheTransceiverConfig.backend (NVIDIA/TensorRT-LLM
+tensorrt_llm/llmapi/llm_args.py: DEFAULT, UCX, NIXL, MPI)."""
+SGLANG_KV_BACKENDS = {"nixl": "nixl", "mooncake": "mooncake"}
+VLLM_KV_CONNECTORS = {"nixl": "NixlConnector"}
+VLLM_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+"""vLLM's --kv-transfer-config per role, as the 1.6.1 wheel's dynamo/profiler/templates/dgd/vllm/disagg.yaml."""
+
+
+def deployment_dir(spec: PipelineSpec) -> Path:
+    return spec.output_dir / DEPLOY_DIR
+
+
+def served_name(spec: PipelineSpec) -> str:
+    """The model name clients ask for (/v1/models lists it): the spec's name."""
+    return spec.name
+
+
+def k8s_name(spec: PipelineSpec) -> str:
+    """The DynamoGraphDeployment's metadata.name: the spec's name as a Kubernetes object name."""
+    text = "".join(c if c.isalnum() else "-" for c in spec.name.lower()).strip("-")
+    return text[:63].strip("-") or "specbuild"
+
+
+@dataclass
+class DynamoDeployResult:
+    directory: Path
+    status: str
+    files: dict[str, str]
+
+    def summary(self) -> str:
+        return (f"{self.status}: {self.directory} (NVIDIA Dynamo: {LAUNCH_FILE} for `specbuild serve`, "
+                f"{LAUNCH_SCRIPT}, {MANIFEST})")
+
+
+# -- the engines' settings, each from its one writer -------------------------------------------------------------
+def trtllm_settings(spec: PipelineSpec, role: str) -> dict[str, Any]:
+    """The LLM-API settings build checked (refused when build has not run or the spec changed since), with the
+    KV cache transceiver a disaggregated worker needs."""
+    from specbuild.deploy.llmapi import _built_settings
+
+    settings = {key: value for key, value in _built_settings(spec).items() if key != "model"}
+    dynamo = spec.deploy.dynamo
+    if role in ("prefill", "decode") and dynamo.kv_transfer is not None:
+        settings["cache_transceiver_config"] = {"backend": TRTLLM_KV_BACKENDS[dynamo.kv_transfer]}
+    return settings
+
+
+def export_args(spec: PipelineSpec, engine: str, directory: Path) -> list[str]:
+    """vLLM's or SGLang's server arguments as `specbuild export` writes them, after their program (and model)."""
+    from specbuild.export import build_plan
+
+    plan = build_plan(spec, engine, directory)
+    if engine == "vllm":  # `vllm serve MODEL --flag ...`: Dynamo's worker takes --model and vLLM's flags
+        return ["--model", *plan.argv[2:]]
+    return plan.argv[3:]  # `python -m sglang.launch_server --model-path M ...`: the flags as they are
+
+
+def worker_args(spec: PipelineSpec, role: str, engine_file: str | None) -> list[str]:
+    """One worker role's arguments after `python -m dynamo.<engine>`; `engine_file` names the trtllm settings
+    file (None: the settings inline as --override-engine-args JSON, for a pod)."""
+    dynamo = spec.deploy.dynamo
+    engine = dynamo.engine
+    disaggregated = role in ("prefill", "decode")
+    if engine == "trtllm":
+        args = ["--model", str(spec.target.model), "--served-model-name", served_name(spec)]
+        if engine_file is not None:
+            args += ["--extra-engine-args", engine_file]
+        else:
+            args += ["--override-engine-args", json.dumps(trtllm_settings(spec, role), sort_keys=True)]
+        if dynamo.router_mode == "kv":
+            args.append("--publish-kv-events")
+        if disaggregated:
+            args += ["--disaggregation-mode", role]
+        return args
+    args = export_args(spec, engine, deployment_dir(spec))
+    if engine == "vllm":
+        args += ["--served-model-name", served_name(spec)]
+    if disaggregated:
+        args += ["--disaggregation-mode", role]
+        assert dynamo.kv_transfer is not None
+        if engine == "vllm":
+            config = {"kv_connector": VLLM_KV_CONNECTORS[dynamo.kv_transfer], "kv_role": VLLM_KV_ROLES[role]}
+            args += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        else:
+            args += ["--disaggregation-transfer-backend", SGLANG_KV_BACKENDS[dynamo.kv_transfer]]
+    return args
+
+
+def frontend_args(spec: PipelineSpec) -> list[str]:
+    """`python -m dynamo.frontend` arguments: the router mode and the HTTP port (deploy.http_port)."""
+    return ["--http-port", str(spec.deploy.http_port), "--router-mode", spec.deploy.dynamo.router_mode]
+
+
+def _container_paths(spec: PipelineSpec) -> dict[str, str]:
+    """Host model directories -> where the models' PVC puts them in a pod."""
+    from specbuild.contracts.llm_api import draft_model_dir
+
+    paths = {str(spec.target.model): f"{MODEL_MOUNT}/target"}
+    draft = draft_model_dir(spec) if spec.build.flow == "pytorch" else None
+    if draft is None and spec.draft is not None and spec.draft.model is not None:
+        draft = spec.draft.model
+    if draft is not None:
+        paths[str(draft)] = f"{MODEL_MOUNT}/draft"
+    return paths
+
+
+def _moved(value: str, paths: dict[str, str]) -> str:
+    for host, mounted in sorted(paths.items(), key=lambda item: -len(item[0])):
+        value = value.replace(host, mounted)
+    return value
+
+
+# -- the files ---------------------------------------------------------------------------------------------------
+def launch_plan(spec: PipelineSpec) -> dict[str, Any]:
+    """launch.json: everything `specbuild serve` and launch.sh start, with the host's paths."""
+    dynamo = spec.deploy.dynamo
+    engine_file = ENGINE_FILE if dynamo.engine == "trtllm" else None
+    roles = [{"role": role, "replicas": count, "gpus": spec.build.world_size,
+              "command": ["python3", "-m", WORKER_MODULES[dynamo.engine], *worker_args(spec, role, engine_file)]}
+             for role, count in dynamo.worker_counts().items()]
+    reference = dynamo.engine == "trtllm" and spec.build.backend == "reference"
+    return {"engine": dynamo.engine, "mode": dynamo.mode, "model_name": served_name(spec),
+            "tokenizer": str(Path(spec.target.model).resolve()), "namespace": NAMESPACE, "component": COMPONENT,
+            "kv_block_size": KV_BLOCK_SIZE, "router_mode": dynamo.router_mode, "http_port": spec.deploy.http_port,
+            "frontend": ["python3", "-m", "dynamo.frontend", *frontend_args(spec)],
+            "workers": roles, "engine_file": engine_file, "reference": REFERENCE_FILE if reference else None}
+
+
+def launch_script(plan: dict[str, Any]) -> str:
+    """launch.sh: the frontend and every worker on this host (file discovery, loopback), stopped together."""
+    lines = ["#!/bin/sh",
+             "# NVIDIA Dynamo 1.6.1 on one host, written by specbuild: the frontend and its router, then the workers",
+             "# (each on its own GPUs). Needs ai-dynamo and the engine installed. Ctrl-C stops everything.",
+             'cd "$(dirname "$0")" || exit 1',
+             'export DYN_FILE_KV="${DYN_FILE_KV:-$(mktemp -d)}" DYN_DISCOVERY_BACKEND=file',
+             "export DYN_TCP_RPC_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_EVENT_PLANE_HOST=127.0.0.1",
+             "trap 'kill 0' INT TERM",
+             f"{shlex.join(plan['frontend'])} --discovery-backend file &"]
+    gpu = 0
+    for role in plan["workers"]:
+        for _ in range(role["replicas"]):
+            devices = ",".join(str(gpu + i) for i in range(role["gpus"]))
+            gpu += role["gpus"]
+            lines.append(f"CUDA_VISIBLE_DEVICES={devices} {shlex.join(role['command'])} &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def manifest(spec: PipelineSpec) -> dict[str, Any]:
+    """The DynamoGraphDeployment (nvidia.com/v1alpha1) for this spec."""
+    dynamo = spec.deploy.dynamo
+    paths = _container_paths(spec)
+    image = dynamo.container_image
+    gpus = str(spec.build.world_size)
+    services: dict[str, Any] = {
+        "Frontend": {"componentType": "frontend", "replicas": 1,
+                     "extraPodSpec": {"mainContainer": {"image": image, "command": ["python3", "-m", "dynamo.frontend"],
+                                                        "args": frontend_args(spec)}}}}
+    for role, count in dynamo.worker_counts().items():
+        name = WORKER_SERVICES[dynamo.engine] if role == "worker" else role
+        service: dict[str, Any] = {"componentType": "worker", "replicas": count,
+                                   "resources": {"limits": {"gpu": gpus}, "requests": {"gpu": gpus}},
+                                   "volumeMounts": [{"name": dynamo.models_pvc, "mountPoint": MODEL_MOUNT}]}
+        if role != "worker":
+            service["subComponentType"] = role
+        args = [_moved(arg, paths) for arg in worker_args(spec, role, None)]
+        service["extraPodSpec"] = {"mainContainer": {"image": image, "workingDir": "/workspace",
+                                                     "command": ["python3", "-m", WORKER_MODULES[dynamo.engine]],
+                                                     "args": args}}
+        services[name] = service
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+            "metadata": {"name": k8s_name(spec)},
+            "spec": {"backendFramework": dynamo.engine, "pvcs": [{"name": dynamo.models_pvc}], "services": services}}
+
+
+def deployment_files(spec: PipelineSpec) -> dict[str, str]:
+    """{relative path: text} of the deployment directory."""
+    from specbuild.contracts.llm_api import reference_settings
+
+    plan = launch_plan(spec)
+    header = (f"# DynamoGraphDeployment for {spec.where}, written by specbuild. The models' PVC "
+              f"({spec.deploy.dynamo.models_pvc}) holds the target at {MODEL_MOUNT}/target and a draft at "
+              f"{MODEL_MOUNT}/draft.\n")
+    files = {LAUNCH_FILE: json.dumps(plan, indent=2) + "\n", LAUNCH_SCRIPT: launch_script(plan),
+             MANIFEST: header + yaml.safe_dump(manifest(spec), sort_keys=False)}
+    if plan["engine_file"] is not None:
+        files[ENGINE_FILE] = ("# TensorRT-LLM LLM-API settings (python -m dynamo.trtllm --extra-engine-args), as "
+                              "`specbuild build` checked them.\n"
+                              + yaml.safe_dump(trtllm_settings(spec, plan["workers"][0]["role"]), sort_keys=False))
+    if plan["reference"] is not None:
+        files[REFERENCE_FILE] = json.dumps(reference_settings(spec), indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def deploy_dynamo(spec: PipelineSpec, *, dry_run: bool = False, force: bool = False,
+                  console: Console | None = None) -> DynamoDeployResult:
+    """Write the Dynamo deployment of `spec` (see the module docstring); everything is computed, and refused,
+    before the directory is touched."""
+    console = console or Console(stderr=True)
+    if spec.deploy.target != "dynamo":
+        raise SpecbuildError(f"{spec.where}: deploy.target is {spec.deploy.target!r}, not 'dynamo'")
+    directory = deployment_dir(spec)
+    inputs = {"target.model": spec.target.model, "draft.model": spec.draft.model if spec.draft else None}
+    refuse_overlap(directory, inputs, output_name="output_dir's dynamo directory")
+    files = deployment_files(spec)
+    if dry_run:
+        for name in files:
+            console.print(f"would write {directory / name}", highlight=False, soft_wrap=True)
+        return DynamoDeployResult(directory, "planned", files)
+    del force  # the directory is rewritten every time: it is small and made only from the spec and build's record
+    with atomic_directory(directory, inputs=inputs, output_name="output_dir's dynamo directory") as tmp:
+        for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text, encoding="utf-8")
+        (tmp / LAUNCH_SCRIPT).chmod(0o755)
+        write_manifest(tmp, {"stage": "deploy", "target": "dynamo", "spec": spec.where,
+                             "outputs": output_sizes(tmp)})
+    return DynamoDeployResult(directory, "written", files)
