@@ -1,5 +1,6 @@
 """Runtime benchmark: plain vs draft-target vs Medusa decoding in specbuild's PyTorch runtime, and transformers'
-own assisted generation on the same Hugging Face models and prompts.
+own assisted generation on the same Hugging Face models and prompts; beside Lookahead, the training-free methods of
+TensorRT-LLM's PyTorch backend, NGram and SA (suffix automaton), served by the batching ServingEngine.
 
 On the demo target/draft pair (built once by `specbuild.demo.models`, converted to TensorRT-LLM checkpoints under
 bench/work/speculative/), in one process with a fixed torch thread count: greedy decoding of a fixed set of
@@ -41,6 +42,9 @@ HF_RATIO_MIN = 1.0  # target: specbuild draft-target at least as fast as transfo
 LOOKAHEAD_SETTINGS = ((4, 3, 4), (7, 5, 7), (2, 4, 4))  # (W, N, G): TensorRT-LLM's default, a wider one, tune's
 LOOKAHEAD_TOKENS_MIN = 1.5  # target (issue 14): Lookahead, tokens per target forward on the demo text
 SELF_DRAFT_TOKENS_MIN = 2.0  # target (issue 14): self-draft with adapter, tokens per target forward
+TRAINING_FREE_TOKENS_MIN = 1.5  # target (issue 23): NGram and SA each, tokens per target forward on the demo text
+NGRAM_SETTINGS = ((4, 2), (4, 3), (6, 3))  # (max_draft_len, max_matching_ngram_size)
+SA_SETTINGS = ((4, -1), (6, -1), (4, 3))  # (max_draft_len, max_matching_ngram_size; -1: the longest match)
 
 Prompts = list[list[int]]
 
@@ -314,6 +318,7 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
     for config in LOOKAHEAD_SETTINGS:  # batch 1 only
         methods.append(Method(f"specbuild_lookahead_w{config[0]}n{config[1]}g{config[2]}", "specbuild", "lookahead",
                               "W,N,G={},{},{}".format(*config), 1, lookahead(config)))
+    methods += training_free_methods(target, new_tokens, batch_sizes)
     info["memory"] = method_memory(target, draft, medusa, eagle3_draft)
     if medusa is not None:
         info["medusa_heads"] = medusa.config.num_medusa_heads
@@ -322,6 +327,47 @@ def specbuild_methods(ckpts: dict[str, Path], ks: Sequence[int], trees: Sequence
             for name in trees
         }
     return methods, info
+
+
+def serve(target: Any, proposer: Callable[[], Any], new_tokens: int) -> Runner:
+    """One prompt batch through a fresh ServingEngine with the proposer (a fresh one: NGram's public pool and SA's
+    automata start empty each call, so every round counts the same), the prompts submitted together."""
+    from specbuild.runtime.serving import EngineRequest, ServingEngine
+
+    def run(p: Prompts) -> tuple[Prompts, Counters]:
+        drafting = proposer()
+        engine = ServingEngine(target, max_batch=len(p), max_seq_len=max(map(len, p)) + new_tokens + 1,
+                               proposer=drafting)
+        handles = [engine.submit(EngineRequest(list(prompt), new_tokens)) for prompt in p]
+        engine.run_until_idle()
+        out = [h.wait(0).tokens for h in handles]
+        stats = engine.stats
+        c = Counters(sum(map(len, out)), stats.forwards, stats.draft_forwards)
+        c.add_positions(stats.acceptance.proposed_by_position, stats.acceptance.accepted_by_position)
+        return out, c
+
+    return run
+
+
+def training_free_methods(target: Any, new_tokens: int, batch_sizes: Sequence[int]) -> list[Method]:
+    """NGram (NGramDecodingConfig's settings, the other fields at their defaults) and SA rows, the engine's
+    proposers; batch 1 per setting, and the first setting of each at the larger batch."""
+    from specbuild.runtime.proposers import NGramConfig, NGramProposer, SAConfig, SAProposer
+
+    methods = []
+    for batch in batch_sizes:
+        suffix = "" if batch == 1 else f"_b{batch}"
+        for k, n in NGRAM_SETTINGS if batch == 1 else NGRAM_SETTINGS[:1]:
+            methods.append(Method(f"specbuild_ngram_k{k}n{n}{suffix}", "specbuild", "ngram", f"K={k} ngram<={n}",
+                                  batch, serve(target, lambda k=k, n=n: NGramProposer(NGramConfig(k, n)), new_tokens),
+                                  k=k))
+        for k, n in SA_SETTINGS if batch == 1 else SA_SETTINGS[:1]:
+            setting = f"K={k} " + ("longest" if n == -1 else f"ngram<={n}")
+            methods.append(Method(f"specbuild_sa_k{k}{'' if n == -1 else f'n{n}'}{suffix}", "specbuild", "sa",
+                                  setting, batch,
+                                  serve(target, lambda k=k, n=n, b=batch: SAProposer(SAConfig(k, n), b), new_tokens),
+                                  k=k))
+    return methods
 
 
 # -- transformers -------------------------------------------------------------------------------------------------
@@ -456,7 +502,9 @@ def check_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best[method] = max(candidates, key=lambda r: r["tokens_per_s"])
         targets.append(lowest_tokens_target(candidates, method, TOKENS_PER_FORWARD_MIN))
     for method, name, minimum in (("lookahead", "lookahead", LOOKAHEAD_TOKENS_MIN),
-                                  ("self-draft+adapter", "self-draft with adapter", SELF_DRAFT_TOKENS_MIN)):
+                                  ("self-draft+adapter", "self-draft with adapter", SELF_DRAFT_TOKENS_MIN),
+                                  ("ngram", "ngram", TRAINING_FREE_TOKENS_MIN),
+                                  ("sa", "SA (suffix automaton)", TRAINING_FREE_TOKENS_MIN)):
         candidates = [r for r in ours if r["method"] == method]
         if candidates:
             targets.append(lowest_tokens_target(candidates, name, minimum))
