@@ -39,6 +39,15 @@ def serve(
 
     Uses `tritonserver` from PATH (NGC containers) or the one bundled in nvidia-pytriton; sharded TensorRT-LLM
     engines (tp×pp > 1) get one MPI rank per GPU. Exits non-zero with the failing model's error."""
+    from specbuild.dynamo.launch import is_dynamo_deployment
+
+    if is_dynamo_deployment(repository):  # `deploy.target: dynamo` wrote a Dynamo launch (specbuild.dynamo)
+        from specbuild.dynamo.launch import serve as serve_dynamo
+
+        with handled_errors():
+            serve_dynamo(repository, http_port=http_port, log_dir=log_file, ready_timeout_s=ready_timeout,
+                         prompts=tuple(prompt or ()), max_tokens=max_tokens, console=console, out=Console())
+        return
     from specbuild.serve.run import ServeOptions
     from specbuild.serve.run import serve as run_serve
 

@@ -1,0 +1,275 @@
+"""`specbuild serve DIR` on a Dynamo deployment: the real Dynamo frontend and N reference workers on this machine.
+
+Starts `python -m dynamo.frontend` (ai-dynamo 1.6.1) with the deployment's `--router-mode`, file discovery in a
+fresh temporary directory (`DYN_FILE_KV`) and every plane on loopback (`DYN_TCP_RPC_HOST`,
+`DYN_TCP_RESPONSE_STREAM_HOST`, `DYN_EVENT_PLANE_HOST`: otherwise Dynamo advertises the machine's non-loopback
+address), then the workers (`specbuild.dynamo.worker`: specbuild's reference serving engine on the LLM-API settings
+deploy wrote). With `--router-mode kv` the frontend gets `--no-router-kv-events`: the reference engine publishes no
+KV events, so the router predicts each worker's cache from its own routing decisions (ai-dynamo 1.6.1
+dynamo/common/configuration/groups/kv_router_args.py). Ready when the discovery directory lists every worker and
+/v1/models the model.
+
+Stopping (Ctrl-C, SIGTERM, or the end of `--prompt`s): SIGTERM to every worker (each shuts its runtime down, which
+removes its discovery entries), then the frontend, SIGKILL for whatever is still running after a grace period, and
+the discovery directory removed, so nothing started here is left running and no stale entry stays (a worker killed
+with SIGKILL cannot remove its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from specbuild.dynamo.write import LAUNCH_FILE
+from specbuild.errors import SpecbuildError
+
+LOOPBACK = "127.0.0.1"
+STOP_GRACE_S = 10.0
+POLL_S = 0.2
+
+
+def is_dynamo_deployment(path: Path) -> bool:
+    return (path / LAUNCH_FILE).is_file()
+
+
+def read_plan(directory: Path) -> dict[str, Any]:
+    """launch.json, refused unless this machine can serve it (the reference engine, aggregated)."""
+    path = directory / LAUNCH_FILE
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SpecbuildError(f"{path}: not a readable Dynamo launch ({err})",
+                             hint="run `specbuild deploy SPEC` with deploy.target: dynamo") from None
+    if plan.get("reference") is None:
+        raise SpecbuildError(f"{path}: engine {plan.get('engine')!r} is served by its own workers "
+                             f"({plan['workers'][0]['command'][2]}), which need the engine and a GPU",
+                             hint=f"run {directory / 'launch.sh'} on a GPU host; `specbuild serve` runs Dynamo on "
+                                  "this machine with specbuild's reference engine for engine: trtllm with "
+                                  "build.backend: reference")
+    if plan.get("mode") != "aggregated":
+        raise SpecbuildError(f"{path}: mode {plan.get('mode')!r}: the reference workers on this machine serve "
+                             "aggregated only (no KV transfer between processes)",
+                             hint="serve an aggregated deployment here, or run launch.sh on GPU hosts")
+    return plan
+
+
+def dynamo_env(discovery: Path) -> dict[str, str]:
+    """The environment every process gets: file discovery in `discovery`, loopback only."""
+    env = dict(os.environ)
+    env.update({"DYN_FILE_KV": str(discovery), "DYN_DISCOVERY_BACKEND": "file", "DYN_TCP_RPC_HOST": LOOPBACK,
+                "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK, "DYN_EVENT_PLANE_HOST": LOOPBACK,
+                "DYN_REQUEST_PLANE": "tcp", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def discovery_instances(discovery: Path) -> list[Path]:
+    """The worker instances the discovery directory lists (one file per registered endpoint instance)."""
+    return sorted(p for p in (discovery / "v1" / "instances").glob("*") if p.is_file())
+
+
+@dataclass
+class DynamoServer:
+    """The frontend and the workers of one deployment, started and stopped together."""
+
+    directory: Path
+    http_port: int | None = None
+    workers: int | None = None
+    log_dir: Path | None = None
+    ready_timeout_s: float = 180.0
+    threads: int = 1
+    plan: dict[str, Any] = field(init=False)
+    discovery: Path | None = field(init=False, default=None)
+    frontend: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    worker_processes: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory).resolve()
+        self.plan = read_plan(self.directory)
+        if self.workers is None:
+            self.workers = int(self.plan["workers"][0]["replicas"])
+        if self.log_dir is None:
+            self.log_dir = self.directory.parent / "dynamo-logs"
+        if self.http_port is None:
+            from specbuild.serve.launch import free_ports
+
+            self.http_port = free_ports(None, 1, 1).http
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http_port}"
+
+    @property
+    def model(self) -> str:
+        return str(self.plan["model_name"])
+
+    def requests_log(self, index: int) -> Path:
+        assert self.log_dir is not None
+        return self.log_dir / f"worker-{index}.requests.jsonl"
+
+    def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with log.open("wb") as handle:  # a new session: a terminal's Ctrl-C reaches us, and we stop them in order
+            return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=self.directory,
+                                    start_new_session=True)
+
+    def worker_argv(self, index: int) -> list[str]:
+        plan = self.plan
+        return [sys.executable, "-m", "specbuild.dynamo.worker",
+                "--settings", str(self.directory / plan["engine_file"]),
+                "--reference", str(self.directory / plan["reference"]), "--tokenizer", plan["tokenizer"],
+                "--model-name", plan["model_name"], "--namespace", plan["namespace"], "--component",
+                plan["component"], "--block-size", str(plan["kv_block_size"]), "--index", str(index),
+                "--requests-log", str(self.requests_log(index)), "--threads", str(self.threads)]
+
+    def start_worker(self, index: int) -> subprocess.Popen[bytes]:
+        assert self.discovery is not None and self.log_dir is not None
+        self.requests_log(index).unlink(missing_ok=True)
+        process = self._spawn(self.worker_argv(index), self.log_dir / f"worker-{index}.log",
+                              dynamo_env(self.discovery))
+        self.worker_processes.append(process)
+        return process
+
+    def start(self) -> None:
+        """Start everything and wait until it serves; on any failure stop what was started and raise."""
+        assert self.log_dir is not None and self.workers is not None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.discovery = Path(tempfile.mkdtemp(prefix="specbuild-dynamo-"))
+        env = dynamo_env(self.discovery)
+        frontend = [sys.executable, "-m", "dynamo.frontend", "--http-port", str(self.http_port),
+                    "--router-mode", self.plan["router_mode"], "--discovery-backend", "file"]
+        if self.plan["router_mode"] == "kv":
+            frontend.append("--no-router-kv-events")
+        try:
+            self.frontend = self._spawn(frontend, self.log_dir / "frontend.log", env)
+            for index in range(self.workers):
+                self.start_worker(index)
+            self.wait_ready(self.workers)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _failed(self, process: subprocess.Popen[bytes], name: str, log: Path) -> SpecbuildError:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:] if log.is_file() else []
+        return SpecbuildError(f"Dynamo {name} exited with {process.returncode} before it was ready:\n"
+                              + "\n".join(tail), hint=f"the whole log: {log}")
+
+    def wait_ready(self, workers: int) -> None:
+        """Until the discovery directory lists `workers` instances and /v1/models lists the model."""
+        import httpx
+
+        assert self.discovery is not None and self.log_dir is not None and self.frontend is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.frontend.poll() is not None:
+                raise self._failed(self.frontend, "frontend", self.log_dir / "frontend.log")
+            for index, process in enumerate(self.worker_processes):
+                if process.poll() is not None and process.returncode not in (-signal.SIGKILL,):
+                    raise self._failed(process, f"worker {index}", self.log_dir / f"worker-{index}.log")
+            if len(discovery_instances(self.discovery)) >= workers:
+                try:
+                    listed = httpx.get(f"{self.url}/v1/models", timeout=2).json()
+                except (httpx.HTTPError, ValueError):
+                    listed = {}
+                if any(entry.get("id") == self.model for entry in listed.get("data", [])):
+                    return
+            time.sleep(POLL_S)
+        raise SpecbuildError(f"Dynamo did not serve {self.model} with {workers} workers within "
+                             f"{self.ready_timeout_s:.0f} s", hint=f"the logs: {self.log_dir}")
+
+    def check(self) -> None:
+        """SpecbuildError when the frontend died (a dead worker leaves the others serving)."""
+        if self.frontend is not None and self.frontend.poll() is not None:
+            assert self.log_dir is not None
+            raise self._failed(self.frontend, "frontend", self.log_dir / "frontend.log")
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        return [*self.worker_processes, *([self.frontend] if self.frontend is not None else [])]
+
+    def stop(self) -> None:
+        """Workers first (each removes its discovery entries), then the frontend; SIGKILL after the grace period;
+        then the discovery directory."""
+        for group in (self.worker_processes, [self.frontend] if self.frontend is not None else []):
+            for process in group:
+                if process.poll() is None:
+                    _signal_group(process, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for process in group:
+                try:
+                    process.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait()
+            for process in group:  # anything the process itself started (its session) goes too
+                _signal_group(process, signal.SIGKILL)
+        if self.discovery is not None:
+            shutil.rmtree(self.discovery, ignore_errors=True)
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+class _Signals:
+    """SIGTERM and SIGINT both stop the server (installed explicitly: a background job starts with SIGINT ignored);
+    a second one while stopping is ignored, so the stop is not cut half-way."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
+
+
+def serve(directory: Path, *, http_port: int | None, log_dir: Path | None, ready_timeout_s: float,
+          prompts: tuple[str, ...], max_tokens: int, console: Console, out: Console) -> None:
+    """`specbuild serve DIR` on a Dynamo deployment: serve until Ctrl-C/SIGTERM, or answer the prompts and stop."""
+    server = DynamoServer(directory, http_port=http_port, log_dir=log_dir, ready_timeout_s=ready_timeout_s)
+    handler = _Signals()
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    console.print(f"starting NVIDIA Dynamo (frontend, router {server.plan['router_mode']}, {server.workers} "
+                  f"reference workers) on {escape(str(server.directory))} (logs: {escape(str(server.log_dir))})",
+                  highlight=False)
+    try:
+        with console.status("waiting until every worker is registered…"):
+            server.start()
+        out.print(f"ready: {server.model} at {server.url}/v1 (OpenAI: /v1/completions, /v1/models)", highlight=False)
+        if prompts:
+            from specbuild.dynamo.client import complete
+
+            for prompt in prompts:
+                out.rule(escape(prompt))
+                answer = complete(server.url, server.model, prompt, max_tokens, stream=True)
+                out.print(f"{escape(answer.text)}", highlight=False, soft_wrap=True)
+                out.print(f"  {answer.acceptance_line()}; first text after {answer.ttft_s * 1e3:.0f} ms",
+                          highlight=False)
+            return
+        console.print("serving until Ctrl-C", highlight=False)
+        while True:
+            time.sleep(0.5)
+            server.check()
+    except KeyboardInterrupt:
+        console.print("stopping Dynamo…", highlight=False)
+    finally:
+        handler.stopping = True
+        try:
+            server.stop()
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, old)

@@ -1,0 +1,180 @@
+"""A Dynamo worker that serves specbuild's reference serving engine: tokens in, tokens out.
+
+Registers with the Dynamo runtime as ai-dynamo/dynamo examples/custom_backend/hello_world/hello_world.py
+(@757d8dc5) and the wheel's `dynamo/_core.pyi` (ai-dynamo-runtime 1.6.1) describe: `DistributedRuntime(loop,
+"file", "tcp", event_plane="zmq")`, `register_model(ModelInput.Tokens, ...)` on `NS.COMPONENT.generate`, then
+`endpoint.serve_endpoint(generate)`. The frontend tokenizes and detokenizes; a request carries `token_ids`,
+`stop_conditions` and `sampling_options`, and the worker yields `{"token_ids": [...]}` chunks, the last with a
+`finish_reason`. The engine is the one the deployment's LLM-API settings ask for
+(`specbuild.python_models.llmapi_model.load_runner`: the same settings `trtllm-serve` and Triton's llmapi model get),
+so the worker's speculation (draft-target, EAGLE-3, n-gram) and in-flight batching are the reference runtime's.
+
+Every served request is appended to `--requests-log` (one JSON line: prompt length and hash, tokens, acceptance), so
+a caller can count which worker served what. SIGINT and SIGTERM shut the runtime down, which removes this worker's
+discovery entries; without it the process hangs and the entries stay (ai-dynamo 1.6.1, tried here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GREEDY_TEMPERATURE = 0.0
+
+
+def acceptance_usage(prompt_tokens: int, completion_tokens: int, accepted: int, drafted: int) -> dict[str, Any]:
+    """The final chunk's `completion_usage`: OpenAI's usage with the speculation's acceptance in
+    `completion_tokens_details` (accepted_prediction_tokens: draft tokens the target kept; rejected_prediction_tokens:
+    the drafted ones it did not), the only usage fields Dynamo's frontend carries through for a worker."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": max(drafted - accepted, 0)}}
+
+
+def _finish_reason(reason: str | None) -> str:
+    return {"length": "length", "end_id": "eos", "stop_word": "stop", "cancelled": "cancelled",
+            "error": "error"}.get(reason or "", "stop")
+
+
+def _sampling(request: dict[str, Any]) -> Any:
+    from specbuild.runtime.sampling import SamplingParams
+
+    options = request.get("sampling_options") or {}
+    temperature = options.get("temperature")
+    if temperature is None or float(temperature) <= GREEDY_TEMPERATURE:
+        return SamplingParams()
+    fields = {"temperature": float(temperature)}
+    if options.get("top_k"):
+        fields["top_k"] = int(options["top_k"])
+    if options.get("top_p") is not None:
+        fields["top_p"] = float(options["top_p"])
+    if options.get("seed") is not None:
+        fields["seed"] = int(options["seed"])
+    return SamplingParams(**fields)
+
+
+class Worker:
+    """One serving engine behind one Dynamo endpoint."""
+
+    def __init__(self, engine: Any, requests_log: Path | None, index: int) -> None:
+        self.engine, self.requests_log, self.index = engine, requests_log, index
+        self._log_lock = threading.Lock()
+
+    def _log(self, prompt: list[int], tokens: list[int], accepted: int, drafted: int) -> None:
+        if self.requests_log is None:
+            return
+        digest = hashlib.sha256(json.dumps(prompt[:64]).encode()).hexdigest()[:16]
+        line = json.dumps({"worker": self.index, "pid": os.getpid(), "prompt_tokens": len(prompt),
+                           "prefix64": digest, "tokens": len(tokens), "accepted": accepted, "drafted": drafted})
+        with self._log_lock, self.requests_log.open("a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+    async def generate(self, request: dict[str, Any], context: Any = None) -> Any:
+        """Dynamo's handler: one engine request, streamed back as token chunks."""
+        from specbuild.runtime.serving import EngineRequest
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        prompt = [int(t) for t in request["token_ids"]]
+        stop = request.get("stop_conditions") or {}
+        limit = self.engine.max_seq_len - len(prompt)
+        max_tokens = int(stop.get("max_tokens") or limit)
+        eos = None if stop.get("ignore_eos") else (request.get("eos_token_ids") or [None])[0]
+        engine_request = EngineRequest(prompt=prompt, max_new_tokens=max_tokens, params=_sampling(request),
+                                       end_id=eos, min_tokens=int(stop.get("min_tokens") or 0),
+                                       on_update=lambda update: loop.call_soon_threadsafe(queue.put_nowait, update))
+        try:
+            handle = self.engine.submit(engine_request)
+        except ValueError as error:  # the engine's limits, in its words
+            raise ValueError(f"specbuild reference worker: {error}") from None
+        tokens: list[int] = []
+        try:
+            while True:
+                update = await queue.get()
+                if context is not None and getattr(context, "is_stopped", lambda: False)():
+                    handle.cancel()
+                tokens += update.tokens
+                if not update.finished:
+                    if update.tokens:
+                        yield {"token_ids": list(update.tokens)}
+                    continue
+                if update.error:
+                    raise RuntimeError(f"specbuild reference worker: {update.error}")
+                self._log(prompt, tokens, update.accepted_draft_tokens, update.draft_tokens)
+                yield {"token_ids": list(update.tokens), "finish_reason": _finish_reason(update.reason),
+                       "completion_usage": acceptance_usage(len(prompt), len(tokens), update.accepted_draft_tokens,
+                                                            update.draft_tokens)}
+                return
+        finally:
+            if not handle.done:
+                handle.cancel()
+
+
+def load_engine(settings_file: Path, reference_file: Path) -> Any:
+    """The serving engine the LLM-API settings (the deployment's engine file) ask for, started."""
+    from specbuild.python_models.llmapi_model import load_runner
+
+    settings = yaml.safe_load(settings_file.read_text(encoding="utf-8"))
+    reference = json.loads(reference_file.read_text(encoding="utf-8"))
+    return load_runner(settings, reference, log_info=lambda line: print(line, flush=True)).engine
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+    from dynamo.runtime import DistributedRuntime
+
+    engine = load_engine(Path(args.settings), Path(args.reference))
+    worker = Worker(engine, Path(args.requests_log) if args.requests_log else None, args.index)
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+
+    def shutdown(*_: object) -> None:
+        runtime.shutdown()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, shutdown)
+    endpoint = runtime.endpoint(f"{args.namespace}.{args.component}.generate")
+    model_type = ModelType.Completions
+    if args.chat:
+        model_type = ModelType.Chat | ModelType.Completions
+    await register_model(ModelInput.Tokens, model_type, endpoint, args.tokenizer, args.model_name,
+                         worker_type=WorkerType.Aggregated, kv_cache_block_size=args.block_size)
+    print(f"specbuild dynamo worker {args.index} ready (pid {os.getpid()})", flush=True)
+    try:
+        await endpoint.serve_endpoint(worker.generate)
+    finally:
+        engine.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specbuild.dynamo.worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--settings", required=True, help="the LLM-API settings file (YAML) deploy wrote")
+    parser.add_argument("--reference", required=True, help="reference.json: the converted checkpoints")
+    parser.add_argument("--tokenizer", required=True, help="the model directory the frontend tokenizes with")
+    parser.add_argument("--model-name", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--component", default="backend")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--chat", action="store_true", help="also register for /v1/chat/completions")
+    parser.add_argument("--requests-log", default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()
