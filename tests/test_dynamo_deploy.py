@@ -1,0 +1,173 @@
+"""`deploy.target: dynamo`: what validate refuses before anything is written, and the DynamoGraphDeployments and
+launches deploy writes, each manifest checked against the CRD's openAPIV3Schema (the parts specbuild writes,
+ai-dynamo/dynamo deploy/operator/config/crd/bases/nvidia.com_dynamographdeployments.yaml @29a131e8, kept as
+specbuild/data/dynamo/dynamographdeployment-v1alpha1.schema.json) by the `jsonschema` package.
+
+No demo models: tiny model directories (a config.json) are enough for build's LLM-API check and export's plans.
+(Named test_dynamo_*: ai-dynamo's pytest plugins skip test_vllm_*/test_sglang_*/test_trtllm_* files.)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from specbuild.errors import SpecbuildError
+from specbuild.spec import PipelineSpec, load_spec
+
+SCHEMA = json.loads(resources.files("specbuild").joinpath("data", "dynamo",
+                                                          "dynamographdeployment-v1alpha1.schema.json").read_text())
+
+
+def _model(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"hidden_size": 8, "vocab_size": 16}), encoding="utf-8")
+    return path
+
+
+def _data(tmp: Path, **dynamo: Any) -> dict[str, Any]:
+    return {"name": "dyn_test.1", "output_dir": str(tmp / "out"), "target": {"model": str(_model(tmp / "target"))},
+            "draft": {"model": str(_model(tmp / "draft"))},
+            "speculative": {"mode": "draft_target", "num_draft_tokens": 3},
+            "build": {"flow": "pytorch", "dtype": "float16", "tp_size": 2, "max_batch_size": 4, "max_input_len": 64,
+                      "max_output_len": 16},
+            "deploy": {"target": "dynamo", "dynamo": dynamo}}
+
+
+def _spec(tmp: Path, data: dict[str, Any]) -> PipelineSpec:
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_spec(path)
+
+
+def _deploy(tmp: Path, data: dict[str, Any]) -> tuple[PipelineSpec, dict[str, Any], dict[str, Any]]:
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.dynamo.write import LAUNCH_FILE, MANIFEST, deploy_dynamo
+
+    spec = _spec(tmp, data)
+    if spec.deploy.dynamo.engine == "trtllm":
+        build_llm_api(spec)
+    result = deploy_dynamo(spec)
+    manifest = yaml.safe_load((result.directory / MANIFEST).read_text())
+    plan = json.loads((result.directory / LAUNCH_FILE).read_text())
+    return spec, manifest, plan
+
+
+def _refused(tmp: Path, data: dict[str, Any]) -> str:
+    with pytest.raises(SpecbuildError) as caught:
+        _spec(tmp, data)
+    assert not (tmp / "out").exists()
+    return str(caught.value)
+
+
+def test_aggregated_trtllm_manifest_validates_with_replicas_gpus_and_the_models_volume(tmp_path: Path) -> None:
+    spec, manifest, plan = _deploy(tmp_path, _data(tmp_path, workers=3))
+    jsonschema.validate(manifest, SCHEMA)
+    services = manifest["spec"]["services"]
+    assert set(services) == {"Frontend", "TRTLLMWorker"}
+    worker = services["TRTLLMWorker"]
+    assert worker["replicas"] == 3
+    assert worker["resources"]["limits"]["gpu"] == "2"  # tp 2 x pp 1
+    assert worker["volumeMounts"] == [{"name": "specbuild-models", "mountPoint": "/models"}]
+    assert manifest["spec"]["pvcs"] == [{"name": "specbuild-models"}]
+    args = worker["extraPodSpec"]["mainContainer"]["args"]
+    settings = json.loads(args[args.index("--override-engine-args") + 1])
+    # The pod's settings are build's LLM-API settings, with the models moved to the PVC's mount.
+    from specbuild.contracts.llm_api import llm_args
+
+    expected = {k: v for k, v in json.loads(json.dumps(llm_args(spec))).items() if k != "model"}
+    expected["speculative_config"]["speculative_model"] = "/models/draft"
+    assert settings == expected
+    assert args[args.index("--model") + 1] == "/models/target"
+    # The local launch: the frontend with the router, and each worker reading engine.yaml (the same settings).
+    assert plan["frontend"][-2:] == ["--router-mode", "kv"]
+    command = plan["workers"][0]["command"]
+    assert command[:3] == ["python3", "-m", "dynamo.trtllm"] and plan["workers"][0]["replicas"] == 3
+    engine_file = yaml.safe_load((spec.output_dir / "dynamo" / "engine.yaml").read_text())
+    assert engine_file == {k: v for k, v in json.loads(json.dumps(llm_args(spec))).items() if k != "model"}
+    script = (spec.output_dir / "dynamo" / "launch.sh").read_text()
+    assert script.count("python3 -m dynamo.trtllm") == 3
+    assert "CUDA_VISIBLE_DEVICES=4,5 " in script  # the third worker's two GPUs
+
+
+def test_disaggregated_manifests_have_prefill_and_decode_with_the_kv_transfer(tmp_path: Path) -> None:
+    _, manifest, _ = _deploy(tmp_path, _data(tmp_path, mode="disaggregated", prefill_workers=2, decode_workers=1,
+                                             kv_transfer="nixl", router_mode="round-robin"))
+    jsonschema.validate(manifest, SCHEMA)
+    services = manifest["spec"]["services"]
+    assert {name: (s.get("subComponentType"), s["replicas"]) for name, s in services.items() if name != "Frontend"} \
+        == {"prefill": ("prefill", 2), "decode": ("decode", 1)}
+    for role in ("prefill", "decode"):
+        args = services[role]["extraPodSpec"]["mainContainer"]["args"]
+        assert args[args.index("--disaggregation-mode") + 1] == role
+        settings = json.loads(args[args.index("--override-engine-args") + 1])
+        assert settings["cache_transceiver_config"] == {"backend": "NIXL"}
+        assert "--publish-kv-events" not in args  # round-robin: no KV router to publish to
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_vllm_and_sglang_workers_take_exports_arguments(tmp_path: Path, engine: str) -> None:
+    from specbuild.export import build_plan
+
+    data = _data(tmp_path, engine=engine, mode="disaggregated", kv_transfer="nixl")
+    spec, manifest, plan = _deploy(tmp_path, data)
+    jsonschema.validate(manifest, SCHEMA)
+    assert manifest["spec"]["backendFramework"] == engine
+    exported = build_plan(spec, engine, tmp_path / "x").argv
+    for role in plan["workers"]:
+        command = role["command"]
+        assert command[:3] == ["python3", "-m", f"dynamo.{engine}"]
+        # Every flag export writes reaches the worker with its value (one writer for the engine's settings).
+        for index, item in enumerate(exported):
+            if item.startswith("--") and index + 1 < len(exported) and not exported[index + 1].startswith("--"):
+                assert command[command.index(item) + 1] == exported[index + 1], item
+        assert "--disaggregation-mode" in command
+    draft = manifest["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
+    assert not any(str(tmp_path) in arg for arg in draft), "host paths left in a pod's arguments"
+    assert shlex.split(" ".join(shlex.quote(a) for a in draft))  # plain strings, as the CRD's args are
+
+
+def test_a_worker_wider_than_a_node_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    data = _data(tmp_path, gpus_per_node=4)
+    data["build"]["pp_size"] = 4  # tp 2 x pp 4 = 8 GPUs per worker
+    message = _refused(tmp_path, data)
+    assert "build.tp_size" in message and "8 GPUs" in message and "gpus_per_node is 4" in message
+
+
+def test_disaggregation_without_a_kv_transfer_is_refused(tmp_path: Path) -> None:
+    message = _refused(tmp_path, _data(tmp_path, mode="disaggregated"))
+    assert "deploy.dynamo.kv_transfer" in message and "required" in message
+    message = _refused(tmp_path, _data(tmp_path, engine="vllm", mode="disaggregated", kv_transfer="ucx"))
+    assert "'ucx' is not a KV transfer vllm takes" in message
+
+
+def test_the_trtllm_worker_on_the_engine_flow_and_stray_settings_are_refused(tmp_path: Path) -> None:
+    data = _data(tmp_path)
+    data["build"]["flow"] = "engine"
+    assert "deploy.dynamo.engine" in _refused(tmp_path, data)
+    assert "only used with mode: disaggregated" in _refused(tmp_path, _data(tmp_path, kv_transfer="nixl"))
+    data = _data(tmp_path)
+    data["deploy"]["target"] = "triton"
+    assert "only used with deploy.target: dynamo" in _refused(tmp_path, data)
+
+
+def test_the_schema_refuses_what_the_crd_refuses(tmp_path: Path) -> None:
+    """The validator can fail: a negative replica count, an unknown backend, a misspelt field."""
+    _, manifest, _ = _deploy(tmp_path, _data(tmp_path))
+    for path, value in ((("spec", "services", "TRTLLMWorker", "replicas"), -1),
+                        (("spec", "backendFramework"), "tensorrt"),
+                        (("spec", "services", "TRTLLMWorker", "replica"), 1)):
+        broken = json.loads(json.dumps(manifest))
+        node = broken
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, SCHEMA)
