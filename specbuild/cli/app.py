@@ -7,7 +7,7 @@ answer at once.
 
 from __future__ import annotations
 
-from specbuild.cli import bench, build, convert, demo, deploy, generate, init, serve, tune
+from specbuild.cli import bench, build, convert, demo, deploy, generate, init, migrate, serve, tune
 from specbuild.cli.draft import draft_app
 from specbuild.cli.eagle import eagle_app
 from specbuild.cli.export import export_app
@@ -33,6 +33,7 @@ app.command("demo-models")(demo.demo_models)
 app.command()(convert.convert)
 app.command()(build.build)
 app.command()(tune.tune)
+app.command()(migrate.migrate)
 app.command()(deploy.deploy)
 app.command()(serve.serve)
 app.command()(bench.bench)

@@ -1,0 +1,41 @@
+"""`specbuild migrate`: an engine-flow spec rewritten for a PyTorch-flow TensorRT-LLM line (specbuild.spec.migrate)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specbuild.cli.errors import console, handled_errors
+from specbuild.cli.options import Spec
+from specbuild.spec.schema import NEWEST_TRTLLM_LINE
+
+
+def migrate(
+    spec_path: Spec,
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="Where to write the new spec, a .yaml file (never SPEC).")],
+    line: Annotated[str, typer.Option("--line", help="TensorRT-LLM line of the new spec.")] = NEWEST_TRTLLM_LINE,
+    to: Annotated[str, typer.Option("--to", help="What Lookahead becomes: ngram.")] = "ngram",
+    train: Annotated[bool, typer.Option("--train", help="Medusa -> EAGLE-3: run `specbuild eagle train` on the "
+                                        "target now, into the directory the new spec names.")] = False,
+) -> None:
+    """Rewrite an engine-flow spec (TensorRT-LLM 1.2) as a `build.flow: pytorch` spec for a later line: Medusa ->
+    EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead -> NGram, an int8_sq draft -> fp8, the
+    load-aware schedule carried over, engine-only settings dropped; comments are kept. Then run `specbuild
+    validate OUT.yaml`."""
+    from specbuild.spec.migrate import migrate_spec
+
+    with handled_errors():
+        migration = migrate_spec(spec_path, out, line=line, to=to)
+    console.print(f"wrote {out}: speculative.mode {migration.old_mode} -> {migration.new_mode}, build.flow: pytorch, "
+                  f"TensorRT-LLM {migration.line}")
+    for note in migration.notes:
+        console.print(f"  - {note}")
+    if migration.train_command is not None:
+        if train:
+            console.print(f"running: {shlex.join(migration.train_command)}")
+            raise typer.Exit(subprocess.call(migration.train_command))
+        console.print(f"next: {shlex.join(migration.train_command)}  (or rerun with --train)")

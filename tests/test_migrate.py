@@ -1,0 +1,91 @@
+"""`specbuild migrate SPEC OUT.yaml`: the engine-flow demo specs become PyTorch-flow specs that validate, keep their
+comments, and refuse what they cannot be (the line's reasons: specbuild.contracts.llm_api LINES)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbuild.cli.app import app
+from specbuild.contracts import llm_api
+from specbuild.errors import SpecbuildError
+from specbuild.spec import load_spec
+from specbuild.spec.migrate import migrate_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+runner = CliRunner()
+
+
+def _validate(path: Path) -> Any:
+    result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "200"})
+    return result
+
+
+def test_lookahead_becomes_ngram_and_validates(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """demo-lookahead (engine, 1.2) -> ngram on the newest line: K = N, matching on N - 1 tokens, its own
+    output_dir, comments kept, and `specbuild validate` passes on it."""
+    out = tmp_path / "la.yaml"
+    result = runner.invoke(app, ["migrate", str(CONFIGS / "demo-lookahead.yaml"), str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "lookahead -> ngram" in result.output and f"TensorRT-LLM {llm_api.NEWEST_LINE.name}" in result.output
+    old, new = load_spec(CONFIGS / "demo-lookahead.yaml"), load_spec(out)
+    assert (new.build.flow, new.build.line, new.speculative.mode) == ("pytorch", llm_api.NEWEST_LINE.name, "ngram")
+    assert new.speculative.num_draft_tokens == old.speculative.lookahead.ngram_size
+    assert new.speculative.ngram.max_matching_ngram_size == old.speculative.lookahead.ngram_size - 1
+    assert new.target.model == old.target.model and new.output_dir != old.output_dir
+    assert "# Demo pipeline with Lookahead decoding" in out.read_text()
+    assert llm_api.pytorch_flow_problems(new) == []
+    assert _validate(out).exit_code == 0
+
+
+def test_medusa_becomes_eagle3_with_the_train_command(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """demo-medusa -> eagle3 with K the tree's depth and the schedule carried (speculation still off from 8
+    sequences); the draft it names does not exist until `specbuild eagle train` (printed) writes it, and validate
+    says so; with an EAGLE-3 draft there (the demo's, the format eagle train writes) it validates."""
+    out = tmp_path / "medusa.yaml"
+    result = runner.invoke(app, ["migrate", str(CONFIGS / "demo-medusa.yaml"), str(out)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    old, new = load_spec(CONFIGS / "demo-medusa.yaml"), load_spec(out)
+    assert new.speculative.mode == "eagle3" and new.medusa is None
+    assert new.speculative.num_draft_tokens == old.medusa.depth
+    schedule = new.speculative.draft_len_schedule
+    assert schedule[1] == new.speculative.num_draft_tokens and schedule[8] == 0
+    [command] = re.findall(r"next: (specbuild eagle train \S+ \S+)", result.output)
+    assert command.split()[3:] == [str(old.target.model), str(new.draft.model)]
+    refused = _validate(out)
+    assert refused.exit_code != 0 and "EAGLE-3 draft directory does not exist" in refused.output
+    data = yaml.safe_load(out.read_text())
+    data["draft"]["model"] = str(demo_models["target"].parent / "eagle3-draft")
+    out.write_text(yaml.safe_dump(data))
+    assert _validate(out).exit_code == 0, _validate(out).output
+
+
+def test_an_int8_sq_draft_becomes_fp8(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """demo.yaml's int8_sq draft: the PyTorch backend has no linear method for it (quant_formats), so the migrated
+    spec quantizes to fp8; mode and schedule stay, and it validates."""
+    out = tmp_path / "demo.yaml"
+    migration = migrate_spec(CONFIGS / "demo.yaml", out)
+    assert any("int8_sq -> fp8" in note for note in migration.notes)
+    old, new = load_spec(CONFIGS / "demo.yaml"), load_spec(out)
+    assert new.draft.quantization.format == "fp8" and new.speculative.mode == "draft_target"
+    assert new.speculative.draft_len_schedule == old.speculative.draft_len_schedule
+    assert _validate(out).exit_code == 0, _validate(out).output
+
+
+def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
+    """OUT == SPEC, a spec already on the PyTorch flow, and --line 1.2 are refused with why; OUT is not written."""
+    with pytest.raises(SpecbuildError, match="never overwrites its input"):
+        migrate_spec(CONFIGS / "demo-lookahead.yaml", CONFIGS / "demo-lookahead.yaml")
+    out = tmp_path / "out.yaml"
+    out.write_text("kept\n")
+    with pytest.raises(SpecbuildError, match="already pytorch"):
+        migrate_spec(CONFIGS / "demo-pytorch.yaml", out)
+    with pytest.raises(SpecbuildError, match=r"a line after 1\.2"):
+        migrate_spec(CONFIGS / "demo-lookahead.yaml", out, line="1.2")
+    assert out.read_text() == "kept\n"
