@@ -31,7 +31,8 @@ def test_lookahead_becomes_ngram_and_validates(tmp_path: Path, demo_models: dict
     """demo-lookahead (engine, 1.2) -> ngram on the newest line: K = N, matching on N - 1 tokens, its own
     output_dir, comments kept, and `specbuild validate` passes on it."""
     out = tmp_path / "la.yaml"
-    result = runner.invoke(app, ["migrate", str(CONFIGS / "demo-lookahead.yaml"), str(out)], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["migrate", str(CONFIGS / "demo-lookahead.yaml"), str(out), "--no-measure"],
+                           env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "lookahead -> ngram" in result.output and f"TensorRT-LLM {llm_api.NEWEST_LINE.name}" in result.output
     old, new = load_spec(CONFIGS / "demo-lookahead.yaml"), load_spec(out)
@@ -49,7 +50,8 @@ def test_medusa_becomes_eagle3_with_the_train_command(tmp_path: Path, demo_model
     sequences); the draft it names does not exist until `specbuild eagle train` (printed) writes it, and validate
     says so; with an EAGLE-3 draft there (the demo's, the format eagle train writes) it validates."""
     out = tmp_path / "medusa.yaml"
-    result = runner.invoke(app, ["migrate", str(CONFIGS / "demo-medusa.yaml"), str(out)], env={"COLUMNS": "300"})
+    result = runner.invoke(app, ["migrate", str(CONFIGS / "demo-medusa.yaml"), str(out), "--no-measure"],
+                           env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
     old, new = load_spec(CONFIGS / "demo-medusa.yaml"), load_spec(out)
     assert new.speculative.mode == "eagle3" and new.medusa is None
@@ -89,3 +91,21 @@ def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
     with pytest.raises(SpecbuildError, match=r"a line after 1\.2"):
         migrate_spec(CONFIGS / "demo-lookahead.yaml", out, line="1.2")
     assert out.read_text() == "kept\n"
+
+
+def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """migrate's measurement: plain greedy is one token per target forward, Lookahead (before) and NGram (after)
+    each output exactly the plain greedy tokens, and each speculative figure is its counted tokens / forwards."""
+    from specbuild.tune.migrate_measure import measure_migration
+
+    out = tmp_path / "la.yaml"
+    migrate_spec(CONFIGS / "demo-lookahead.yaml", out)
+    figures = measure_migration(load_spec(CONFIGS / "demo-lookahead.yaml"), load_spec(out), prompts=2,
+                                prompt_tokens=24, new_tokens=16)
+    plain, before, after = figures
+    assert (plain.role, before.role, after.role) == ("plain", "before", "after")
+    assert plain.tokens_per_target_forward == 1.0
+    assert before.method.startswith("lookahead") and after.method.startswith("ngram")
+    for figure in (before, after):
+        assert figure.same_as_plain_greedy is True and figure.generated_tokens == 2 * 16
+        assert figure.tokens_per_target_forward == figure.generated_tokens / figure.target_forwards >= 1.0

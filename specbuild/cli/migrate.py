@@ -21,6 +21,11 @@ def migrate(
     to: Annotated[str, typer.Option("--to", help="What Lookahead becomes: ngram.")] = "ngram",
     train: Annotated[bool, typer.Option("--train", help="Medusa -> EAGLE-3: run `specbuild eagle train` on the "
                                         "target now, into the directory the new spec names.")] = False,
+    measure: Annotated[bool, typer.Option("--measure/--no-measure", help="Measure tokens per target forward of the "
+                                          "old and new method on the reference runtime (CPU; converts into a "
+                                          "temporary directory).")] = True,
+    text: Annotated[Path | None, typer.Option("--text", metavar="FILE", help="Calibration text for the measurement "
+                                              "(default: tune's held-out pydoc topics).")] = None,
 ) -> None:
     """Rewrite an engine-flow spec (TensorRT-LLM 1.2) as a `build.flow: pytorch` spec for a later line: Medusa ->
     EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead -> NGram, an int8_sq draft -> fp8, the
@@ -37,5 +42,17 @@ def migrate(
     if migration.train_command is not None:
         if train:
             console.print(f"running: {shlex.join(migration.train_command)}")
-            raise typer.Exit(subprocess.call(migration.train_command))
-        console.print(f"next: {shlex.join(migration.train_command)}  (or rerun with --train)")
+            status = subprocess.call(migration.train_command)
+            if status:
+                raise typer.Exit(status)
+        else:
+            console.print(f"next: {shlex.join(migration.train_command)}  (or rerun with --train)")
+    if measure:
+        from specbuild.spec import load_spec
+        from specbuild.tune.migrate_measure import figures_table, measure_migration
+
+        with handled_errors():
+            figures = measure_migration(load_spec(spec_path), load_spec(out), text=text)
+        console.print("reference runtime, greedy, on " + (str(text) if text else "tune's held-out pydoc topics") + ":")
+        for line_text in figures_table(figures):
+            console.print(f"  {line_text}", markup=False, soft_wrap=True)
