@@ -109,3 +109,53 @@ def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_mode
     for figure in (before, after):
         assert figure.same_as_plain_greedy is True and figure.generated_tokens == 2 * 16
         assert figure.tokens_per_target_forward == figure.generated_tokens / figure.target_forwards >= 1.0
+
+
+@pytest.mark.tritonserver
+def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """demo-lookahead migrated (NGram on the newest line), on the reference backend: convert, build and deploy
+    write the llmapi repository with the line's names, and a real tritonserver answers every prompt with the
+    target's plain greedy completion (the reference runtime's, outside Triton, on the checkpoint convert wrote)."""
+    import json
+
+    import torch
+
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.convert.run import convert_spec
+    from specbuild.deploy.llmapi import deploy_llm_api
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.sequence import StopCriteria
+    from specbuild.serve.server import TritonServer
+    from specbuild.tokenizer import load_tokenizer
+    from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, http_post
+
+    out = tmp_path / "la.yaml"
+    migrate_spec(CONFIGS / "demo-lookahead.yaml", out)
+    data = yaml.safe_load(out.read_text())
+    data["output_dir"] = str(tmp_path / "build")
+    data["target"]["model"] = str(demo_models["target"])
+    data["build"]["backend"] = "reference"  # served on CPU by specbuild's llmapi model.py
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(out)
+    convert_spec(spec.path)
+    build_llm_api(spec)
+    repository = deploy_llm_api(spec).repository
+    written = yaml.safe_load((repository / llm_api.LLMAPI_MODEL_YAML).read_text())
+    assert written["speculative_config"]["decoding_type"] == "NGram"
+
+    tokenizer = load_tokenizer(demo_models["target"])
+    model = CausalLM.from_checkpoint(spec.checkpoint_dir("target"))
+    with torch.inference_mode():
+        greedy = {}
+        for prompt in PROMPTS:
+            ids = tokenizer.encode(prompt, add_special_tokens=True)
+            new = generate(model, [ids], stop=StopCriteria(MAX_TOKENS, tokenizer.eos_token_id)).output_ids[0]
+            greedy[prompt] = tokenizer.decode(new, skip_special_tokens=True)
+    with TritonServer(repository, log_file=tmp_path / "server.log", ready_timeout_s=420) as server:
+        for prompt in PROMPTS:
+            status, body = http_post(server.http_url, "/v2/models/tensorrt_llm/generate",
+                                     {"text_input": prompt, "sampling_param_max_tokens": MAX_TOKENS,
+                                      "sampling_param_exclude_input_from_output": True})
+            assert status == 200, body
+            assert json.loads(body)["text_output"] == greedy[prompt], prompt
