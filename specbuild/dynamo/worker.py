@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +71,13 @@ class Worker:
         self.engine, self.requests_log, self.index = engine, requests_log, index
         self._log_lock = threading.Lock()
 
-    def _log(self, prompt: list[int], tokens: list[int], accepted: int, drafted: int) -> None:
+    def _log(self, prompt: list[int], tokens: list[int], accepted: int, drafted: int, seconds: float) -> None:
         if self.requests_log is None:
             return
         digest = hashlib.sha256(json.dumps(prompt[:64]).encode()).hexdigest()[:16]
         line = json.dumps({"worker": self.index, "pid": os.getpid(), "prompt_tokens": len(prompt),
-                           "prefix64": digest, "tokens": len(tokens), "accepted": accepted, "drafted": drafted})
+                           "prefix64": digest, "tokens": len(tokens), "accepted": accepted, "drafted": drafted,
+                           "worker_ms": round(seconds * 1e3, 2)})
         with self._log_lock, self.requests_log.open("a", encoding="utf-8") as handle:
             handle.write(line + "\n")
 
@@ -83,6 +85,7 @@ class Worker:
         """Dynamo's handler: one engine request, streamed back as token chunks."""
         from specbuild.runtime.serving import EngineRequest
 
+        started = time.perf_counter()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         prompt = [int(t) for t in request["token_ids"]]
@@ -110,7 +113,8 @@ class Worker:
                     continue
                 if update.error:
                     raise RuntimeError(f"specbuild reference worker: {update.error}")
-                self._log(prompt, tokens, update.accepted_draft_tokens, update.draft_tokens)
+                self._log(prompt, tokens, update.accepted_draft_tokens, update.draft_tokens,
+                          time.perf_counter() - started)
                 yield {"token_ids": list(update.tokens), "finish_reason": _finish_reason(update.reason),
                        "completion_usage": acceptance_usage(len(prompt), len(tokens), update.accepted_draft_tokens,
                                                             update.draft_tokens)}
@@ -170,9 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests-log", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
-    import torch
+    from specbuild.python_models.model_threads import set_threads
 
-    torch.set_num_threads(args.threads)
+    set_threads({"torch_threads": str(args.threads)})  # the bounded threads Triton's python models get
+    try:  # the event loop Dynamo's own examples run on (hello_world.py: uvloop.install())
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
     asyncio.run(serve(args))
 
 
