@@ -120,7 +120,7 @@ def test_a_poorly_accepting_eagle3_switches_speculation_off_for_good(target: Cau
     engine = _Recording(target, max_batch=1, max_seq_len=160, proposer=Eagle3Proposer(eagle3, K), schedule=rules)
     prompts = _prompts(4, seed=2)
     _run(engine, prompts[:2], [10, 10])
-    assert engine.gate is not None and engine.gate.disabled
+    assert engine.gate is not None and engine.gate.disabled and engine.stats.speculation_disabled == 1
     forwards = engine.stats.draft_forwards
     later = _run(engine, prompts[2:], [10, 10])
     assert all(k == 0 for _, k, _ in later) and engine.stats.draft_forwards == forwards

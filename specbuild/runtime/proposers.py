@@ -188,14 +188,15 @@ class NGramProposer(Proposer):
     """Prompt lookup: the tokens that followed the sequence's last n tokens where they occurred before.
 
     The semantics of NVIDIA/TensorRT-LLM tensorrt_llm/_torch/speculative/ngram.py @02499765 (unchanged at
-    @c4dc529f: `NGramPoolManager.get_draft_tokens`, a private pool dropped when its request completes), written
-    anew: each step the pool learns every (pattern, match) pair of
-    the sequence from `start` on (patterns of max_matching_ngram_size down to 1 tokens, a match the up to
-    max_draft_len tokens after it; a new match replaces the kept ones that are shorter, and with is_keep_all false
-    a longer match replaces the one kept); the drafts are the match of the longest pattern that ends the sequence
-    (the oldest or newest of its matches); `start` then moves to max_draft_len + max_matching_ngram_size - 1
-    tokens before the end. The pool's matches keep the full max_draft_len; the engine's load schedule shortens
-    the drafts of a step, not the pool."""
+    @c4dc529f: `NGramPoolManager.get_draft_tokens`, a private pool dropped when its request completes; main's
+    NGramDecodingConfig keeps these fields - a one-model NGram over the suffix automaton, ngram_worker.py
+    @be5be52f, is what `SAProposer` does with a fixed max_matching_ngram_size), written anew: each step the pool
+    learns every (pattern, match) pair of the sequence from `start` on (patterns of max_matching_ngram_size down to
+    1 tokens, a match the up to max_draft_len tokens after it; a new match replaces the kept ones that are shorter,
+    and with is_keep_all false a longer match replaces the one kept); the drafts are the match of the longest
+    pattern that ends the sequence (the oldest or newest of its matches); `start` then moves to max_draft_len +
+    max_matching_ngram_size - 1 tokens before the end. The pool's matches keep the full max_draft_len; the engine's
+    load schedule shortens the drafts of a step, not the pool."""
 
     def __init__(self, config: NGramConfig) -> None:
         super().__init__()

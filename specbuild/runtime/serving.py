@@ -434,6 +434,7 @@ class EngineStats:
     proposals: int = 0  # sequence steps whose block carried proposed drafts
     reused_tokens: int = 0
     admitted: int = 0
+    speculation_disabled: int = 0  # 1 once the acceptance gate switched speculation off (for good)
     acceptance: GenerationStats = field(default_factory=GenerationStats)  # per speculation round, by position
 
 
@@ -798,7 +799,7 @@ class ServingEngine:
         result = seq.handle.result
         if (self.gate is not None and result is not None and result.reason in ("length", "end_id", "stop_word")
                 and (seq.drafting or seq.medusa or seq.lookahead is not None)):
-            self.gate.record(len(seq.state.output), seq.iterations)
+            self.stats.speculation_disabled += self.gate.record(len(seq.state.output), seq.iterations)
         if self.proposer is not None:
             self.proposer.release(seq)
         last = len(self.active) - 1
