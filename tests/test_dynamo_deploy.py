@@ -171,3 +171,22 @@ def test_the_schema_refuses_what_the_crd_refuses(tmp_path: Path) -> None:
         node[path[-1]] = value
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, SCHEMA)
+
+
+def test_serve_here_refuses_what_only_gpu_hosts_run(tmp_path: Path) -> None:
+    """`specbuild serve` runs Dynamo here with the reference engine only: a vLLM deployment, or a disaggregated one,
+    is refused with where it runs instead (launch.sh), before anything starts."""
+    from specbuild.dynamo.launch import DynamoServer
+
+    vllm = tmp_path / "vllm"
+    spec, _, _ = _deploy(vllm, _data(vllm, engine="vllm"))
+    with pytest.raises(SpecbuildError, match=r"engine 'vllm' is served by its own workers") as caught:
+        DynamoServer(spec.output_dir / "dynamo")
+    assert "launch.sh" in (caught.value.hint or "")
+    disaggregated = tmp_path / "disagg"
+    data = _data(disaggregated, mode="disaggregated", kv_transfer="nixl")
+    data["build"]["backend"] = "reference"
+    data["build"]["tp_size"] = 1
+    spec, _, _ = _deploy(disaggregated, data)
+    with pytest.raises(SpecbuildError, match=r"mode 'disaggregated'"):
+        DynamoServer(spec.output_dir / "dynamo")
