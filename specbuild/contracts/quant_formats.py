@@ -38,8 +38,9 @@ class KvFormat(NamedTuple):
     kv_cache_quant_algo: str
 
 
-PYTORCH_LINEAR_SOURCE = ("NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/linear.py get_quant_method, 1.2 line, commit "
-                         "195839a7 (as stored in the fork HuiGao-NV/TensorRT-LLM)")
+# Read at NVIDIA/TensorRT-LLM commit 195839a7 (tag v1.2.0). The text reaches users in refusals, so it names the
+# release, not the commit.
+PYTORCH_LINEAR_SOURCE = "NVIDIA/TensorRT-LLM v1.2.0 tensorrt_llm/_torch/modules/linear.py get_quant_method"
 """Where `Format.pytorch_linear` is read: get_quant_method picks FP8QDQ, FP8Rowwise, FP8BlockScales, NVFP4, W4A8
 NVFP4/MXFP4, weight-only (no per-group scaling), W4A16_AWQ or W4A8_AWQ, and raises 'unsupported quant mode' for
 anything else, such as SmoothQuant's W8A8_SQ_PER_CHANNEL."""
