@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -42,7 +43,8 @@ def migrate(
     if migration.train_command is not None:
         if train:
             console.print(f"running: {shlex.join(migration.train_command)}")
-            status = subprocess.call(migration.train_command)
+            # this interpreter's specbuild, whether or not its script is on PATH
+            status = subprocess.call([sys.executable, "-m", "specbuild.cli", *migration.train_command[1:]])
             if status:
                 raise typer.Exit(status)
         else:
