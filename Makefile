@@ -51,9 +51,9 @@ demo-all: demo $(addprefix demo-,$(DEMO_METHODS))
 # The user documentation (mkdocs.yml, docs/): a strict build, so a broken link or a missing bench/results include
 # fails; tests/test_docs.py runs the same build in `make test-fast`. `make docs-serve` previews it.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 docs-serve: $(STAMP)
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 test: $(STAMP)
 	$(BIN)/ruff check .
