@@ -18,7 +18,7 @@ from specbuild.medusa.tree import load_choices
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.schedule import DraftSchedule
-from specbuild.runtime.serving import EngineRequest, ServingEngine
+from specbuild.runtime.serving import EngineRequest, ServingEngine, Update
 from tests.test_runtime_model import add_medusa_heads
 from tests.tiny_models import make_model, save_model
 
@@ -192,3 +192,54 @@ def test_seeded_sampling_is_reproducible_and_bad_requests_are_refused(model: Cau
                              (EngineRequest([5], 4, draft_tokens=[1, 2, 3]), "max_draft_len 2")):
         with pytest.raises(ValueError, match=message):
             engine.submit(request)
+
+
+def _engine_of(kind: str, model: CausalLM, medusa: CausalLM) -> ServingEngine:
+    from specbuild.runtime.proposers import ModelProposer, NGramConfig, NGramProposer
+
+    if kind == "medusa":
+        return ServingEngine(medusa, max_batch=6, max_seq_len=128, medusa_choices=CHOICES)
+    if kind == "lookahead":
+        return ServingEngine(model, max_batch=6, max_seq_len=128, lookahead=(3, 3, 2))
+    proposer = NGramProposer(NGramConfig(3, max_matching_ngram_size=2)) if kind == "ngram" else ModelProposer(model, 3)
+    return ServingEngine(model, max_batch=6, max_seq_len=128, proposer=proposer)
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram", "medusa", "lookahead"])
+def test_a_request_arriving_under_load_gets_its_first_token_before_the_others_speculate(
+        kind: str, model: CausalLM, medusa: CausalLM) -> None:
+    """Time to first token under load, by counted forwards: a request that joins while others are speculating
+    gets its first token from the step's first target forward, one of its own (no draft forward before it), and
+    then decodes in the same step's batch with the others; every output is still the one it gets served alone."""
+    engine = _engine_of(kind, model, medusa)
+    drafts = (lambda: engine.proposer.stats.forwards) if engine.proposer is not None else (lambda: 0)
+    ps = prompts(4, seed=7)
+    running = [engine.submit(EngineRequest(p, 24)) for p in ps[:3]]
+    for _ in range(3):
+        engine.step()
+    first: list[tuple[int, int, int]] = []
+    received: list[int] = []
+    before = (engine.stats.forwards, drafts(), engine.stats.rows_forwarded)
+
+    def on_update(update: Update) -> None:
+        if not first:
+            first.append((engine.stats.forwards, drafts(), engine.stats.rows_forwarded))
+        received.extend(update.tokens)
+
+    late = engine.submit(EngineRequest(ps[3], 12, on_update=on_update))
+    engine.step()
+    assert first, "the late request got nothing in the step it joined"
+    forwards, draft_forwards, rows = first[0]
+    assert forwards == before[0] + 1 and draft_forwards == before[1]  # its own forward came first
+    assert rows == before[2] + 1  # and carried no running row
+    assert len(received) >= 2  # it decoded in the same step too
+    engine.run_until_idle()
+    served = [h.wait(0).tokens for h in [*running, late]]
+    engine_kwargs: dict[str, object] = {}
+    if kind == "medusa":
+        engine_kwargs = {"medusa_choices": CHOICES}
+    elif kind == "lookahead":
+        engine_kwargs = {"lookahead": (3, 3, 2)}
+    base = medusa if kind == "medusa" else model
+    assert served == [alone(base, EngineRequest(p, n), **engine_kwargs)
+                      for p, n in zip(ps, (24, 24, 24, 12), strict=True)]

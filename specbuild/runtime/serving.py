@@ -567,11 +567,16 @@ class ServingEngine:
         """One scheduler iteration: drop cancelled sequences, admit waiting ones, run every active sequence's
         next block; returns whether there was anything to do."""
         self._drop_cancelled()
+        running = len(self.active)
         self._admit()
         if not self.active:
             return False
         self.stats.steps += 1
         self.step_tree = tree = self.tree_for(len(self.active))
+        if running and len(self.active) > running:
+            self._prefill_first(running)
+            if not self.active:
+                return True
         if self.proposer is not None:
             self._propose()
             if not self.active:
@@ -582,6 +587,19 @@ class ServingEngine:
         for seq in [s for s in self.active if s.handle.done]:
             self._release(seq)
         return True
+
+    def _prefill_first(self, running: int) -> None:
+        """The sequences admitted this step (rows `running:`, admission appends them) run their prompts first, in
+        forwards of their own, so their first token does not wait for the running sequences' drafting and
+        verification (time to first token under load: a speculative step costs a few plain ones). Each then joins
+        this step's generation like the running ones; those already finished (one-token and verification
+        requests) leave first. Greedy and sampled outputs are unchanged: every row's tokens depend only on its own
+        sequence and random stream."""
+        blocks = [seq.block(None) for seq in self.active[running:]]
+        for start, stop in self._groups(blocks):
+            self._forward(running + start, running + stop, blocks[start:stop])
+        for seq in [s for s in self.active if s.handle.done]:
+            self._release(seq)
 
     def draft_len(self, active: int) -> int:
         """K for a step with `active` sequences: the schedule's, else the proposer's full length."""
