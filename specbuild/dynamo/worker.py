@@ -7,7 +7,9 @@ Registers with the Dynamo runtime as ai-dynamo/dynamo examples/custom_backend/he
 `stop_conditions` and `sampling_options`, and the worker yields `{"token_ids": [...]}` chunks, the last with a
 `finish_reason`. The engine is the one the deployment's LLM-API settings ask for
 (`specbuild.python_models.llmapi_model.load_runner`: the same settings `trtllm-serve` and Triton's llmapi model get),
-so the worker's speculation (draft-target, EAGLE-3, n-gram) and in-flight batching are the reference runtime's.
+so the worker's speculation (draft-target, EAGLE-3, n-gram) and in-flight batching are the reference runtime's. The
+engine runs in a child process (`EngineProcess`, requests and updates over a pipe): in the worker's own process
+Dynamo's Python bridge and the engine thread shared one GIL, which halved the engine's tokens/s.
 
 Every served request is appended to `--requests-log` (one JSON line: prompt length and hash, tokens, acceptance), so
 a caller can count which worker served what. SIGINT and SIGTERM shut the runtime down, which removes this worker's
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -47,27 +52,156 @@ def _finish_reason(reason: str | None) -> str:
             "error": "error"}.get(reason or "", "stop")
 
 
-def _sampling(request: dict[str, Any]) -> Any:
-    from specbuild.runtime.sampling import SamplingParams
-
+def _sampling(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's sampling options as specbuild's SamplingParams fields (temperature 0 or none: greedy)."""
     options = request.get("sampling_options") or {}
     temperature = options.get("temperature")
     if temperature is None or float(temperature) <= GREEDY_TEMPERATURE:
-        return SamplingParams()
-    fields = {"temperature": float(temperature)}
+        return {}
+    fields: dict[str, Any] = {"temperature": float(temperature)}
     if options.get("top_k"):
         fields["top_k"] = int(options["top_k"])
     if options.get("top_p") is not None:
         fields["top_p"] = float(options["top_p"])
     if options.get("seed") is not None:
         fields["seed"] = int(options["seed"])
-    return SamplingParams(**fields)
+    return fields
+
+
+@dataclass
+class Update:
+    """What the engine process reports for one request (the fields of specbuild.runtime.serving.Update used here)."""
+
+    tokens: list[int]
+    finished: bool
+    reason: str | None
+    accepted_draft_tokens: int
+    draft_tokens: int
+    error: str | None
+
+
+REFUSED = "refused: "
+
+
+def load_engine(settings_file: Path, reference_file: Path) -> Any:
+    """The serving engine the LLM-API settings (the deployment's engine file) ask for, started."""
+    from specbuild.python_models.llmapi_model import load_runner
+
+    settings = yaml.safe_load(settings_file.read_text(encoding="utf-8"))
+    reference = json.loads(reference_file.read_text(encoding="utf-8"))
+    return load_runner(settings, reference, log_info=lambda line: print(line, flush=True)).engine
+
+
+def _engine_main(conn: Connection, settings_file: str, reference_file: str, threads: int) -> None:
+    """The engine process: requests in over `conn`, every update out; exits when the worker closes its end."""
+    from specbuild.python_models.model_threads import set_threads
+
+    set_threads({"torch_threads": str(threads)})  # the bounded threads Triton's python models get
+    from specbuild.runtime.sampling import SamplingParams
+    from specbuild.runtime.serving import EngineRequest
+
+    engine = load_engine(Path(settings_file), Path(reference_file))
+    lock = threading.Lock()
+    handles: dict[int, Any] = {}
+
+    def send(message: tuple[Any, ...]) -> None:
+        with lock:
+            conn.send(message)
+
+    send(("ready", engine.max_seq_len))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        if message[0] == "stop":
+            break
+        if message[0] == "cancel":
+            handle = handles.get(message[1])
+            if handle is not None:
+                handle.cancel()
+            continue
+        _, rid, prompt, max_tokens, sampling, end_id, min_tokens = message
+
+        def on_update(update: Any, rid: int = rid) -> None:
+            send((rid, list(update.tokens), update.finished, update.reason, update.accepted_draft_tokens,
+                  update.draft_tokens, update.error))
+            if update.finished:
+                handles.pop(rid, None)
+
+        try:
+            handles[rid] = engine.submit(EngineRequest(prompt=prompt, max_new_tokens=max_tokens,
+                                                       params=SamplingParams(**sampling), end_id=end_id,
+                                                       min_tokens=min_tokens, on_update=on_update))
+        except ValueError as error:  # the engine's limits, in its words
+            send((rid, [], True, "error", 0, 0, f"{REFUSED}{error}"))
+    engine.stop()
+
+
+class EngineProcess:
+    """specbuild's serving engine in a process of its own. In the Dynamo worker's process the runtime's Python
+    bridge holds the GIL about half the time under load (py-spy, 8 concurrent streams), which halved the engine's
+    tokens/s; Triton's python backend likewise runs a model apart from the server (its stub process)."""
+
+    def __init__(self, settings_file: Path, reference_file: Path, threads: int) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # not fork: the parent has runtime threads
+        self._conn, child = context.Pipe()
+        self.process = context.Process(target=_engine_main, name="specbuild-engine", daemon=True,
+                                       args=(child, str(settings_file), str(reference_file), threads))
+        self.process.start()
+        child.close()
+        ready = self._conn.recv()
+        self.max_seq_len = int(ready[1])
+        self._lock = threading.Lock()
+        self._next = 0
+        self._sinks: dict[int, Any] = {}
+        self.on_exit: Any = None
+        threading.Thread(target=self._read, name="specbuild-engine-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                rid, *fields = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            sink = self._sinks.get(rid)
+            update = Update(*fields)
+            if update.finished:
+                self._sinks.pop(rid, None)
+            if sink is not None:
+                sink(update)
+        for sink in list(self._sinks.values()):  # the engine process is gone: every open request fails
+            sink(Update([], True, "error", 0, 0, "the engine process exited"))
+        if self.on_exit is not None:
+            self.on_exit()
+
+    def submit(self, prompt: list[int], max_tokens: int, sampling: dict[str, Any], end_id: int | None,
+               min_tokens: int, sink: Any) -> int:
+        with self._lock:
+            rid = self._next
+            self._next += 1
+            self._sinks[rid] = sink
+            self._conn.send(("submit", rid, prompt, max_tokens, sampling, end_id, min_tokens))
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        with self._lock:
+            self._conn.send(("cancel", rid))
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError), self._lock:
+            self._conn.send(("stop",))
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
 
 
 class Worker:
-    """One serving engine behind one Dynamo endpoint."""
+    """One engine process behind one Dynamo endpoint."""
 
-    def __init__(self, engine: Any, requests_log: Path | None, index: int) -> None:
+    def __init__(self, engine: EngineProcess, requests_log: Path | None, index: int) -> None:
         self.engine, self.requests_log, self.index = engine, requests_log, index
         self._log_lock = threading.Lock()
 
@@ -83,35 +217,32 @@ class Worker:
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> Any:
         """Dynamo's handler: one engine request, streamed back as token chunks."""
-        from specbuild.runtime.serving import EngineRequest
-
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue: asyncio.Queue[Update] = asyncio.Queue()
         prompt = [int(t) for t in request["token_ids"]]
         stop = request.get("stop_conditions") or {}
         limit = self.engine.max_seq_len - len(prompt)
         max_tokens = int(stop.get("max_tokens") or limit)
         eos = None if stop.get("ignore_eos") else (request.get("eos_token_ids") or [None])[0]
-        engine_request = EngineRequest(prompt=prompt, max_new_tokens=max_tokens, params=_sampling(request),
-                                       end_id=eos, min_tokens=int(stop.get("min_tokens") or 0),
-                                       on_update=lambda update: loop.call_soon_threadsafe(queue.put_nowait, update))
-        try:
-            handle = self.engine.submit(engine_request)
-        except ValueError as error:  # the engine's limits, in its words
-            raise ValueError(f"specbuild reference worker: {error}") from None
+        rid = self.engine.submit(prompt, max_tokens, _sampling(request), eos, int(stop.get("min_tokens") or 0),
+                                 lambda update: loop.call_soon_threadsafe(queue.put_nowait, update))
         tokens: list[int] = []
+        finished = False
         try:
             while True:
                 update = await queue.get()
                 if context is not None and getattr(context, "is_stopped", lambda: False)():
-                    handle.cancel()
+                    self.engine.cancel(rid)
                 tokens += update.tokens
                 if not update.finished:
                     if update.tokens:
                         yield {"token_ids": list(update.tokens)}
                     continue
+                finished = True
                 if update.error:
+                    if update.error.startswith(REFUSED):
+                        raise ValueError(f"specbuild reference worker: {update.error.removeprefix(REFUSED)}")
                     raise RuntimeError(f"specbuild reference worker: {update.error}")
                 self._log(prompt, tokens, update.accepted_draft_tokens, update.draft_tokens,
                           time.perf_counter() - started)
@@ -120,30 +251,23 @@ class Worker:
                                                             update.draft_tokens)}
                 return
         finally:
-            if not handle.done:
-                handle.cancel()
-
-
-def load_engine(settings_file: Path, reference_file: Path) -> Any:
-    """The serving engine the LLM-API settings (the deployment's engine file) ask for, started."""
-    from specbuild.python_models.llmapi_model import load_runner
-
-    settings = yaml.safe_load(settings_file.read_text(encoding="utf-8"))
-    reference = json.loads(reference_file.read_text(encoding="utf-8"))
-    return load_runner(settings, reference, log_info=lambda line: print(line, flush=True)).engine
+            if not finished:
+                self.engine.cancel(rid)
 
 
 async def serve(args: argparse.Namespace) -> None:
     from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime
 
-    engine = load_engine(Path(args.settings), Path(args.reference))
+    engine = EngineProcess(Path(args.settings), Path(args.reference), args.threads)
     worker = Worker(engine, Path(args.requests_log) if args.requests_log else None, args.index)
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
 
     def shutdown(*_: object) -> None:
         runtime.shutdown()
+
+    engine.on_exit = lambda: loop.call_soon_threadsafe(shutdown)  # no engine: leave Dynamo, not serve errors
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, shutdown)
@@ -174,9 +298,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests-log", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
-    from specbuild.python_models.model_threads import set_threads
-
-    set_threads({"torch_threads": str(args.threads)})  # the bounded threads Triton's python models get
     try:  # the event loop Dynamo's own examples run on (hello_world.py: uvloop.install())
         import uvloop
 
