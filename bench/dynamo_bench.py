@@ -8,7 +8,9 @@ reference worker, the same with two, and tritonserver (bundled with nvidia-pytri
 each concurrency (default 1, 8, 16) rounds interleave the three and the median round by tokens/s is kept. Dynamo is
 driven over OpenAI /v1/completions streaming (acceptance from usage.completion_tokens_details), tritonserver over
 gRPC streaming with `specbuild bench`'s client; output tokens are counted with the target's tokenizer for both
-(specbuild.bench.load.TokenCounter), and both are summarised by specbuild.bench.load.summarise.
+(specbuild.bench.load.TokenCounter), and both are summarised by specbuild.bench.load.summarise. Each concurrent
+client keeps one connection (an httpx.Client; gRPC's stream for tritonserver), so no request pays a connection's
+set-up.
 
 Targets: Dynamo with one worker >= 0.9x tritonserver's tokens/s at concurrency 1 (the frontend costs little); two
 workers >= one worker at concurrency 16. Exits 1 on a miss. Writes bench/results/dynamo.json and dynamo.md.
@@ -91,8 +93,8 @@ def openai_load(url: str, model: str, load: Load, counter: TokenCounter, timeout
     results: list[tuple[Generation | None, str | None]] = []
     barrier = threading.Barrier(load.concurrency + 1)
 
-    def send(prompt: str) -> Generation:
-        answer = complete(url, model, prompt, load.max_tokens, stream=True, timeout_s=timeout_s)
+    def send(prompt: str, http: httpx.Client) -> Generation:
+        answer = complete(url, model, prompt, load.max_tokens, stream=True, timeout_s=timeout_s, client=http)
         drafted, accepted = answer.drafted, answer.accepted
         return Generation(text=answer.text, response_times=answer.chunk_times, latency_s=answer.latency_s,
                           reported_tokens=answer.completion_tokens,
@@ -100,24 +102,26 @@ def openai_load(url: str, model: str, load: Load, counter: TokenCounter, timeout
                           accepted_draft_tokens=accepted, draft_tokens=drafted)
 
     def client(index: int) -> None:
-        try:
-            if load.warmup:
-                send(load.prompts[index % len(load.prompts)])
-        except httpx.HTTPError:
-            pass
-        finally:
-            barrier.wait()
-        while True:
-            with lock:
-                job = next(jobs, None)
-            if job is None:
-                return
+        with httpx.Client(timeout=timeout_s) as http:  # one kept-alive connection per client, as run_load's
             try:
-                outcome: tuple[Generation | None, str | None] = (send(load.prompts[job % len(load.prompts)]), None)
-            except httpx.HTTPError as err:
-                outcome = (None, f"{type(err).__name__}: {err}")
-            with lock:
-                results.append(outcome)
+                if load.warmup:
+                    send(load.prompts[index % len(load.prompts)], http)
+            except httpx.HTTPError:
+                pass
+            finally:
+                barrier.wait()
+            while True:
+                with lock:
+                    job = next(jobs, None)
+                if job is None:
+                    return
+                try:
+                    outcome: tuple[Generation | None, str | None] = (
+                        send(load.prompts[job % len(load.prompts)], http), None)
+                except httpx.HTTPError as err:
+                    outcome = (None, f"{type(err).__name__}: {err}")
+                with lock:
+                    results.append(outcome)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(load.concurrency)]
     for thread in threads:

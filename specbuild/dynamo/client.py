@@ -46,10 +46,16 @@ class Completion:
 
 
 def complete(url: str, model: str, prompt: str, max_tokens: int, *, stream: bool = False,
-             timeout_s: float = 120.0, **extra: Any) -> Completion:
+             timeout_s: float = 120.0, client: Any = None, **extra: Any) -> Completion:
     """One greedy completion (temperature 0 unless `extra` says otherwise). Raises httpx.HTTPStatusError with the
-    server's text on a refusal."""
+    server's text on a refusal. `client`: an httpx.Client to reuse (its kept-alive connection); without one a
+    client is made for this request, which costs tens of milliseconds (httpx builds its SSL context each time), so
+    a benchmark passes one per concurrent caller."""
     import httpx
+
+    if client is None:
+        with httpx.Client(timeout=timeout_s) as own:
+            return complete(url, model, prompt, max_tokens, stream=stream, timeout_s=timeout_s, client=own, **extra)
 
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                             "stream": stream, **extra}
@@ -57,7 +63,7 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, *, stream: bool
         body["stream_options"] = {"include_usage": True}
     start = time.perf_counter()
     if not stream:
-        response = httpx.post(f"{url}/v1/completions", json=body, timeout=timeout_s)
+        response = client.post(f"{url}/v1/completions", json=body, timeout=timeout_s)
         response.raise_for_status()
         data = response.json()
         latency = time.perf_counter() - start
@@ -66,7 +72,7 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, *, stream: bool
     parts: list[str] = []
     times: list[float] = []
     usage, reason = None, None
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
+    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
         if response.status_code >= 400:
             response.read()
             response.raise_for_status()
