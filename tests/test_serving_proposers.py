@@ -194,19 +194,27 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[CausalLM, Causa
 
 @pytest.mark.parametrize(("rule", "should_match"), [(None, True), (accept_everything, False)],
                          ids=["rejection-sampling", "wrong-rule"])
-@pytest.mark.parametrize("kind", ["draft", "ngram"])
+@pytest.mark.parametrize("kind", ["draft", "ngram", "eagle3"])
 def test_sampled_outputs_follow_the_target(kind: str, rule: object, should_match: bool,
-                                           tiny_pair: tuple[CausalLM, CausalLM]) -> None:
+                                           tiny_pair: tuple[CausalLM, CausalLM], tmp_path: Path) -> None:
     """Sampling at temperature 1: the tokens at positions 1 and 2 (drafted after the first, accepted or
-    resampled) follow the target's exact marginal; keeping every draft (a wrong rule) does not."""
+    resampled) follow the target's exact marginal; keeping every draft (a wrong rule) does not. For EAGLE-3 a
+    random draft on the target's features (its chain drafts sampled from its own distribution, the q of
+    rejection sampling)."""
     target, draft = tiny_pair
     # For n-grams: a prompt in which every token has a successor, so that whatever the target samples first the
     # lookup drafts (a prompt of few tokens drafts for some first tokens only, and keeping those few drafts does
     # not show), with the pool per request (a public one fills with the other requests' samples, whose drafts
     # follow the target's distribution already).
     prompt = [1, 2, 3, 1, 2, 3, 1, 2] if kind == "draft" else list(range(TINY_VOCAB)) * 2
-    proposer = (ModelProposer(draft, 2) if kind == "draft"
-                else NGramProposer(NGramConfig(2, 3, is_public_pool=False)))
+    proposer: Proposer
+    if kind == "draft":
+        proposer = ModelProposer(draft, 2)
+    elif kind == "ngram":
+        proposer = NGramProposer(NGramConfig(2, 3, is_public_pool=False))
+    else:
+        directory = write_random_draft(tmp_path / "eagle3", target, seed=4, layer_ids=(0, 1), lm_head_scale=40.0)
+        proposer = Eagle3Proposer(Eagle3Draft.from_directory(directory, target), 2)
     engine = ServingEngine(target, max_batch=256, max_seq_len=40, proposer=proposer, accept=rule)  # type: ignore[arg-type]
     handles = [engine.submit(EngineRequest(prompt, 3, SamplingParams(temperature=1.0, seed=i))) for i in range(2500)]
     engine.run_until_idle()
