@@ -33,7 +33,6 @@ from specbuild.contracts import lookahead as la
 from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMAT_NAMES
 from specbuild.dtypes import DTYPES
 from specbuild.dynamo.spec import DynamoSpec, dynamo_issues
-from specbuild.dynamo.spec import DynamoSpec, dynamo_issues
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
 from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
@@ -452,10 +451,6 @@ class DeploySpec(_Section):
     """`triton`: the Triton model repository; `dynamo`: NVIDIA Dynamo's frontend, router and workers
     (`deploy.dynamo`; specbuild.dynamo), served on http_port."""
     dynamo: DynamoSpec = Field(default_factory=DynamoSpec)
-    target: Literal["triton", "dynamo"] = "triton"
-    """`triton`: the Triton model repository; `dynamo`: NVIDIA Dynamo's frontend, router and workers
-    (`deploy.dynamo`; specbuild.dynamo), served on http_port."""
-    dynamo: DynamoSpec = Field(default_factory=DynamoSpec)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> DeploySpec:
@@ -606,7 +601,6 @@ def _spec_mode_issues(spec: PipelineSpec) -> list[Issue]:
     present = {"draft": spec.draft is not None, "medusa": spec.medusa is not None}
     k_given = "num_draft_tokens" in spec.speculative.model_fields_set
     issues = list(_mode_issues(spec.speculative.mode, present, k_given))
-    issues += dynamo_issues(spec)
     issues += dynamo_issues(spec)
     if spec.draft is not None and spec.draft.is_self_draft:
         if spec.speculative.mode != "draft_target":
