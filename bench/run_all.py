@@ -23,7 +23,7 @@ from targets import VERDICTS, says_missed, verdict_file
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "serving_bench", "round_cost_bench",
-           "demo_time_bench", "migrate_bench")
+           "demo_time_bench", "migrate_bench", "dynamo_bench")
 """Every bench/*_bench.py, in the order `make bench` runs them (runtime_bench builds the demo models the later
 ones and the tune tables use)."""
 

@@ -153,7 +153,7 @@ def test_the_trtllm_worker_on_the_engine_flow_and_stray_settings_are_refused(tmp
     data["build"]["flow"] = "engine"
     assert "deploy.dynamo.engine" in _refused(tmp_path, data)
     assert "only used with mode: disaggregated" in _refused(tmp_path, _data(tmp_path, kv_transfer="nixl"))
-    data = _data(tmp_path)
+    data = _data(tmp_path, workers=2)  # a setting for Dynamo in a Triton deployment (a defaults-only section is none)
     data["deploy"]["target"] = "triton"
     assert "only used with deploy.target: dynamo" in _refused(tmp_path, data)
 

@@ -245,7 +245,8 @@ def judged(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path
     return Judged(specs, exports, refused, probes, _run_checkers(root, cases))
 
 
-WRITTEN = ("demo-eagle3", "demo-plain", "demo-pytorch", "ngram", "draft-tp2", "fp8-pytorch", "fp8-engine")
+WRITTEN = ("demo-dynamo", "demo-eagle3", "demo-plain", "demo-pytorch", "ngram", "draft-tp2", "fp8-pytorch",
+           "fp8-engine")
 """What specbuild writes for both engines (each engine must accept it); the rest it refuses, for both."""
 REFUSED = ("demo", "demo-lookahead", "demo-medusa", "demo-medusa2", "demo-self-draft", "medusa-pytorch")
 ALL_SPECS = (*WRITTEN, *REFUSED)

@@ -84,7 +84,8 @@ def dynamo_issues(spec: PipelineSpec) -> list[Issue]:
     """Why this spec's Dynamo deployment cannot run (empty when it can, or when the target is not Dynamo)."""
     deploy = spec.deploy
     if deploy.target != "dynamo":
-        if "dynamo" in deploy.model_fields_set:
+        # A section with only defaults is no request (a dumped spec re-validated holds one)
+        if "dynamo" in deploy.model_fields_set and deploy.dynamo != DynamoSpec():
             return [(("deploy", "dynamo"), "only used with deploy.target: dynamo (set it, or remove the section)",
                      None)]
         return []
