@@ -1,5 +1,5 @@
 """PyTorch-flow (llmapi) repositories on the reference backend batch concurrent speculative requests, served by a
-real tritonserver: EAGLE-3 (chain, and the `eagle_choices` tree), Draft_Target and NGram each run in the one
+real tritonserver: EAGLE-3 (chain, and the `eagle_choices` tree), Draft_Target, NGram and SA each run in the one
 serving engine, so requests sent at once share its target forwards.
 
 Batching is read from the engine's own counters, which the llmapi model publishes as Triton metrics
@@ -27,7 +27,7 @@ from tests.test_llmapi_served import _deploy
 
 pytestmark = pytest.mark.tritonserver
 MAX_TOKENS = 24
-MODELS = ("eagle3", "eagle3_tree", "draft_target", "ngram")
+MODELS = ("eagle3", "eagle3_tree", "draft_target", "ngram", "sa")
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
 
@@ -45,10 +45,12 @@ def _repositories(root: Path, models: dict[str, Path], eagle3_draft: Path) -> di
 
 def _one_server_repository(root: Path, repositories: dict[str, Path]) -> Path:
     """Each deployed repository's tensorrt_llm as a model of its own name; eagle3_tree is eagle3's with
-    speculative_config.eagle_choices set in its model.yaml (TensorRT-LLM's EagleDecodingConfig field)."""
+    speculative_config.eagle_choices set in its model.yaml (TensorRT-LLM's EagleDecodingConfig field); sa is
+    ngram's with the speculative_config of TensorRT-LLM's SADecodingConfig (decoding_type SA, no spec mode writes
+    it yet)."""
     combined = root / "combined"
     for name in MODELS:
-        source = repositories["eagle3" if name == "eagle3_tree" else name] / "tensorrt_llm"
+        source = repositories[{"eagle3_tree": "eagle3", "sa": "ngram"}.get(name, name)] / "tensorrt_llm"
         shutil.copytree(source, combined / name, ignore=shutil.ignore_patterns("__pycache__"))
         config = combined / name / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "tensorrt_llm"', f'name: "{name}"'))
@@ -56,6 +58,11 @@ def _one_server_repository(root: Path, repositories: dict[str, Path]) -> Path:
             settings_path = combined / name / "1" / "model.yaml"
             settings = yaml.safe_load(settings_path.read_text())
             settings["speculative_config"]["eagle_choices"] = TREE
+            settings_path.write_text(yaml.safe_dump(settings))
+        if name == "sa":
+            settings_path = combined / name / "1" / "model.yaml"
+            settings = yaml.safe_load(settings_path.read_text())
+            settings["speculative_config"] = {"decoding_type": "SA", "max_draft_len": 4, "max_matching_ngram_size": -1}
             settings_path.write_text(yaml.safe_dump(settings))
     return combined
 
@@ -141,6 +148,6 @@ def test_concurrent_requests_join_one_batch(served: tuple[Any, dict[str, str]], 
     assert after["admitted"] - before.get("admitted", 0) == len(jobs)
     assert after["batched_forwards"] > before.get("batched_forwards", 0)
     assert after["max_rows"] >= 2
-    if model != "ngram":
+    if model not in ("ngram", "sa"):
         assert after["draft_rows"] - before.get("draft_rows", 0) > after["draft_forwards"] - before.get(
             "draft_forwards", 0)  # the draft, too, ran for several requests at once
