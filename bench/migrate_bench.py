@@ -2,7 +2,7 @@
 forward on the reference runtime (greedy, CPU), before and after.
 
 For configs/demo-medusa.yaml (Medusa -> EAGLE-3) and configs/demo-lookahead.yaml (Lookahead -> NGram): the spec is
-migrated into bench/work/migrate/, then `specbuild.tune.migrate_measure.measure_migration` (what `specbuild
+migrated into bench/work/migrate/, then `specbuild.migrate.measure.measure_migration` (what `specbuild
 migrate` prints) runs plain greedy, the old method and the new one on the same calibration prompts. The migrated
 Medusa spec names an EAGLE-3 draft that `specbuild eagle train` would write; the bench points it at the demo's
 EAGLE-3 draft (demo/models/eagle3-draft, trained on the same target) instead of training one here.
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from specbuild.demo.models import build_demo_models
+    from specbuild.migrate.measure import measure_migration
+    from specbuild.migrate.rewrite import migrate_spec
     from specbuild.spec import load_spec
-    from specbuild.spec.migrate import migrate_spec
-    from specbuild.tune.migrate_measure import measure_migration
 
     start = time.perf_counter()
     models = build_demo_models(ROOT / "demo" / "models")

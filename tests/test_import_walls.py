@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specbuild"
 
-STAGES = frozenset({"convert", "build", "tune", "deploy", "serve", "bench", "demo", "export"})
+STAGES = frozenset({"convert", "build", "tune", "deploy", "serve", "bench", "demo", "export", "dynamo", "migrate"})
 """The pipeline's stages: each meets the others through the files it writes and the neutral modules."""
 
 NEUTRAL = frozenset({
@@ -48,6 +48,12 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     "bench": {},
     "demo": {},
     "export": {},  # reads the spec and the HF checkpoints it names (no stage output but the quantized draft)
+    # Dynamo's launch and manifests: each worker's engine settings from the one writer of each engine's settings
+    "dynamo": {"deploy": ("specbuild.deploy.llmapi",), "export": ("specbuild.export",),
+               "serve": ("specbuild.serve.launch",)},  # the same child-process launch as tritonserver
+    # a spec rewritten in place (tune's YAML editor), measured with tune's prompts on checkpoints convert writes
+    "migrate": {"tune": ("specbuild.tune.spec_edit", "specbuild.tune.measure"),
+                "convert": ("specbuild.convert.pipeline", "specbuild.convert.request")},
 }
 """Which other stages a stage may import, and through which of their modules (that stage's public face)."""
 

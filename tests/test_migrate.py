@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from specbuild.cli.app import app
 from specbuild.contracts import llm_api
 from specbuild.errors import SpecbuildError
+from specbuild.migrate.rewrite import migrate_spec
 from specbuild.spec import load_spec
-from specbuild.spec.migrate import migrate_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -96,7 +96,7 @@ def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
 def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_models: dict[str, Path]) -> None:
     """migrate's measurement: plain greedy is one token per target forward, Lookahead (before) and NGram (after)
     each output exactly the plain greedy tokens, and each speculative figure is its counted tokens / forwards."""
-    from specbuild.tune.migrate_measure import measure_migration
+    from specbuild.migrate.measure import measure_migration
 
     out = tmp_path / "la.yaml"
     migrate_spec(CONFIGS / "demo-lookahead.yaml", out)

@@ -466,7 +466,7 @@ def _unconverted_spec(tmp_path: Path, flow: str, mode: str) -> Path:
     ("engine", "ngram", "'ngram', which `specbuild tune` cannot measure", "set speculative.num_draft_tokens"),
     ("pytorch", "draft_target", "build.flow is pytorch with build.backend auto, which `specbuild tune` cannot "
      "measure", "tune a copy of the spec with build.backend: reference"),
-    ("pytorch", "medusa", "Medusa runs only on the engine flow", "set build.flow: engine"),
+    ("pytorch", "medusa", "has no Medusa", "keep Medusa on build.flow: engine"),
 ])
 def test_tune_refuses_what_it_cannot_measure_without_a_loop(tmp_path: Path, flow: str, mode: str, says: str,
                                                             fix: str) -> None:

@@ -1,4 +1,4 @@
-"""`specbuild migrate`: an engine-flow spec rewritten for a PyTorch-flow TensorRT-LLM line (specbuild.spec.migrate)."""
+"""`specbuild migrate`: an engine-flow spec rewritten for a PyTorch-flow TensorRT-LLM line (specbuild.migrate)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def migrate(
     EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead -> NGram, an int8_sq draft -> fp8, the
     load-aware schedule carried over, engine-only settings dropped; comments are kept. Then run `specbuild
     validate OUT.yaml`."""
-    from specbuild.spec.migrate import migrate_spec
+    from specbuild.migrate.rewrite import migrate_spec
 
     with handled_errors():
         migration = migrate_spec(spec_path, out, line=line, to=to)
@@ -50,8 +50,8 @@ def migrate(
         else:
             console.print(f"next: {shlex.join(migration.train_command)}  (or rerun with --train)")
     if measure:
+        from specbuild.migrate.measure import figures_table, measure_migration
         from specbuild.spec import load_spec
-        from specbuild.tune.migrate_measure import figures_table, measure_migration
 
         with handled_errors():
             figures = measure_migration(load_spec(spec_path), load_spec(out), text=text)

@@ -32,9 +32,9 @@ from pydantic import (
 from specbuild.contracts import lookahead as la
 from specbuild.contracts.quant_formats import FORMAT_NAMES, KV_FORMAT_NAMES
 from specbuild.dtypes import DTYPES
-from specbuild.dynamo.spec import DynamoSpec, dynamo_issues
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
+from specbuild.spec.dynamo import KV_TRANSFERS, DynamoSpec
 from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
 from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES, as_paths, load_preset
 from specbuild.spec.problems import (
@@ -633,3 +633,42 @@ def raw_mode_issues(data: dict[str, Any]) -> list[Issue]:
         return []
     present = {section: data.get(section) is not None for section in ("draft", "medusa")}
     return list(_mode_issues(mode, present, "num_draft_tokens" in speculative))
+
+
+def dynamo_issues(spec: PipelineSpec) -> list[Issue]:
+    """Why this spec's Dynamo deployment cannot run (empty when it can, or when the target is not Dynamo)."""
+    deploy = spec.deploy
+    if deploy.target != "dynamo":
+        # A section with only defaults is no request (a dumped spec re-validated holds one)
+        if "dynamo" in deploy.model_fields_set and deploy.dynamo != DynamoSpec():
+            return [(("deploy", "dynamo"), "only used with deploy.target: dynamo (set it, or remove the section)",
+                     None)]
+        return []
+    dynamo, issues = deploy.dynamo, []
+    here = ("deploy", "dynamo")
+    given = dynamo.model_fields_set
+    if dynamo.engine == "trtllm" and spec.build.flow != "pytorch":
+        issues.append(((*here, "engine"), "Dynamo's TensorRT-LLM worker (python -m dynamo.trtllm) runs the LLM API's "
+                       "PyTorch backend, and build.flow is 'engine' (set build.flow: pytorch, or engine: vllm or "
+                       "sglang)", None))
+    gpus = spec.build.world_size
+    if gpus > dynamo.gpus_per_node:
+        issues.append((("build", "tp_size"), f"a Dynamo worker needs tp_size x pp_size = {gpus} GPUs on one node, and "
+                       f"deploy.dynamo.gpus_per_node is {dynamo.gpus_per_node} (specbuild writes no multinode "
+                       "workers: lower tp_size/pp_size, or raise gpus_per_node to your nodes' count)", None))
+    if dynamo.mode == "disaggregated":
+        if dynamo.kv_transfer is None:
+            issues.append(((*here, "kv_transfer"), "required with mode: disaggregated (how the KV cache moves from "
+                           f"prefill to decode workers; {dynamo.engine}: "
+                           f"{', '.join(KV_TRANSFERS[dynamo.engine])})", None))
+        elif dynamo.kv_transfer not in KV_TRANSFERS[dynamo.engine]:
+            issues.append(((*here, "kv_transfer"), f"{dynamo.kv_transfer!r} is not a KV transfer {dynamo.engine} "
+                           f"takes (one of {', '.join(KV_TRANSFERS[dynamo.engine])})", None))
+        if "workers" in given:
+            issues.append(((*here, "workers"), "only used with mode: aggregated (set prefill_workers and "
+                           "decode_workers)", None))
+    else:
+        for name in ("prefill_workers", "decode_workers", "kv_transfer"):
+            if name in given:
+                issues.append(((*here, name), "only used with mode: disaggregated", None))
+    return issues

@@ -14,14 +14,11 @@ Facts the checks rest on:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from specbuild.spec.fields import Count
-
-if TYPE_CHECKING:
-    from specbuild.spec.schema import PipelineSpec
 
 Engine = Literal["trtllm", "vllm", "sglang"]
 KvTransfer = Literal["nixl", "ucx", "mpi", "mooncake"]
@@ -75,45 +72,3 @@ class DynamoSpec(BaseModel):
         if self.mode == "aggregated":
             return {"worker": self.workers}
         return {"prefill": self.prefill_workers, "decode": self.decode_workers}
-
-
-Issue = tuple[tuple[Any, ...], str, Any]
-
-
-def dynamo_issues(spec: PipelineSpec) -> list[Issue]:
-    """Why this spec's Dynamo deployment cannot run (empty when it can, or when the target is not Dynamo)."""
-    deploy = spec.deploy
-    if deploy.target != "dynamo":
-        # A section with only defaults is no request (a dumped spec re-validated holds one)
-        if "dynamo" in deploy.model_fields_set and deploy.dynamo != DynamoSpec():
-            return [(("deploy", "dynamo"), "only used with deploy.target: dynamo (set it, or remove the section)",
-                     None)]
-        return []
-    dynamo, issues = deploy.dynamo, []
-    here = ("deploy", "dynamo")
-    given = dynamo.model_fields_set
-    if dynamo.engine == "trtllm" and spec.build.flow != "pytorch":
-        issues.append(((*here, "engine"), "Dynamo's TensorRT-LLM worker (python -m dynamo.trtllm) runs the LLM API's "
-                       "PyTorch backend, and build.flow is 'engine' (set build.flow: pytorch, or engine: vllm or "
-                       "sglang)", None))
-    gpus = spec.build.world_size
-    if gpus > dynamo.gpus_per_node:
-        issues.append((("build", "tp_size"), f"a Dynamo worker needs tp_size x pp_size = {gpus} GPUs on one node, and "
-                       f"deploy.dynamo.gpus_per_node is {dynamo.gpus_per_node} (specbuild writes no multinode "
-                       "workers: lower tp_size/pp_size, or raise gpus_per_node to your nodes' count)", None))
-    if dynamo.mode == "disaggregated":
-        if dynamo.kv_transfer is None:
-            issues.append(((*here, "kv_transfer"), "required with mode: disaggregated (how the KV cache moves from "
-                           f"prefill to decode workers; {dynamo.engine}: "
-                           f"{', '.join(KV_TRANSFERS[dynamo.engine])})", None))
-        elif dynamo.kv_transfer not in KV_TRANSFERS[dynamo.engine]:
-            issues.append(((*here, "kv_transfer"), f"{dynamo.kv_transfer!r} is not a KV transfer {dynamo.engine} "
-                           f"takes (one of {', '.join(KV_TRANSFERS[dynamo.engine])})", None))
-        if "workers" in given:
-            issues.append(((*here, "workers"), "only used with mode: aggregated (set prefill_workers and "
-                           "decode_workers)", None))
-    else:
-        for name in ("prefill_workers", "decode_workers", "kv_transfer"):
-            if name in given:
-                issues.append(((*here, name), "only used with mode: disaggregated", None))
-    return issues
