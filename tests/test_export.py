@@ -470,3 +470,16 @@ def test_engine_flow_fp8_is_applied_while_loading_and_says_so(tmp_path: Path) ->
     assert (flags["--speculative-draft-model-path"], flags["--speculative-draft-model-quantization"]) == (
         str(spec.draft.model), "fp8")
     assert any("while loading" in note and "build.flow: pytorch" in note for note in result.plan.notes)
+
+
+@pytest.mark.parametrize(("engine", "says"), [("vllm", "Arctic Inference's suffix decoding"),
+                                              ("sglang", "SGLang has no suffix-automaton drafting")])
+def test_sa_is_refused_with_the_nearest_method(tmp_path: Path, engine: str, says: str) -> None:
+    """TensorRT-LLM's SA has no counterpart in either engine (vLLM 0.33's `suffix` method is another algorithm,
+    vllm/config/speculative.py's suffix_decoding_* settings over arctic_inference; SGLang 0.5.23's algorithms are
+    EAGLE, EAGLE3, STANDALONE, NGRAM, NEXTN): refused, naming ngram instead, and nothing is written."""
+    spec = _spec(tmp_path, "sa", build={"flow": "pytorch"})
+    with pytest.raises(ExportRefused, match=says) as refused:
+        export_spec(spec, engine, tmp_path / "out")
+    assert "speculative.mode ngram" in str(refused.value.hint)
+    assert not (tmp_path / "out").exists()

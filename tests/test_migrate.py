@@ -93,19 +93,21 @@ def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
     assert out.read_text() == "kept\n"
 
 
-def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_models: dict[str, Path]) -> None:
-    """migrate's measurement: plain greedy is one token per target forward, Lookahead (before) and NGram (after)
-    each output exactly the plain greedy tokens, and each speculative figure is its counted tokens / forwards."""
+@pytest.mark.parametrize("to", ["ngram", "sa"])
+def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_models: dict[str, Path], to: str) -> None:
+    """migrate's measurement: plain greedy is one token per target forward, Lookahead (before) and NGram or SA
+    (after) each output exactly the plain greedy tokens, and each speculative figure is its counted tokens /
+    forwards."""
     from specbuild.migrate.measure import measure_migration
 
     out = tmp_path / "la.yaml"
-    migrate_spec(CONFIGS / "demo-lookahead.yaml", out)
+    migrate_spec(CONFIGS / "demo-lookahead.yaml", out, to=to)
     figures = measure_migration(load_spec(CONFIGS / "demo-lookahead.yaml"), load_spec(out), prompts=2,
                                 prompt_tokens=24, new_tokens=16)
     plain, before, after = figures
     assert (plain.role, before.role, after.role) == ("plain", "before", "after")
     assert plain.tokens_per_target_forward == 1.0
-    assert before.method.startswith("lookahead") and after.method.startswith("ngram")
+    assert before.method.startswith("lookahead") and after.method.startswith(to)
     for figure in (before, after):
         assert figure.same_as_plain_greedy is True and figure.generated_tokens == 2 * 16
         assert figure.tokens_per_target_forward == figure.generated_tokens / figure.target_forwards >= 1.0
@@ -113,9 +115,10 @@ def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_mode
 
 @pytest.mark.tritonserver
 def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_models: dict[str, Path]) -> None:
-    """demo-lookahead migrated (NGram on the newest line), on the reference backend: convert, build and deploy
-    write the llmapi repository with the line's names, and a real tritonserver answers every prompt with the
-    target's plain greedy completion (the reference runtime's, outside Triton, on the checkpoint convert wrote)."""
+    """demo-lookahead migrated to SA (suffix-automaton drafting, on the newest line), on the reference backend:
+    convert, build and deploy write the llmapi repository with the line's names, and a real tritonserver answers
+    every prompt with the target's plain greedy completion (the reference runtime's, outside Triton, on the
+    checkpoint convert wrote). (The NGram repository is served in test_llmapi_batched_served.)"""
     import json
 
     import torch
@@ -131,7 +134,7 @@ def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_mod
     from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, http_post
 
     out = tmp_path / "la.yaml"
-    migrate_spec(CONFIGS / "demo-lookahead.yaml", out)
+    migrate_spec(CONFIGS / "demo-lookahead.yaml", out, to="sa")
     data = yaml.safe_load(out.read_text())
     data["output_dir"] = str(tmp_path / "build")
     data["target"]["model"] = str(demo_models["target"])
@@ -142,7 +145,7 @@ def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_mod
     build_llm_api(spec)
     repository = deploy_llm_api(spec).repository
     written = yaml.safe_load((repository / llm_api.LLMAPI_MODEL_YAML).read_text())
-    assert written["speculative_config"]["decoding_type"] == "NGram"
+    assert written["speculative_config"]["decoding_type"] == "SA"
 
     tokenizer = load_tokenizer(demo_models["target"])
     model = CausalLM.from_checkpoint(spec.checkpoint_dir("target"))

@@ -153,3 +153,27 @@ def test_written_files_carry_the_lines_names(tmp_path: Path, demo_models: dict[s
                                                   llm_api.LINES[line])) == []
         expected = {3: 3} if line == "1.3" else {1: 3, 4: 0}
         assert {int(k): v for k, v in model_yaml["speculative_config"]["draft_len_schedule"].items()} == expected
+
+
+def test_sa_is_a_1_3_mode_with_its_own_settings(tmp_path: Path) -> None:
+    """speculative.mode sa is 1.3's SADecodingConfig (decoding_type "SA", its fields max_matching_ngram_size,
+    enable_global_pool, global_pool_size; validate_sa_config's refusals of a 0 n-gram size and of a pool size
+    without the pool); 1.2's llm_args.py has no SA, so it is refused there with what to use; the engine flow
+    refuses it with supports_backend's reason."""
+    spec = _spec(tmp_path, "1.3", "sa", num_draft_tokens=4, sa={"max_matching_ngram_size": 3})
+    args = llm_api.llm_args(spec)
+    assert args["speculative_config"] == {"decoding_type": "SA", "max_draft_len": 4, "max_matching_ngram_size": 3,
+                                          "enable_global_pool": False}
+    assert list(llm_api.settings_problems(args, llm_api.LINE_1_3)) == []
+    [(_, old)] = llm_api.flow_problems(_spec(tmp_path, "1.2", "sa"))
+    assert "TensorRT-LLM 1.2 has no SA" in old and "mode: ngram" in old
+    for bad, says in (({"max_matching_ngram_size": 0}, "must be > 0"),
+                      ({"global_pool_size": 8}, "only used with enable_global_pool")):
+        with pytest.raises(SpecValidationError, match=says):
+            _spec(tmp_path, "1.3", "sa", sa=bad)
+    with pytest.raises(SpecValidationError, match="given, but mode is 'ngram'"):
+        _spec(tmp_path, "1.3", "ngram", sa={})
+    engine = parse_spec({"name": "e", "target": {"model": str(tmp_path)}, "speculative": {"mode": "sa"},
+                         "build": {"max_batch_size": 1, "max_input_len": 8, "max_output_len": 8}}, tmp_path / "e.yaml")
+    [(_, message)] = llm_api.flow_problems(engine)
+    assert "sa runs only on the PyTorch backend" in message

@@ -19,7 +19,8 @@ def migrate(
     spec_path: Spec,
     out: Annotated[Path, typer.Argument(metavar="OUT", help="Where to write the new spec, a .yaml file (never SPEC).")],
     line: Annotated[str, typer.Option("--line", help="TensorRT-LLM line of the new spec.")] = NEWEST_TRTLLM_LINE,
-    to: Annotated[str, typer.Option("--to", help="What Lookahead becomes: ngram.")] = "ngram",
+    to: Annotated[str, typer.Option("--to", help="What Lookahead becomes: ngram (prompt lookup) or sa "
+                                    "(suffix automaton).")] = "ngram",
     train: Annotated[bool, typer.Option("--train", help="Medusa -> EAGLE-3: run `specbuild eagle train` on the "
                                         "target now, into the directory the new spec names.")] = False,
     measure: Annotated[bool, typer.Option("--measure/--no-measure", help="Measure tokens per target forward of the "

@@ -39,7 +39,7 @@ from specbuild.contracts.quant_formats import FORMATS, PYTORCH_LINEAR_SOURCE
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
 from specbuild.spec.problems import Loc
-from specbuild.spec.schema import NEWEST_TRTLLM_LINE, Eagle3Spec, NGramSpec, TrtllmLine
+from specbuild.spec.schema import NEWEST_TRTLLM_LINE, Eagle3Spec, NGramSpec, SASpec, TrtllmLine
 
 LLMAPI_MODEL_SOURCE = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/ (config.pbtxt @0a710573, "
                        "1/model.yaml @0ebb1536, 1/model.py @044a90d2)")
@@ -130,6 +130,8 @@ LINE_1_2 = Line(
     ),
     mode_types={"draft_target": "DraftTarget", "eagle3": "Eagle", "ngram": "NGram", "medusa": "Medusa",
                 "lookahead": "Lookahead"},
+    missing_modes={"sa": "TensorRT-LLM 1.2 has no SA (no SADecodingConfig in its llm_args.py): set build.trtllm: "
+                         "'1.3', or use speculative.mode: ngram"},
     acceptance_fields=("acceptance_window", "acceptance_length_threshold"),
     engine_flow=True,
     writes_eagle3_one_model=True,
@@ -274,6 +276,8 @@ def speculative_config(spec: PipelineSpec) -> dict[str, Any] | None:
     if speculative.mode == "ngram":
         ngram = speculative.ngram or NGramSpec()
         config.update(ngram.model_dump())
+    if speculative.mode == "sa":
+        config.update((speculative.sa or SASpec()).model_dump(exclude_none=True))
     if speculative.mode == "eagle3":
         eagle3 = speculative.eagle3 or Eagle3Spec()
         if line.writes_eagle3_one_model:

@@ -138,6 +138,12 @@ def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
                      "SGLang has no Lookahead decoding: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM "
                      f"and NEXTN ({SGLANG_SPECULATIVE_DOCS})",
                      hint="serve it with TensorRT-LLM (`specbuild deploy`), or export speculative.mode ngram")
+    elif mode == "sa":
+        raise refuse(spec, DISPLAY, "speculative.mode sa",
+                     "SGLang has no suffix-automaton drafting: --speculative-algorithm takes EAGLE, EAGLE3, "
+                     f"STANDALONE, NGRAM and NEXTN ({SGLANG_SPECULATIVE_DOCS})",
+                     hint="serve it with TensorRT-LLM's PyTorch backend (`specbuild deploy`), or export "
+                          "speculative.mode ngram")
     elif mode != "none":
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to SGLang yet")
     if mode != "none":

@@ -142,6 +142,12 @@ def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
                      f"({VLLM_SPECULATIVE})",
                      hint="serve it with TensorRT-LLM (`specbuild deploy`), or export speculative.mode ngram, the "
                           "nearest draft-free method vLLM has")
+    elif mode == "sa":
+        raise refuse(spec, DISPLAY, "speculative.mode sa",
+                     "vLLM has no suffix-automaton drafting as TensorRT-LLM's SA runs it (its `suffix` method is "
+                     "Arctic Inference's suffix decoding, another algorithm with other settings)",
+                     hint="serve it with TensorRT-LLM's PyTorch backend (`specbuild deploy`), or export "
+                          "speculative.mode ngram, the nearest draft-free method vLLM has")
     else:
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to vLLM yet")
     if speculative is not None:

@@ -83,7 +83,14 @@ def measure_migration(old: PipelineSpec, new: PipelineSpec, *, text: Path | None
     import torch
 
     from specbuild.runtime.model import CausalLM
-    from specbuild.runtime.proposers import Eagle3Proposer, ModelProposer, NGramConfig, NGramProposer
+    from specbuild.runtime.proposers import (
+        Eagle3Proposer,
+        ModelProposer,
+        NGramConfig,
+        NGramProposer,
+        SAConfig,
+        SAProposer,
+    )
     from specbuild.tokenizer import load_tokenizer
     from specbuild.tune.measure import calibration_prompts
 
@@ -129,6 +136,10 @@ def measure_migration(old: PipelineSpec, new: PipelineSpec, *, text: Path | None
                 ngram = speculative.ngram
                 settings = ngram.model_dump() if ngram is not None else {}
                 run = _serve(target, ids, new_tokens, proposer=lambda: NGramProposer(NGramConfig(k, **settings)))
+            elif mode == "sa":
+                sa = speculative.sa
+                sa_settings = sa.model_dump(exclude_none=True) if sa is not None else {}
+                run = _serve(target, ids, new_tokens, proposer=lambda: SAProposer(SAConfig(k, **sa_settings)))
             elif mode == "eagle3" and spec.draft is not None and spec.draft.model is not None:
                 if not (Path(spec.draft.model) / "config.json").is_file():
                     figures.append(Figure(role, name, None, note=f"no EAGLE-3 draft at {spec.draft.model} yet: "

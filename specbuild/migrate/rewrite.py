@@ -104,8 +104,8 @@ def migrate_text(spec: PipelineSpec, text: str, *, line: str = NEWEST_TRTLLM_LIN
         later = [each for each in get_args(TrtllmLine) if each != ENGINE_TRTLLM_LINE]
         raise SpecError(f"--line {line}: migrate writes a PyTorch-flow spec for a line after {ENGINE_TRTLLM_LINE}: "
                         f"{', '.join(later)}")
-    if to != "ngram":
-        raise SpecError(f"--to {to}: Lookahead migrates to ngram; the SA mode is not a spec mode yet")
+    if to not in ("ngram", "sa"):
+        raise SpecError(f"--to {to}: Lookahead migrates to ngram (prompt lookup) or sa (suffix automaton)")
     if spec.draft is not None and spec.draft.source == "target_layers":
         raise SpecError(f"{where}: draft.source target_layers (a self-draft) is written as a TensorRT-LLM checkpoint "
                         "and needs build.flow: engine; there is no PyTorch-flow form of it",
@@ -136,14 +136,20 @@ def migrate_text(spec: PipelineSpec, text: str, *, line: str = NEWEST_TRTLLM_LIN
     elif mode == "lookahead":
         la = speculative.lookahead
         n = la.ngram_size if la is not None else 3
-        k, new_mode = n, "ngram"
-        edits.append(_replace_entry(text, root, ("speculative", "lookahead"),
-                                    "ngram: {max_matching_ngram_size: " + str(max(n - 1, 1)) + "}"))
-        notes.append(f"Lookahead -> NGram (K {k} = the n-gram size N, matching on N - 1 = {max(n - 1, 1)} tokens): "
-                     f"TensorRT-LLM {line} has no Lookahead; both need no draft")
+        k, new_mode = n, to
+        if to == "ngram":
+            edits.append(_replace_entry(text, root, ("speculative", "lookahead"),
+                                        "ngram: {max_matching_ngram_size: " + str(max(n - 1, 1)) + "}"))
+            notes.append(f"Lookahead -> NGram (K {k} = the n-gram size N, matching on N - 1 = {max(n - 1, 1)} "
+                         f"tokens): TensorRT-LLM {line} has no Lookahead; both need no draft")
+        else:  # SA's default: the longest suffix match over the request's own tokens
+            edits.append(_replace_entry(text, root, ("speculative", "lookahead"),
+                                        "sa: {max_matching_ngram_size: -1}"))
+            notes.append(f"Lookahead -> SA (K {k} = the n-gram size N, the longest suffix match): TensorRT-LLM "
+                         f"{line} has no Lookahead; both need no draft")
     if new_mode != mode:
         edits.append(spec_edit.set_value(text, root, ("speculative", "mode"), new_mode))
-    if new_mode in ("eagle3", "ngram") and mode != new_mode:
+    if new_mode in ("eagle3", "ngram", "sa") and mode != new_mode:
         edits.append(spec_edit.set_value(text, root, ("speculative", "num_draft_tokens"), str(k)))
     schedule = _carried_schedule(speculative.draft_len_schedule, k)
     if schedule is not None and schedule != speculative.draft_len_schedule:

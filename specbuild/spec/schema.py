@@ -52,11 +52,12 @@ MAX_DRAFT_TOKENS = 64
 """Upper bound for `speculative.num_draft_tokens` (K); TensorRT-LLM examples use 4-10."""
 ROLES = ("target", "draft", "medusa")
 
-SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "eagle3", "lookahead"]
-"""`ngram` (prompt lookup, no draft model) and `eagle3` (an EAGLE-3 draft checkpoint in `draft.model`) run only on
-`build.flow: pytorch`; `specbuild validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason.
+SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "sa", "eagle3", "lookahead"]
+"""`ngram` (prompt lookup, no draft model), `sa` (suffix-automaton drafting, no draft model; TensorRT-LLM 1.3 on)
+and `eagle3` (an EAGLE-3 draft checkpoint in `draft.model`) run only on `build.flow: pytorch`; `specbuild
+validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason.
 `lookahead` (Lookahead decoding, no draft model; `speculative.lookahead`) runs only on the engine flow."""
-K_MODES = ("draft_target", "ngram", "eagle3")
+K_MODES = ("draft_target", "ngram", "sa", "eagle3")
 """Modes whose draft length is `speculative.num_draft_tokens` (K)."""
 DRAFT_MODES = ("draft_target", "eagle3")
 """Modes that read a `draft:` checkpoint (a draft model, or an EAGLE-3 draft head)."""
@@ -262,6 +263,36 @@ class NGramSpec(_Section):
     """One pool shared by all requests, else one per request."""
 
 
+class SASpec(_Section):
+    """Suffix-automaton drafting (`speculative.mode: sa`), named as TensorRT-LLM's `SADecodingConfig`
+    (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.3 line); the draft length is
+    `speculative.num_draft_tokens` (its max_draft_len). The reference runtime's proposer is
+    specbuild.runtime.suffix_automaton."""
+
+    max_matching_ngram_size: Annotated[int, Strict()] = -1
+    """-1: propose after the longest suffix match; n > 0: try suffixes of n tokens down to 1 (0 is refused)."""
+    enable_global_pool: Annotated[bool, Strict()] = False
+    """Also match against the other requests' automata (active and recently completed ones)."""
+    global_pool_size: Annotated[int, Strict(), Field(ge=1)] | None = None
+    """Completed requests kept in the global pool (needs enable_global_pool). Default: max(64, max_batch_size)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SASpec:
+        issues: list[Issue] = []
+        n = self.max_matching_ngram_size
+        if n == 0 or n < -1:
+            issues.append((("max_matching_ngram_size",), f"must be > 0 (a fixed n-gram) or -1 (the longest match); "
+                           f"got {n}", None))
+        elif self.enable_global_pool and n > 64:
+            issues.append((("max_matching_ngram_size",), "must be -1 or in [1, 64] with enable_global_pool "
+                           f"(got {n})", None))
+        if self.global_pool_size is not None and not self.enable_global_pool:
+            issues.append((("global_pool_size",), "only used with enable_global_pool: true", None))
+        if issues:
+            raise_issues(issues)
+        return self
+
+
 class Eagle3Spec(_Section):
     """EAGLE-3 drafting (`speculative.mode: eagle3`), named as TensorRT-LLM 1.2's `EagleDecodingConfig` with an
     EAGLE-3 draft (llm_args.py); `draft.model` is the EAGLE-3 HF draft checkpoint and `speculative.num_draft_tokens`
@@ -314,6 +345,8 @@ class SpeculativeSpec(_Section):
     or the LLM API's `max_draft_len` on the PyTorch flow)."""
     ngram: NGramSpec | None = None
     """Settings of `mode: ngram`; default NGramDecodingConfig's defaults."""
+    sa: SASpec | None = None
+    """Settings of `mode: sa`; default SADecodingConfig's defaults (longest match, no global pool)."""
     eagle3: Eagle3Spec | None = None
     """Settings of `mode: eagle3`; default EagleDecodingConfig's defaults."""
     lookahead: LookaheadSpec | None = None
@@ -358,7 +391,7 @@ class SpeculativeSpec(_Section):
                        for problem in schedule_problems(self.draft_len_schedule, self.num_draft_tokens)]
         if self.mode == "lookahead":
             issues += _lookahead_issues(self)
-        for section in ("ngram", "eagle3", "lookahead"):
+        for section in ("ngram", "sa", "eagle3", "lookahead"):
             if section in given and getattr(self, section) is not None and self.mode != section:
                 issues.append(((section,), f"given, but mode is {self.mode!r}, which does not use it (remove it, "
                                f"or set mode: {section})", None))
