@@ -1,7 +1,8 @@
 """Migrate benchmark: what `specbuild migrate` moves an engine-flow demo spec to costs or gains, as tokens per target
 forward on the reference runtime (greedy, CPU), before and after.
 
-For configs/demo-medusa.yaml (Medusa -> EAGLE-3) and configs/demo-lookahead.yaml (Lookahead -> NGram): the spec is
+For configs/demo-medusa.yaml (Medusa -> EAGLE-3) and configs/demo-lookahead.yaml (Lookahead -> NGram, and -> SA
+with `--to sa`): the spec is
 migrated into bench/work/migrate/, then `specbuild.migrate.measure.measure_migration` (what `specbuild
 migrate` prints) runs plain greedy, the old method and the new one on the same calibration prompts. The migrated
 Medusa spec names an EAGLE-3 draft that `specbuild eagle train` would write; the bench points it at the demo's
@@ -32,6 +33,8 @@ from machine_info import machine_info  # noqa: E402
 from targets import Target, finish  # noqa: E402
 
 SPECS = ("demo-medusa", "demo-lookahead")
+CASES = (("demo-medusa", "ngram"), ("demo-lookahead", "ngram"), ("demo-lookahead", "sa"))
+"""(spec, what Lookahead becomes: `migrate --to`); Medusa always becomes EAGLE-3."""
 WORK = BENCH / "work" / "migrate"
 
 
@@ -69,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     specs: dict[str, list[dict]] = {}
     targets: list[Target] = []
-    for name in SPECS:
-        source = ROOT / "configs" / f"{name}.yaml"
-        out = WORK / f"{name}.yaml"
-        migration = migrate_spec(source, out)
+    for spec_name, to in CASES:
+        name = spec_name if spec_name == "demo-medusa" or to == "ngram" else f"{spec_name} --to {to}"
+        source = ROOT / "configs" / f"{spec_name}.yaml"
+        out = WORK / f"{spec_name}-{to}.yaml"
+        migration = migrate_spec(source, out, to=to)
         if migration.new_mode == "eagle3":  # stands in for `specbuild eagle train`'s output
             data = yaml.safe_load(out.read_text())
             data["draft"]["model"] = str(models["target"].parent / "eagle3-draft")
@@ -87,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         targets.append(Target(f"{name} plain greedy: 1 token per target forward", plain == 1.0, str(plain)))
         for f in figures[1:]:
             targets.append(Target(f"{name} {f.role}: {f.method}", None, str(f.tokens_per_target_forward)))
-    settings = {"specs": list(SPECS), "prompts": args.prompts, "prompt_tokens": args.prompt_tokens,
+    settings = {"specs": list(SPECS), "cases": [list(case) for case in CASES], "prompts": args.prompts,
+                "prompt_tokens": args.prompt_tokens,
                 "new_tokens": args.new_tokens, "calibration": "tune's held-out pydoc topics",
                 "eagle3_draft": "demo/models/eagle3-draft (in place of `specbuild eagle train`)",
                 "torch_threads": torch.get_num_threads()}
