@@ -243,3 +243,27 @@ def test_a_request_arriving_under_load_gets_its_first_token_before_the_others_sp
     base = medusa if kind == "medusa" else model
     assert served == [alone(base, EngineRequest(p, n), **engine_kwargs)
                       for p, n in zip(ps, (24, 24, 24, 12), strict=True)]
+
+
+def test_a_continuation_shares_the_steps_forward(model: CausalLM) -> None:
+    """A request whose prompt the cache holds but for its newest token (the BLS's next round, with its drafts) is
+    no new prompt: it joins the running sequences' forward (one forward that step, not one of its own), and its
+    answer is still the one it gets alone."""
+    engine = ServingEngine(model, max_batch=6, max_seq_len=128, max_draft_len=3)
+    ps = prompts(3, seed=11)
+    first = engine.submit(EngineRequest(ps[0], 6))
+    engine.run_until_idle()
+    running = [engine.submit(EngineRequest(p, 20)) for p in ps[1:]]
+    engine.step()
+    engine.step()
+    sequence = [*ps[0], *first.wait(0).tokens]
+    drafts = alone(model, EngineRequest(sequence, 3))  # the target's own continuation: drafts it accepts
+    before = engine.stats.forwards
+    follow = engine.submit(EngineRequest(sequence, 4, draft_tokens=drafts[:3]))
+    engine.step()
+    assert engine.stats.forwards == before + 1
+    assert follow.reused_tokens == len(sequence) - 1  # all but its newest token came from the cache
+    engine.run_until_idle()
+    assert follow.wait(0).tokens == alone(model, EngineRequest(sequence, 4, draft_tokens=drafts[:3]),
+                                          max_draft_len=3)
+    assert [h.wait(0).tokens for h in running] == [alone(model, EngineRequest(p, 20)) for p in ps[1:]]

@@ -589,17 +589,34 @@ class ServingEngine:
         return True
 
     def _prefill_first(self, running: int) -> None:
-        """The sequences admitted this step (rows `running:`, admission appends them) run their prompts first, in
-        forwards of their own, so their first token does not wait for the running sequences' drafting and
-        verification (time to first token under load: a speculative step costs a few plain ones). Each then joins
-        this step's generation like the running ones; those already finished (one-token and verification
-        requests) leave first. Greedy and sampled outputs are unchanged: every row's tokens depend only on its own
-        sequence and random stream."""
-        blocks = [seq.block(None) for seq in self.active[running:]]
-        for start, stop in self._groups(blocks):
-            self._forward(running + start, running + stop, blocks[start:stop])
+        """New prompts admitted this step (rows `running:`, admission appends them) run first, in forwards of their
+        own, so their first token does not wait for the running sequences' drafting and verification (time to first
+        token under load: a speculative step costs a few plain ones). Each then joins this step's generation like
+        the running ones; those already finished (one-token requests) leave first. A continuation, a request whose
+        prompt the cache holds but for its newest token (the BLS's next round, drafts or not), is no new prompt: it
+        stays in the step's shared forward, as before (its own forward would cost the batch a forward a round).
+        Greedy and sampled outputs are unchanged: every row's tokens depend only on its own sequence and random
+        stream."""
+        fresh = self.active[running:]
+        prompts = [seq for seq in fresh if len(seq.pending) > 1]
+        if not prompts:
+            return
+        # The new prompts to the last rows, after the continuations (active[i].row == i throughout).
+        for index, seq in enumerate([s for s in fresh if len(s.pending) <= 1] + prompts, start=running):
+            self._move(seq, index)
+        start = len(self.active) - len(prompts)
+        blocks = [seq.block(None) for seq in self.active[start:]]
+        for lo, hi in self._groups(blocks):
+            self._forward(start + lo, start + hi, blocks[lo:hi])
         for seq in [s for s in self.active if s.handle.done]:
             self._release(seq)
+
+    def _move(self, seq: _Sequence, index: int) -> None:
+        """Put `seq` on active row `index`, swapping with the sequence there (rows and KV rows together)."""
+        row = seq.row
+        if row != index:
+            self.active[row], self.active[index] = self.active[index], self.active[row]
+            self._swap(row, index)
 
     def draft_len(self, active: int) -> int:
         """K for a step with `active` sequences: the schedule's, else the proposer's full length."""
