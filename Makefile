@@ -41,12 +41,20 @@ define demo_pipeline
 	$(BIN)/specbuild deploy --check $(2)
 	$(BIN)/specbuild serve $(2) $(DEMO_PROMPTS)
 endef
-.PHONY: $(addprefix demo-,$(DEMO_METHODS)) demo-all
+.PHONY: $(addprefix demo-,$(DEMO_METHODS)) demo-dynamo demo-all
 demo: $(STAMP)
 	$(call demo_pipeline,configs/demo.yaml,$(DEMO)/build/model_repository,)
 $(addprefix demo-,$(DEMO_METHODS)): demo-%: $(STAMP)
 	$(call demo_pipeline,configs/demo-$*.yaml,$(DEMO)/build-$*/model_repository,$(DEMO_EXTRAS_$*))
-demo-all: demo $(addprefix demo-,$(DEMO_METHODS))
+# NVIDIA Dynamo's real frontend and KV router in front of two workers running the reference engine with EAGLE-3
+# (configs/demo-dynamo.yaml): deploy writes demo/build-dynamo/dynamo/, serve starts and stops all of it
+demo-dynamo: $(STAMP)
+	$(BIN)/specbuild demo-models $(DEMO)/models --extras eagle3-draft
+	$(BIN)/specbuild convert configs/demo-dynamo.yaml
+	$(BIN)/specbuild build configs/demo-dynamo.yaml
+	$(BIN)/specbuild deploy configs/demo-dynamo.yaml
+	$(BIN)/specbuild serve $(DEMO)/build-dynamo/dynamo $(DEMO_PROMPTS)
+demo-all: demo $(addprefix demo-,$(DEMO_METHODS)) demo-dynamo
 
 # The user documentation (mkdocs.yml, docs/): a strict build, so a broken link or a missing bench/results include
 # fails; tests/test_docs.py runs the same build in `make test-fast`. `make docs-serve` previews it.

@@ -230,7 +230,7 @@ def to_report(results: dict[str, dict[int, Summary]], args: argparse.Namespace) 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Dynamo vs tritonserver, one serving engine ({report['spec']}, EAGLE-3, reference engine on CPU)", "",
-             f"{report['machine'].get('date', '')}; {report['machine'].get('cpus', '')} CPUs; "
+             f"{report['machine'].get('date', '')}; {report['machine'].get('nproc', '')} CPUs; "
              f"{report['max_tokens']} new tokens per request, streamed; median of {report['rounds']} interleaved "
              "rounds. Written by bench/dynamo_bench.py.", "",
              "| server | concurrency | tokens/s | TTFT p50 ms | TTFT p99 ms | acceptance | errors |",
