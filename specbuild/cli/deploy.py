@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from specbuild.cli.errors import console, handled_errors
 from specbuild.cli.options import DryRun, Force, OptionalSpec
@@ -23,7 +24,11 @@ def deploy(
     dry_run: DryRun = False,
 ) -> None:
     """Write the Triton model repository (preprocessing, tensorrt_llm[_draft], tensorrt_llm_bls, postprocessing,
-    ensemble) for a built pipeline, or check one with `--check REPOSITORY`."""
+    ensemble) for a built pipeline, or check one with `--check REPOSITORY`.
+
+    For TensorRT-LLM engines it also writes `<output_dir>/k8s/tritonserver.yaml`: a Kubernetes Deployment and
+    Service running the same tritonserver launch as `specbuild serve` (mpirun for tp×pp > 1) on the GPUs the
+    engines need, ready on /v2/health/ready (`deploy.kubernetes`: the volume claim and the image)."""
     from specbuild.deploy.check import check_repository
 
     out = Console(width=max(Console().width, 132))  # the wiring table is unreadable folded into 80 columns
@@ -54,3 +59,15 @@ def deploy(
         if isinstance(result, DeployResult) and result.report is not None:
             out.print(result.report.table())
         console.print(result.summary(), highlight=False, soft_wrap=True)
+        if isinstance(result, DeployResult) and not dry_run:  # TensorRT-LLM engines: tritonserver on Kubernetes
+            from specbuild.serve.kubernetes import write_kubernetes
+
+            try:
+                written = write_kubernetes(spec, result.repository)
+            except SpecbuildError as err:  # the repository stands; only its manifests could not be written
+                console.print(f"[yellow]warning:[/] no Kubernetes manifests: {escape(str(err))}", highlight=False,
+                              soft_wrap=True)
+            else:
+                if written is not None:
+                    console.print(f"Kubernetes: {written} (Deployment and Service; `kubectl apply -f` it)",
+                                  highlight=False, soft_wrap=True)

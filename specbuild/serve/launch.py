@@ -72,7 +72,7 @@ def check_serving_paths(repository: Path) -> bool:
                 "pass to its stub (it pastes the path unquoted into a bash command line and decodes it as ASCII)",
                 hint="use letters, digits, '_', '-' and '.' in model names (and `name:` in its config.pbtxt)",
             )
-        for key, value in _string_parameters(body, config):
+        for key, value in string_parameters(body, config):
             if value.startswith("/") and not value.isascii():
                 raise SpecbuildError(
                     f"{config}: parameter {key} is the non-ASCII path {value} ({_odd(value)}); Triton's python "
@@ -86,7 +86,7 @@ def _odd(text: str) -> str:
     return ", ".join(repr(c) for c in dict.fromkeys(c for c in text if not c.isascii()))
 
 
-def _string_parameters(body: str, config: Path) -> list[tuple[str, str]]:
+def string_parameters(body: str, config: Path) -> list[tuple[str, str]]:
     """The config's string parameters as Triton reads them (escapes decoded); a regex when protobuf refuses."""
     from specbuild.deploy.pbtxt import parse_config
 

@@ -2,6 +2,7 @@
 
 One module per concern, each importing only those listed before it (no cycles):
 `problems` (what a located problem is) -> `fields` (paths anchored at the spec's directory, counts, ports) ->
+`dynamo`, `kubernetes` (the deploy target sections) ->
 `presets` (`medusa.choices` -> a tree) -> `schema` (the sections and their rules) -> `yaml_lines` (YAML -> data
 and field -> line) -> `describe` (pydantic errors in the spec's words) -> `load` (file -> PipelineSpec);
 `starter` (the `specbuild init` template) and `summary` (the `specbuild validate` table) sit beside them.

@@ -36,6 +36,7 @@ from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
 from specbuild.spec.dynamo import KV_TRANSFERS, DynamoSpec
 from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
+from specbuild.spec.kubernetes import KubernetesSpec
 from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES, as_paths, load_preset
 from specbuild.spec.problems import (
     Issue,
@@ -484,6 +485,8 @@ class DeploySpec(_Section):
     """`triton`: the Triton model repository; `dynamo`: NVIDIA Dynamo's frontend, router and workers
     (`deploy.dynamo`; specbuild.dynamo), served on http_port."""
     dynamo: DynamoSpec = Field(default_factory=DynamoSpec)
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    """The tritonserver Deployment and Service `deploy` writes beside a repository of TensorRT-LLM engines."""
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> DeploySpec:
