@@ -408,8 +408,8 @@ def test_starter_spec_gets_the_mode_of_any_new_file(tmp_path: Path) -> None:
 
 # --- package layout ------------------------------------------------------------------------------------------
 
-SPEC_LAYERS = ["problems", "fields", "dynamo", "kubernetes", "presets", "schema", "yaml_lines", "describe", "load", "starter",
-               "summary"]
+SPEC_LAYERS = ["problems", "fields", "dynamo", "kubernetes", "presets", "schema", "yaml_lines", "describe", "load",
+               "starter", "summary"]
 """specbuild/spec/ from the bottom up: a module may import only modules listed before it (no cycles)."""
 
 
