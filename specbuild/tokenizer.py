@@ -55,6 +55,10 @@ def copy_tokenizer(source: Path, destination: Path, *, trust_remote_code: bool) 
 
 def load_tokenizer(directory: Path, *, trust_remote_code: bool = False) -> Any:
     """An HF tokenizer from local files only; remote code only where the spec allowed it."""
+    if not Path(directory).is_dir():  # transformers would take the path for a Hub repo id and say that instead
+        raise SpecbuildError(f"{directory}: cannot load the tokenizer: no such directory",
+                             hint="check the path; a spec's relative paths are read from the spec's directory "
+                                  "(the demo specs' models are built by `make demo` or `specbuild demo-models`)")
     from transformers import AutoTokenizer
 
     try:

@@ -31,3 +31,15 @@ def test_each_stage_accepts_the_tokenizer_files_it_always_did(tmp_path: Path, na
     else:
         with pytest.raises(SpecbuildError, match=r"no tokenizer here \(tokenizer\.json / tokenizer_config\.json\)"):
             copy_tokenizer(source, tmp_path / "copy", trust_remote_code=False)
+
+
+def test_a_missing_tokenizer_directory_is_named_as_missing(tmp_path: Path) -> None:
+    """transformers takes a path that does not exist for a Hub repo id and complains about its form; the user
+    must hear that the directory is not there."""
+    from specbuild.tokenizer import load_tokenizer
+
+    missing = tmp_path / "models" / "target"
+    with pytest.raises(SpecbuildError) as caught:
+        load_tokenizer(missing)
+    assert str(caught.value).startswith(f"{missing}: cannot load the tokenizer: no such directory")
+    assert "repo" not in str(caught.value).lower()
