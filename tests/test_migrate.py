@@ -74,6 +74,11 @@ def test_an_int8_sq_draft_becomes_fp8(tmp_path: Path, demo_models: dict[str, Pat
     out = tmp_path / "demo.yaml"
     migration = migrate_spec(CONFIGS / "demo.yaml", out)
     assert any("int8_sq -> fp8" in note for note in migration.notes)
+    # the kept comments still speak of int8 SmoothQuant: the header the new spec starts with lists what changed
+    text = out.read_text()
+    header = text[:text.index("\nname:")]
+    assert header.startswith("# Written by `specbuild migrate` from demo.yaml")
+    assert all(note in header for note in migration.notes) and "int8 SmoothQuant" in text
     old, new = load_spec(CONFIGS / "demo.yaml"), load_spec(out)
     assert new.draft.quantization.format == "fp8" and new.speculative.mode == "draft_target"
     assert new.speculative.draft_len_schedule == old.speculative.draft_len_schedule
@@ -81,7 +86,8 @@ def test_an_int8_sq_draft_becomes_fp8(tmp_path: Path, demo_models: dict[str, Pat
 
 
 def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
-    """OUT == SPEC, a spec already on the PyTorch flow, and --line 1.2 are refused with why; OUT is not written."""
+    """OUT == SPEC, a spec already on the PyTorch flow, --line 1.2 and a self-draft (no PyTorch-flow form) are
+    refused with why; OUT is not written."""
     with pytest.raises(SpecbuildError, match="never overwrites its input"):
         migrate_spec(CONFIGS / "demo-lookahead.yaml", CONFIGS / "demo-lookahead.yaml")
     out = tmp_path / "out.yaml"
@@ -90,6 +96,8 @@ def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
         migrate_spec(CONFIGS / "demo-pytorch.yaml", out)
     with pytest.raises(SpecbuildError, match=r"a line after 1\.2"):
         migrate_spec(CONFIGS / "demo-lookahead.yaml", out, line="1.2")
+    with pytest.raises(SpecbuildError, match="no PyTorch-flow form"):
+        migrate_spec(CONFIGS / "demo-self-draft.yaml", out)
     assert out.read_text() == "kept\n"
 
 
@@ -113,13 +121,25 @@ def test_the_move_is_measured_on_the_reference_runtime(tmp_path: Path, demo_mode
         assert figure.tokens_per_target_forward == figure.generated_tokens / figure.target_forwards >= 1.0
 
 
+ENGINE_DEMOS = {"demo-lookahead": ("sa", "SA"), "demo": ("ngram", "Draft_Target"), "demo-medusa": ("ngram", "Eagle3"),
+                "demo-plain": ("ngram", None)}
+"""Every engine-flow demo spec migrate can move (`--to` and the decoding_type its model.yaml must then hold; None:
+no speculation). demo-self-draft is refused (test_refusals_leave_out_untouched); demo-medusa2's base needs an
+EAGLE-3 draft of its own, which no demo extra trains."""
+
+
 @pytest.mark.tritonserver
-def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_models: dict[str, Path]) -> None:
-    """demo-lookahead migrated to SA (suffix-automaton drafting, on the newest line), on the reference backend:
-    convert, build and deploy write the llmapi repository with the line's names, and a real tritonserver answers
+@pytest.mark.parametrize("name", sorted(ENGINE_DEMOS))
+def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_models: dict[str, Path],
+                                                        demo_extra: Any, name: str) -> None:
+    """An engine-flow demo spec migrated to the newest line, on the reference backend: it validates, convert,
+    build and deploy write the llmapi repository with the line's decoding_type, and a real tritonserver answers
     every prompt with the target's plain greedy completion (the reference runtime's, outside Triton, on the
-    checkpoint convert wrote). (The NGram repository is served in test_llmapi_batched_served.)"""
+    checkpoint convert wrote). demo-medusa's EAGLE-3 draft is the demo extra `specbuild eagle train` made on the
+    demo target, put where the migrated spec names it (migrate's `--train` would train it there). (NGram is
+    served in test_llmapi_batched_served.)"""
     import json
+    import shutil
 
     import torch
 
@@ -133,19 +153,27 @@ def test_a_migrated_spec_serves_the_targets_greedy_text(tmp_path: Path, demo_mod
     from specbuild.tokenizer import load_tokenizer
     from tests.deploy_fixtures import MAX_TOKENS, PROMPTS, http_post
 
-    out = tmp_path / "la.yaml"
-    migrate_spec(CONFIGS / "demo-lookahead.yaml", out, to="sa")
+    to, decoding_type = ENGINE_DEMOS[name]
+    out = tmp_path / f"{name}.yaml"
+    migration = migrate_spec(CONFIGS / f"{name}.yaml", out, to=to)
     data = yaml.safe_load(out.read_text())
     data["output_dir"] = str(tmp_path / "build")
     data["target"]["model"] = str(demo_models["target"])
+    if data.get("draft"):
+        if migration.train_command is not None:  # Medusa -> EAGLE-3: the trained draft where the spec expects it
+            data["draft"]["model"] = str(tmp_path / "build" / "eagle3-draft")
+            shutil.copytree(demo_extra("eagle3-draft"), data["draft"]["model"])
+        else:
+            data["draft"]["model"] = str(demo_models["draft"])
     data["build"]["backend"] = "reference"  # served on CPU by specbuild's llmapi model.py
     out.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert _validate(out).exit_code == 0, _validate(out).output
     spec = load_spec(out)
     convert_spec(spec.path)
     build_llm_api(spec)
     repository = deploy_llm_api(spec).repository
     written = yaml.safe_load((repository / llm_api.LLMAPI_MODEL_YAML).read_text())
-    assert written["speculative_config"]["decoding_type"] == "SA"
+    assert (written.get("speculative_config") or {}).get("decoding_type") == decoding_type
 
     tokenizer = load_tokenizer(demo_models["target"])
     model = CausalLM.from_checkpoint(spec.checkpoint_dir("target"))

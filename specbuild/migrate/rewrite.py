@@ -168,7 +168,20 @@ def migrate_text(spec: PipelineSpec, text: str, *, line: str = NEWEST_TRTLLM_LIN
             notes.append(f"{'.'.join(loc)} removed: an engine-flow setting")
     edits.append(spec_edit.set_value(text, root, ("build", "flow"), "pytorch"))
     edits.append(spec_edit.set_value(text, root, ("build", "trtllm"), scalar(line) if line.isdigit() else f'"{line}"'))
-    return Migration(spec_edit.apply(text, [e for e in edits if e is not None]), line, mode, new_mode, notes, train)
+    body = spec_edit.apply(text, [e for e in edits if e is not None])
+    return Migration(_header(spec, line, notes) + body, line, mode, new_mode, notes, train)
+
+
+def _header(spec: PipelineSpec, line: str, notes: list[str]) -> str:
+    """The comment the migrated spec starts with: where it came from and every change, because the comments kept
+    from the engine-flow spec may still describe what it was (its quantization, its BLS or Medusa ensemble)."""
+    lines = [f"# Written by `specbuild migrate` from {spec.path.name if spec.path else spec.where} for "
+             f"TensorRT-LLM {line} (build.flow: pytorch). What changed:"]
+    lines += [f"#  - {note}" for note in notes]
+    lines.append("# The comments below are the engine-flow spec's, kept as they were: where one disagrees with a "
+                 "value, the value")
+    lines.append("# (and this list) is what this spec means.")
+    return "\n".join(lines) + "\n"
 
 
 def migrate_spec(spec_path: Path, out: Path, *, line: str = NEWEST_TRTLLM_LINE, to: str = "ngram") -> Migration:
