@@ -34,6 +34,7 @@ from specbuild.atomic import atomic_directory, refuse_overlap
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import output_sizes, write_manifest
 from specbuild.spec import PipelineSpec
+from specbuild.spec.kubernetes import object_name
 
 DEPLOY_DIR = "dynamo"
 LAUNCH_FILE = "launch.json"
@@ -63,12 +64,6 @@ def deployment_dir(spec: PipelineSpec) -> Path:
 def served_name(spec: PipelineSpec) -> str:
     """The model name clients ask for (/v1/models lists it): the spec's name."""
     return spec.name
-
-
-def k8s_name(spec: PipelineSpec) -> str:
-    """The DynamoGraphDeployment's metadata.name: the spec's name as a Kubernetes object name."""
-    text = "".join(c if c.isalnum() else "-" for c in spec.name.lower()).strip("-")
-    return text[:63].strip("-") or "specbuild"
 
 
 @dataclass
@@ -219,7 +214,7 @@ def manifest(spec: PipelineSpec) -> dict[str, Any]:
                                                      "args": args}}
         services[name] = service
     return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
-            "metadata": {"name": k8s_name(spec)},
+            "metadata": {"name": object_name(spec.name)},
             "spec": {"backendFramework": dynamo.engine, "pvcs": [{"name": dynamo.models_pvc}], "services": services}}
 
 

@@ -28,6 +28,7 @@ from specbuild.errors import SpecbuildError
 from specbuild.manifest import output_sizes, write_manifest
 from specbuild.serve.launch import Ports, mpi_command, server_args, string_parameters, tensorrt_models
 from specbuild.spec import PipelineSpec
+from specbuild.spec.kubernetes import object_name
 
 K8S_DIR = "k8s"
 MANIFEST = "tritonserver.yaml"
@@ -36,12 +37,6 @@ SHM_PREFIX = "specbuild_"
 CONTAINER = "tritonserver"
 STARTUP_S = 1800
 """How long a pod may take to become live (engines of a large model load for minutes) before it is restarted."""
-
-
-def object_name(spec: PipelineSpec) -> str:
-    """The spec's name as a Kubernetes object name (RFC 1123 label: lower case, digits and '-', at most 63)."""
-    text = "".join(c if c.isalnum() and c.isascii() else "-" for c in spec.name.lower()).strip("-")
-    return text[:63].strip("-") or "specbuild"
 
 
 BUILD_PATHS = ("gpt_model_path", "encoder_model_path", "tokenizer_dir")
@@ -79,7 +74,7 @@ def tritonserver_command(spec: PipelineSpec, repository: Path) -> tuple[list[str
 
 def manifests(spec: PipelineSpec, repository: Path) -> list[dict[str, Any]]:
     """The Deployment and the Service for `repository` (written by deploy from `spec`)."""
-    name = object_name(spec)
+    name = object_name(spec.name)
     labels = {"app.kubernetes.io/name": "tritonserver", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "specbuild"}
     command, gpus = tritonserver_command(spec, repository)

@@ -23,6 +23,13 @@ ENGINE_TRTLLM_RELEASE = "1.2.0"
 """The TensorRT-LLM release `specbuild build` plans engines with (its container, build.trtllm_flags.CONTAINER)."""
 
 
+def object_name(spec_name: str) -> str:
+    """A spec's name as a Kubernetes object name (an RFC 1123 label: lower-case ASCII letters, digits and '-', at
+    most 63 characters), for every manifest specbuild writes."""
+    text = "".join(c if c.isascii() and c.isalnum() else "-" for c in spec_name.lower()).strip("-")
+    return text[:63].strip("-") or "specbuild"
+
+
 class KubernetesSpec(BaseModel):
     """The cluster side of the tritonserver manifests `deploy` writes for TensorRT-LLM engines (`<output_dir>/k8s/`)."""
 
