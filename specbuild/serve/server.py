@@ -109,6 +109,7 @@ class TritonServer:
         log_verbose: int = 0,
         stop_timeout_s: float = 10.0,
         installation: TritonInstallation | None = None,
+        failure_others_s: float = FAILURE_OTHERS_S,
     ) -> None:
         self.repository = Path(repository).resolve()
         self._requested = (http_port, grpc_port, metrics_port)
@@ -117,6 +118,8 @@ class TritonServer:
         self.host = host
         self.log_verbose = log_verbose
         self.stop_timeout_s = stop_timeout_s
+        self.failure_others_s = failure_others_s
+        """`FAILURE_OTHERS_S` for this server (the tests of a model stuck loading wait less)."""
         self._installation = installation
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -412,7 +415,7 @@ class TritonServer:
                 failed_since = failed_since or time.monotonic()
                 now = time.monotonic()
                 settled = now - failed_since >= FAILURE_SETTLE_S and (
-                    not _still_loading(log) or now - failed_since >= FAILURE_SETTLE_S + FAILURE_OTHERS_S)
+                    not _still_loading(log) or now - failed_since >= FAILURE_SETTLE_S + self.failure_others_s)
                 if index is not None or settled:
                     raise SpecbuildError(_failure_summary(failures, ""), hint=f"full server log: {self.log_file}")
             death = None if failures else self._watch.poll(loading=True, log=log)  # (the log's reasons come first)
