@@ -153,16 +153,6 @@ def test_spec_settings_reach_the_manifest(deployed: Deployed, tmp_path: Path) ->
     assert container(objects)["image"] == "registry.local/triton:1.2.0"
 
 
-def test_the_default_image_carries_the_tensorrt_llm_that_builds_the_engines() -> None:
-    """NVIDIA's compatibility matrix (cited in specbuild.spec.kubernetes) maps the image to a TensorRT-LLM release;
-    it must be the build container's, or the engines would not deserialize."""
-    from specbuild.build.trtllm_flags import CONTAINER
-    from specbuild.spec.kubernetes import ENGINE_TRTLLM_RELEASE, TRITON_TRTLLM_IMAGES, KubernetesSpec
-
-    assert CONTAINER.rsplit(":", 1)[1] == ENGINE_TRTLLM_RELEASE
-    assert KubernetesSpec().container_image == TRITON_TRTLLM_IMAGES[ENGINE_TRTLLM_RELEASE]
-
-
 def test_a_reference_repository_gets_no_manifests(deployed: Deployed) -> None:
     """The reference backend runs on this CPU through specbuild's own python models: no image serves it."""
     spec = deployed.specs["draft_target"]

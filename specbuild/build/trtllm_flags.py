@@ -11,12 +11,13 @@ Passing them makes a plan mean the same on every 1.2.x release.
 from __future__ import annotations
 
 from specbuild.contracts.engine_limits import DEFAULT_MAX_NUM_TOKENS, TOKENS_PER_BLOCK
+from specbuild.contracts.images import TRTLLM_BUILD_CONTAINER
 
 TRTLLM_VERSION = "1.2"
 """The TensorRT-LLM release line whose `trtllm-build` the plans are written for (the last one with engines)."""
-CONTAINER = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
-"""NGC release container with TensorRT-LLM 1.2 (build engines here; serve them with the matching
-`nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3`)."""
+CONTAINER = TRTLLM_BUILD_CONTAINER
+"""NGC release container with TensorRT-LLM 1.2 (build engines here; serve them with
+`contracts.images.TRITON_ENGINE_IMAGE`, the Triton image carrying the same release)."""
 
 EXPLICIT: dict[str, str] = {
     "--max_beam_width": "1",

@@ -8,4 +8,5 @@
 - `checkpoint_facts`: what `build` and `deploy` need of a converted checkpoint, read from its `config.json`.
 - `llm_api`: TensorRT-LLM 1.2's LLM-API settings for `build.flow: pytorch`, and which flow runs which mode.
 - `quant_formats`: the draft quantization formats (spec name -> ModelOpt preset -> `quant_algo`), for every stage.
+- `images`: the TensorRT-LLM build container and the Triton image that serves its engines (build, deploy).
 """

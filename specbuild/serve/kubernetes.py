@@ -26,7 +26,14 @@ import yaml
 from specbuild.atomic import atomic_directory
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import output_sizes, write_manifest
-from specbuild.serve.launch import Ports, mpi_command, server_args, string_parameters, tensorrt_models
+from specbuild.serve.launch import (
+    Ports,
+    TensorrtModels,
+    mpi_command,
+    server_args,
+    string_parameters,
+    tensorrt_models,
+)
 from specbuild.spec import PipelineSpec
 from specbuild.spec.kubernetes import object_name
 
@@ -37,6 +44,13 @@ SHM_PREFIX = "specbuild_"
 CONTAINER = "tritonserver"
 STARTUP_S = 1800
 """How long a pod may take to become live (engines of a large model load for minutes) before it is restarted."""
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value used twice (the labels) out twice, not as a YAML anchor and alias: what a reader expects."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 BUILD_PATHS = ("gpt_model_path", "encoder_model_path", "tokenizer_dir")
@@ -61,9 +75,9 @@ def build_root(repository: Path) -> Path:
     return root
 
 
-def tritonserver_command(spec: PipelineSpec, repository: Path) -> tuple[list[str], int]:
-    """The container's command (as `specbuild serve` launches it, with the image's binary) and its GPUs."""
-    trt = tensorrt_models(repository)
+def tritonserver_command(spec: PipelineSpec, repository: Path, trt: TensorrtModels) -> tuple[list[str], int]:
+    """The container's command (as `specbuild serve` launches it, with the image's binary) and its GPUs, for the
+    repository's tensorrtllm models `trt`."""
     ports = Ports(spec.deploy.http_port, spec.deploy.grpc_port, spec.deploy.metrics_port)
     if trt.world_size > 1:
         return mpi_command(TRITONSERVER, repository, ports, world_size=trt.world_size,
@@ -72,13 +86,13 @@ def tritonserver_command(spec: PipelineSpec, repository: Path) -> tuple[list[str
     return [str(TRITONSERVER), *args], 1
 
 
-def manifests(spec: PipelineSpec, repository: Path) -> list[dict[str, Any]]:
-    """The Deployment and the Service for `repository` (written by deploy from `spec`)."""
+def manifests(spec: PipelineSpec, repository: Path, trt: TensorrtModels, root: Path) -> list[dict[str, Any]]:
+    """The Deployment and the Service for `repository` (written by deploy from `spec`; its tensorrtllm models
+    `trt`, the build mounted from `root`)."""
     name = object_name(spec.name)
     labels = {"app.kubernetes.io/name": "tritonserver", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "specbuild"}
-    command, gpus = tritonserver_command(spec, repository)
-    root = build_root(repository)
+    command, gpus = tritonserver_command(spec, repository, trt)
     deploy = spec.deploy
     ports = {"http": deploy.http_port, "grpc": deploy.grpc_port, "metrics": deploy.metrics_port}
     probe = {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10}
@@ -113,22 +127,15 @@ def manifests(spec: PipelineSpec, repository: Path) -> list[dict[str, Any]]:
 def manifest_text(spec: PipelineSpec, repository: Path) -> str | None:
     """tritonserver.yaml for `repository`, or None when it holds no TensorRT-LLM engine (a reference build runs
     on this machine's CPU: there is no image for it)."""
-    if not tensorrt_models(repository).names:
+    trt = tensorrt_models(repository)
+    if not trt.names:
         return None
-    objects = manifests(spec, repository)
-    root = objects[0]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountPath"]
+    root = build_root(repository)
     header = (f"# tritonserver for {repository},\n# written by specbuild deploy from {spec.where}.\n"
               f"# The PersistentVolumeClaim {spec.deploy.kubernetes.models_pvc} must hold {root}\n"
               "# (the model repository and the engines) as it is on the machine that ran deploy: it is mounted at "
               "the same path.\n# Apply with `kubectl apply -f` this file.\n")
-    return header + yaml.dump_all(objects, Dumper=_PlainDumper, sort_keys=False)
-
-
-class _PlainDumper(yaml.SafeDumper):
-    """Writes a value used twice (the labels) out twice, not as a YAML anchor and alias: what a reader expects."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    return header + yaml.dump_all(manifests(spec, repository, trt, root), Dumper=_PlainDumper, sort_keys=False)
 
 
 def write_kubernetes(spec: PipelineSpec, repository: Path) -> Path | None:
