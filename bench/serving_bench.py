@@ -18,8 +18,9 @@ in the same run: plain at concurrency 8 >= 3x its own tokens/s at concurrency 1 
 configs/demo-pytorch.yaml) >= 1.3x plain at concurrency 1; and every speculative deployment, at every higher
 concurrency, >= 1.0x its baseline's tokens/s **and** TTFT p50 <= 1.5x its baseline's (speculation never makes a
 loaded server slower, and never trades streaming away: an answer sent whole at the end has TTFT = latency). The
-other deployments' concurrency-1 ratios are reported, not judged. The script exits 1 when a target is missed or a
-deployment could not be deployed.
+other deployments' concurrency-1 ratios are reported, not judged, and so are `medusa2-base`'s at every concurrency
+(a baseline decodes without speculation; the loaded targets judge speculation). The script exits 1 when a target
+is missed or a deployment could not be deployed.
 
 Writes bench/results/serving.json (every figure, machine info), serving.md (the table), serving.png (tokens/s,
 TTFT and ITL by concurrency) and serving-curve.png (tokens/s against concurrency).
@@ -64,6 +65,12 @@ class Deployment:
     judged: bool = False
     plain_of: bool = False
     reference_of: bool = False  # that spec on build.backend: reference (an llmapi repository served on CPU)
+
+    @property
+    def speculative(self) -> bool:
+        """A plain baseline (plain_of) decodes without speculation: the loaded targets, which judge speculation
+        against its baseline, do not apply to it; its ratios to plain are reported."""
+        return not self.plain_of
 
 
 DEPLOYMENTS = {
@@ -319,7 +326,7 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> l
                     "measured": round(measured, 3), "met": measured >= BATCHING_MIN})
     levels = sorted({c for by_c in results.values() for c in by_c})
     for name, deployment in DEPLOYMENTS.items():
-        if name == BASELINE or name not in results:
+        if name == BASELINE or name not in results or not deployment.speculative:
             continue
         base = deployment.baseline
         for c in levels:
@@ -340,11 +347,12 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> l
 
 
 def reported(ratios: dict[str, Any]) -> list[dict[str, Any]]:
-    """The deployments no target judges: each one's tokens/s over its baseline's, per concurrency measured."""
+    """The figures no target judges, each deployment's tokens/s over its baseline's: at concurrency 1 for the
+    deployments judged only under load, at every concurrency for a plain baseline."""
     return [{"figure": f"{name} tokens/s vs {DEPLOYMENTS[name].baseline} at concurrency {c}",
              "measured": None if figures["output_tokens_per_s"] is None else round(figures["output_tokens_per_s"], 3)}
             for name, by_c in ratios.items() if not DEPLOYMENTS[name].judged for c, figures in by_c.items()
-            if c == "1"]
+            if c == "1" or not DEPLOYMENTS[name].speculative]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -382,7 +390,8 @@ def markdown(report: dict[str, Any]) -> str:
               "served without speculation (configs/demo-medusa2.yaml's target, speculative.mode none). At "
               "concurrency 1 plain, draft-target, Medusa, EAGLE-3 and Draft_Target through llmapi are judged, the "
               "others' ratios reported; at 8 and 16 every speculative deployment is judged on tokens/s and TTFT "
-              "p50 against its baseline."]
+              "p50 against its baseline. `medusa2-base` decodes without speculation: its ratios to plain (another "
+              "model, so another speed) are reported, not judged."]
     for name, error in report.get("not_deployed", {}).items():
         lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name].spec}): `{error.splitlines()[0]}`"]
     for name, error in report.get("not_served", {}).items():

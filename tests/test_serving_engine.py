@@ -245,6 +245,48 @@ def test_a_request_arriving_under_load_gets_its_first_token_before_the_others_sp
                       for p, n in zip(ps, (24, 24, 24, 12), strict=True)]
 
 
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+def test_a_request_arriving_while_the_proposer_drafts_is_prefilled_before_verification(
+        kind: str, model: CausalLM, medusa: CausalLM) -> None:
+    """Time to first token under a closed load: a request that arrives while the step's proposer is drafting
+    (a finished request's successor) gets its first token from a forward of its own before that step's
+    verification, not after it, and then joins the verification forward without drafts; every output is still
+    the one it gets served alone."""
+    engine = _engine_of(kind, model, medusa)
+    assert engine.proposer is not None
+    ps = prompts(4, seed=13)
+    running = [engine.submit(EngineRequest(p, 24)) for p in ps[:3]]
+    for _ in range(3):
+        engine.step()
+    first: list[int] = []
+    received: list[int] = []
+
+    def on_update(update: Update) -> None:
+        if not first:
+            first.append(engine.stats.forwards)
+        received.extend(update.tokens)
+
+    propose = engine.proposer.propose
+    late: list = []
+
+    def propose_then_arrive(seqs, ks):  # type: ignore[no-untyped-def]
+        out = propose(seqs, ks)
+        if not late:
+            late.append(engine.submit(EngineRequest(ps[3], 12, on_update=on_update)))
+        return out
+
+    engine.proposer.propose = propose_then_arrive  # type: ignore[method-assign]
+    before = engine.stats.forwards
+    engine.step()
+    assert late and first, "the request that arrived during drafting got nothing in that step"
+    assert first[0] == before + 1  # its own forward, before the running rows' verification
+    assert len(received) >= 2 and engine.stats.forwards == before + 2  # then it decoded in the verification
+    assert engine.stats.admitted_mid_step == 1
+    engine.run_until_idle()
+    served = [h.wait(0).tokens for h in [*running, late[0]]]
+    assert served == [alone(model, EngineRequest(p, n)) for p, n in zip(ps, (24, 24, 24, 12), strict=True)]
+
+
 def test_a_continuation_shares_the_steps_forward(model: CausalLM) -> None:
     """A request whose prompt the cache holds but for its newest token (the BLS's next round, with its drafts) is
     no new prompt: it joins the running sequences' forward (one forward that step, not one of its own), and its

@@ -434,6 +434,7 @@ class EngineStats:
     proposals: int = 0  # sequence steps whose block carried proposed drafts
     reused_tokens: int = 0
     admitted: int = 0
+    admitted_mid_step: int = 0  # of those, admitted between a step's drafting and its verification
     speculation_disabled: int = 0  # 1 once the acceptance gate switched speculation off (for good)
     acceptance: GenerationStats = field(default_factory=GenerationStats)  # per speculation round, by position
 
@@ -581,6 +582,7 @@ class ServingEngine:
             self._propose()
             if not self.active:
                 return True
+            self._admit_before_verify()
         blocks = [seq.block(tree) for seq in self.active]
         for start, stop in self._groups(blocks):
             self._forward(start, stop, blocks[start:stop])
@@ -610,6 +612,21 @@ class ServingEngine:
             self._forward(start + lo, start + hi, blocks[lo:hi])
         for seq in [s for s in self.active if s.handle.done]:
             self._release(seq)
+
+    def _admit_before_verify(self) -> None:
+        """Requests that arrived while the proposer drafted are admitted now and their prompts run before the
+        verification forward, instead of waiting for the whole step: under a closed load a finished request's
+        successor arrives just after a step began, so its first token would otherwise wait for that step's drafts
+        *and* verification. They join the verification forward without drafts (the proposer drafts for them from
+        the next step on). Tokens are unchanged: each row's output depends only on its own sequence."""
+        with self._lock:
+            if not self.waiting or len(self.active) >= self.max_batch:
+                return
+        running = len(self.active)
+        self._admit()
+        self.stats.admitted_mid_step += len(self.active) - running
+        if len(self.active) > running:
+            self._prefill_first(running)
 
     def _move(self, seq: _Sequence, index: int) -> None:
         """Put `seq` on active row `index`, swapping with the sequence there (rows and KV rows together)."""
