@@ -68,8 +68,8 @@ def tune(
     steps is written into speculative.lookahead. A self-draft (draft.source: target_layers): each L is measured
     for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
     at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the draft_target search. ngram and the
-    PyTorch flow on NVIDIA's backend are refused with what to do instead: the reference runtime has no n-gram
-    drafter, and there the PyTorch flow converts no checkpoint to measure.
+    PyTorch flow on NVIDIA's backend are refused with what to do instead: tune has no n-gram search yet (the
+    serving engine drafts n-grams; set them by hand), and there the PyTorch flow converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.tune.stage import TuneOptions, run_tune
