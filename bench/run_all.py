@@ -33,7 +33,8 @@ TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "tune-medusa": ("configs/demo-medusa.yaml", [{}, {"nodes": 24, "schedule": False},
                                                  {"nodes": 63, "schedule": False}]),
     "tune-lookahead": ("configs/demo-lookahead.yaml", [{}]),
-    # serving_bench converts these two specs before the tables; the self-draft's adapter fixes L, so K is tuned
+    # serving_bench converts these three specs before the tables; the self-draft's adapter fixes L, so K is tuned
+    "tune-medusa2": ("configs/demo-medusa2.yaml", [{}]),
     "tune-self-draft": ("configs/demo-self-draft.yaml", [{}]),
     "tune-eagle3": ("configs/demo-eagle3.yaml", [{}]),
 }

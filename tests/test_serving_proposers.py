@@ -139,6 +139,42 @@ def test_requests_join_one_batch_and_equal_plain_greedy(kind: str, schedule: dic
         assert all(r.accepted_draft_tokens == r.draft_tokens for r in results)
 
 
+@pytest.mark.parametrize("kind", ["eagle3-chain", "eagle3-tree", "self-draft-adapter"])
+def test_a_request_arriving_while_the_draft_runs_is_prefilled_first_and_drafted_for_next(
+        kind: str, target: CausalLM, tiny: dict[str, Path]) -> None:
+    """Time to first token under load with the proposers that read the target's own state (EAGLE-3's hidden
+    states, the self-draft's shared cache): a request that arrives while the step's draft runs gets its first
+    token from its own forward before that step's verification, and the next step drafts for it from what that
+    forward left (EAGLE-3 needs its prompt's hidden states); every output is still plain greedy."""
+    proposer = _proposer(kind, target, tiny)
+    engine = ServingEngine(target, max_batch=6, max_seq_len=160, proposer=proposer)
+    prompts = _prompts(4, seed=21)
+    running = [engine.submit(EngineRequest(p, 24)) for p in prompts[:3]]
+    for _ in range(2):
+        engine.step()
+    first: list[int] = []
+    late: list = []
+    propose = proposer.propose
+
+    def propose_then_arrive(seqs, ks):  # type: ignore[no-untyped-def]
+        out = propose(seqs, ks)
+        if not late:
+            late.append(engine.submit(EngineRequest(prompts[3], 16, on_update=lambda _u: first.append(
+                engine.stats.forwards) if not first else None)))
+        return out
+
+    proposer.propose = propose_then_arrive  # type: ignore[method-assign]
+    before = engine.stats.forwards
+    engine.step()
+    assert late and first == [before + 1], "the request that arrived while drafting waited for the verification"
+    assert engine.stats.admitted_mid_step == 1
+    engine.run_until_idle()
+    results = [h.wait(0) for h in [*running, late[0]]]
+    assert [r.tokens for r in results] == [_greedy(target, p, n)
+                                          for p, n in zip(prompts, (24, 24, 24, 16), strict=True)]
+    assert results[3].draft_tokens > 0  # it was drafted for in the steps after it joined
+
+
 def test_a_trained_eagle3_draft_accepts_in_the_batch(demo_models: dict[str, Path], demo_extra: Callable[[str], Path],
                                                      tmp_path: Path) -> None:
     """The demo target with its trained EAGLE-3 draft, chain and tree: batched requests accept drafts (the

@@ -6,6 +6,7 @@ the per-forward costs are measured once in the run), never against figures only 
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,14 @@ from specbuild.cli import app
 from specbuild.contracts import lookahead as la
 from specbuild.errors import SpecbuildError
 from specbuild.spec import load_spec
-from specbuild.tune.lookahead import PLAIN, LookaheadGrid, grid_candidates, non_decreasing
+from specbuild.tune.lookahead import (
+    PLAIN,
+    LookaheadGrid,
+    LookaheadRun,
+    LookaheadTuning,
+    grid_candidates,
+    non_decreasing,
+)
 from specbuild.tune.stage import TuneOptions, run_tune
 
 QUIET = Console(quiet=True)
@@ -95,6 +103,29 @@ def test_block_costs_never_fall_with_more_tokens() -> None:
     assert non_decreasing({1: 3.0, 2: 2.5, 4: 4.0, 8: 3.9, 9: 5.0}) == {1: 2.5, 2: 2.5, 4: 3.9, 8: 3.9, 9: 5.0}
 
 
+def _tuning(fed: dict[la.LookaheadConfig, dict[int, int]], alone: dict[int, float],
+            loaded: dict[int, float]) -> LookaheadTuning:
+    runs = {PLAIN: LookaheadRun(PLAIN, tokens=12, fed=Counter({1: 12}))}
+    runs |= {c: LookaheadRun(c, tokens=12, fed=Counter(sizes)) for c, sizes in fed.items()}
+    return LookaheadTuning(runs, alone, 32, next(iter(fed)), batch=16, loaded_seconds_at=loaded)
+
+
+def test_under_load_the_choice_keeps_plain_speed_before_it_is_fastest_alone() -> None:
+    """(W, N, G) is fixed per engine, so a setting that wins alone by feeding big blocks but loses to plain
+    decoding with 16 sequences per forward is passed over for one that holds at 16; where none holds, the one
+    losing least there is chosen."""
+    big, small = la.LookaheadConfig(4, 3, 4), la.LookaheadConfig(2, 2, 1)
+    fed = {big: {12: 4}, small: {3: 8}}  # 12 tokens in 4 steps of 12-token blocks, or in 8 steps of 3
+    alone = {1: 1.0, 3: 1.0, 12: 1.2}  # alone a block costs about one token's forward: big is fastest
+    holds = _tuning(fed, alone, {1: 1.0, 3: 1.2, 12: 6.0})  # at 16 rows big costs 6 plain steps, small 1.2
+    assert holds.speedup(big) > holds.speedup(small) > 1.0
+    assert holds.loaded_speedup(big) < 1.0 <= holds.loaded_speedup(small) and holds.chosen == small
+    cheap = _tuning(fed, alone, {1: 1.0, 3: 1.0, 12: 1.5})  # a machine where big holds at 16 too
+    assert cheap.chosen == big
+    neither = _tuning(fed, alone, {1: 1.0, 3: 2.0, 12: 6.0})
+    assert not any(neither.holds_under_load(c) for c in fed) and neither.chosen == small  # 0.75x beats 0.5x
+
+
 # ------------------------------------------------------------------------------------------------ demo target
 
 
@@ -109,10 +140,13 @@ def lookahead_spec(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[s
     return path
 
 
-def test_tune_picks_the_fastest_setting_by_its_cost_model_and_writes_it(lookahead_spec: Path, tmp_path: Path) -> None:
-    """Recomputed from the report: each setting's tokens over the summed measured cost of its steps' blocks; the
-    chosen one is the best of them; the counts are those generate_lookahead reports; the new spec holds the
-    choice, validates, and differs from the old one only in those three values."""
+def test_tune_picks_the_fastest_setting_that_holds_under_load_and_writes_it(lookahead_spec: Path,
+                                                                           tmp_path: Path) -> None:
+    """Recomputed from the report: each setting's tokens over the summed measured cost of its steps' blocks, alone
+    and with the spec's max batch size of rows per forward; the chosen one is the fastest alone of those at least
+    as fast as plain decoding at that batch (or, none being, the least slow there); the counts are those
+    generate_lookahead reports; the new spec holds the choice, validates, and differs from the old one only in
+    those three values."""
     from specbuild.runtime.lookahead_decoding import generate_lookahead
     from specbuild.runtime.model import CausalLM
     from specbuild.runtime.sequence import StopCriteria
@@ -124,7 +158,12 @@ def test_tune_picks_the_fastest_setting_by_its_cost_model_and_writes_it(lookahea
     assert t is not None and set(t.candidates) == set(grid_candidates(LookaheadGrid(**GRID),
                                                                       load_spec(lookahead_spec)).configs)
     speed = {c: r.tokens / sum(t.seconds_at[size] * n for size, n in r.fed.items()) for c, r in t.runs.items()}
-    assert t.chosen == max(t.candidates, key=speed.__getitem__)
+    assert t.batch == load_spec(lookahead_spec).build.max_batch_size == 4
+    assert set(t.loaded_seconds_at) == set(t.seconds_at)  # every block size also timed with 4 rows
+    loaded = {c: r.tokens / sum(t.loaded_seconds_at[size] * n for size, n in r.fed.items())
+              for c, r in t.runs.items()}
+    holding = [c for c in t.candidates if loaded[c] >= loaded[PLAIN]]
+    assert t.chosen == (max(holding, key=speed.__getitem__) if holding else max(t.candidates, key=loaded.__getitem__))
     assert speed[PLAIN] == pytest.approx(1 / t.seconds_at[1]) and t.runs[PLAIN].tokens_per_step == 1.0
     model = CausalLM.from_checkpoint(load_spec(lookahead_spec).checkpoint_dir("target"))
     chosen = t.runs[t.chosen]

@@ -87,26 +87,27 @@ StepFactory = Callable[[list[int], int, int], Step]
 not a CausalLM (an EAGLE-3 draft) is timed."""
 
 
-def prefilled(model: CausalLM, prompt: list[int], context: int, most: int) -> Step:
-    """A forward of n (at most `most`) new tokens after `context` committed ones; the block is never committed,
-    so every call measures the same step."""
+def prefilled(model: CausalLM, prompt: list[int], context: int, most: int, batch: int = 1) -> Step:
+    """A forward of n (at most `most`) new tokens in each of `batch` rows after `context` committed ones; the
+    block is never committed, so every call measures the same step."""
     ids = (prompt * (context // len(prompt) + 1))[:context]
-    cache = model.new_cache(1, context + most + 1)
-    model(torch.tensor([ids]), cache)
+    cache = model.new_cache(batch, context + most + 1)
+    model(torch.tensor([ids] * batch), cache)
     cache.advance(context)
     token = ids[-1]
 
     def step(n: int) -> None:
-        model(torch.full((1, n), token, dtype=torch.long), cache)
+        model(torch.full((batch, n), token, dtype=torch.long), cache)
 
     return step
 
 
 def measure_forward_seconds(models: Mapping[str, tuple[CausalLM | StepFactory, Sequence[int]]], prompt: list[int],
                             context: int, repeats: int = 7, inner: int = 4,
-                            tick: Tick = _no_tick) -> dict[str, dict[int, float]]:
+                            tick: Tick = _no_tick, batch: int = 1) -> dict[str, dict[int, float]]:
     """Seconds of one forward of each model at each of its block sizes (new tokens), after `context` tokens:
-    {name: (model or its StepFactory, sizes)} -> {name: {size: seconds}}.
+    {name: (model or its StepFactory, sizes)} -> {name: {size: seconds}}; with `batch`, a CausalLM's forward
+    runs that many rows of the block at once (a StepFactory's runs one row).
 
     Every repeat times each (model, size) once (`inner` forwards in a row), interleaved, so a burst of other
     work on the machine hits them alike; per (model, size) the fastest repeat is kept.
@@ -114,7 +115,7 @@ def measure_forward_seconds(models: Mapping[str, tuple[CausalLM | StepFactory, S
     if any(n > MAX_BLOCK_TOKENS or n < 1 for _, sizes in models.values() for n in sizes):
         raise ValueError(f"block sizes are 1 to {MAX_BLOCK_TOKENS} tokens")
     jobs = [(name, n, step) for name, (model, sizes) in models.items()
-            for step in [prefilled(model, prompt, context, max(sizes)) if isinstance(model, CausalLM)
+            for step in [prefilled(model, prompt, context, max(sizes), batch) if isinstance(model, CausalLM)
                          else model(prompt, context, max(sizes))]
             for n in sorted(set(sizes))]
     best: dict[tuple[str, int], float] = {}

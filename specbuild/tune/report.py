@@ -102,12 +102,15 @@ def _run(report: TuneReport) -> dict[str, Any]:
         la = report.lookahead
         record["lookahead"] = {
             "context_tokens": la.context, "target_forward_ms": {str(n): _ms(s) for n, s in la.seconds_at.items()},
+            "batch": la.batch,
+            "target_forward_ms_at_batch": {str(n): _ms(s) for n, s in la.loaded_seconds_at.items()},
             "spec": list(la.current), "chosen": list(la.chosen),
             "excluded": {",".join(map(str, c)): why for c, why in la.excluded.items()},
             "rows": [{"config": list(c), "block_tokens": _r(run.mean_block, 2),
                       "tokens_per_step_measured": _r(run.tokens_per_step),
                       "tokens_per_second_cost_model": _r(la.model_tokens_per_second(c), 1),
                       "vs_plain_cost_model": _r(la.speedup(c)),
+                      "vs_plain_cost_model_at_batch": _r(la.loaded_speedup(c)),
                       "tokens_per_second_wall": _r(run.wall_tokens_per_second, 1)} for c, run in la.runs.items()]}
     if report.schedule is not None:
         s = report.schedule

@@ -558,7 +558,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
             assert candidates is not None
             report.lookahead = measure_lookahead(models["target"], prompts, candidates,
                                                  spec.speculative.lookahead_config().config, options.new_tokens,
-                                                 _mean_context(options), options.repeats, phase)
+                                                 _mean_context(options), options.repeats, phase,
+                                                 batch=spec.build.max_batch_size)
             update.lookahead = report.lookahead.chosen
         elif mode in ("draft_target", "eagle3"):
             ks = list(range(1, min(options.max_k, spec.speculative.max_draft_len or options.max_k) + 1))
