@@ -1,5 +1,6 @@
-"""The demo specs use exactly what `specbuild tune` wrote: configs/demo.yaml's K and schedule and
-configs/demo-medusa.yaml's tree and schedule are the settings of the bench/results/tune-*.json each cites, which
+"""The demo specs use exactly what `specbuild tune` wrote: configs/demo.yaml's K and schedule,
+configs/demo-medusa.yaml's and demo-medusa2.yaml's trees and schedules and demo-lookahead.yaml's (W, N, G) are the
+settings of the bench/results/tune-*.json each cites, which
 `make bench` (bench/run_all.py) wrote on the machine that measured them, beside the tables it printed.
 
 Only files are compared (the spec, the report, the tables, all written on one machine), never figures: other
@@ -36,6 +37,8 @@ def run_all() -> ModuleType:
 @pytest.mark.parametrize(("spec", "report", "settings"), [
     ("configs/demo.yaml", "tune-draft-target.json", {"num_draft_tokens", "draft_len_schedule"}),
     ("configs/demo-medusa.yaml", "tune-medusa.json", {"medusa_choices", "draft_len_schedule"}),
+    ("configs/demo-medusa2.yaml", "tune-medusa2.json", {"medusa_choices", "draft_len_schedule"}),
+    ("configs/demo-lookahead.yaml", "tune-lookahead.json", {"lookahead"}),
 ])
 def test_the_demo_spec_cites_and_holds_what_tune_wrote(run_all: ModuleType, spec: str, report: str,
                                                        settings: set[str]) -> None:
@@ -52,7 +55,7 @@ def test_every_spec_citing_a_tune_report_holds_it(run_all: ModuleType) -> None:
     assert run_all.tuned_spec_problems() == []
 
 
-@pytest.mark.parametrize("name", ["tune-draft-target", "tune-medusa"])
+@pytest.mark.parametrize("name", ["tune-draft-target", "tune-medusa", "tune-medusa2"])
 def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: ModuleType, name: str) -> None:
     """The tables and the report come from one tune: the schedule the report chose is the one the tables show
     (with the tokens/s it was chosen by), and the tables end each tune with its choices."""
