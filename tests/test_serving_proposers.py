@@ -152,15 +152,18 @@ def test_a_request_arriving_while_the_draft_runs_is_prefilled_first_and_drafted_
     running = [engine.submit(EngineRequest(p, 24)) for p in prompts[:3]]
     for _ in range(2):
         engine.step()
-    first: list[int] = []
+    first: list[int] = []  # the engine's forward count at the late request's first token
     late: list = []
     propose = proposer.propose
+
+    def on_update(_update: object) -> None:
+        if not first:
+            first.append(engine.stats.forwards)
 
     def propose_then_arrive(seqs, ks):  # type: ignore[no-untyped-def]
         out = propose(seqs, ks)
         if not late:
-            late.append(engine.submit(EngineRequest(prompts[3], 16, on_update=lambda _u: first.append(
-                engine.stats.forwards) if not first else None)))
+            late.append(engine.submit(EngineRequest(prompts[3], 16, on_update=on_update)))
         return out
 
     proposer.propose = propose_then_arrive  # type: ignore[method-assign]
