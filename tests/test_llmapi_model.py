@@ -153,6 +153,33 @@ def test_stop_string_is_cut_and_named() -> None:
     assert answer.outputs["stop_reason"].tolist() == ["w8 w9"]
 
 
+class _FailingTokenizer(_Tokenizer):
+    """Cannot decode token 8: making any response that holds it raises."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if 8 in ids:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return super().decode(ids, skip_special_tokens)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_response_that_cannot_be_made_ends_the_request_with_one_final_error(streaming: bool) -> None:
+    """model.py's except clause wraps its whole generation loop: a failure while making a response is the request's
+    one final error ("Error generating request: ...", text_output "N/A"), never a stream left open without its
+    final response. The engine is told to stop generating for it, and its later progress sends nothing."""
+    runner = _Runner([[7], [8], [9], [10]])
+    answers = _ask(LlmApiModel(_FailingTokenizer(), runner, decoupled=True), text_input=PROMPT,
+                   streaming=np.array([streaming]))
+    [job] = runner.jobs
+    *before, last = answers
+    assert [_text(a) for a in before] == (["w7"] if streaming else [])
+    assert not any(a.final for a in before)
+    assert last.final and last.error is not None and last.error.startswith("Error generating request: ")
+    assert "invalid start byte" in last.error
+    assert last.outputs is not None and last.outputs["text_output"].tolist() == [b"N/A"]
+    assert job.cancelled()
+
+
 # -- EAGLE-3 (speculative_config decoding_type Eagle) over the reference runtime ------------------------------------
 def _eagle3_model(demo_models: dict[str, Any], demo_extra: Any, tmp_path: Any) -> tuple[LlmApiModel, Any, Any]:
     """The llmapi model as model.py builds it for an Eagle speculative_config (load_runner), on the demo target and

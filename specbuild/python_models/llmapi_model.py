@@ -284,31 +284,50 @@ class LlmApiModel:
         with request.lock:
             if request.sent_final:
                 return
-            now = self.clock()
-            visible, stop_reason = self._visible(request, progress)
-            if visible and not request.first_token_ns:
-                request.first_token_ns = now
-            if visible:
-                request.last_token_ns = now
-            if progress.finished:
-                request.sent_final = True
+            try:
+                self._respond(request, progress)
+            except Exception as err:
+                # model.py's except clause around its generation loop: a response that cannot be made (detokenising,
+                # building or sending it failed) ends the request with one final error, so the client is not left
+                # waiting for a final response, and the engine stops generating for it (cancelled() is now true).
+                if request.sent_final:  # the final answer itself failed to go: nothing more can reach the client
+                    raise
+                request.sent_final = request.aborted = True
                 self._forget(request)
-            if progress.finished and progress.reason == "error":
-                request.send(_error(progress.error or "generation failed"))
-                return
-            if progress.finished and progress.reason == "cancelled":
-                if request.aborted:  # a stop request: its own answer says CANCELLED; close this one's stream
-                    request.send(self._answer(request, visible, progress, "cancelled", None) if request.parsed.streaming
-                                 else Answer(None))
-                else:  # model.py cancellation_loop
-                    request.send(Answer(None, LLMAPI_ERRORS["cancelled"], cancelled=True))
-                return
-            if not request.parsed.streaming and not progress.finished:
-                return
-            reason = None
-            if progress.finished:
-                reason = "length" if progress.reason == "length" else "stop"
-            request.send(self._answer(request, visible, progress, reason, stop_reason))
+                request.send(_error(str(err) or type(err).__name__))
+
+    def _respond(self, request: _Request, progress: Progress) -> None:
+        """Answer one Progress (called under the request's lock). The answer is made before the request counts as
+        answered for good, so a failure while making the last one still ends it with an error."""
+        now = self.clock()
+        visible, stop_reason = self._visible(request, progress)
+        if visible and not request.first_token_ns:
+            request.first_token_ns = now
+        if visible:
+            request.last_token_ns = now
+        answer = self._answer_to(request, progress, visible, stop_reason)
+        if progress.finished:
+            request.sent_final = True
+            self._forget(request)
+        if answer is not None:
+            request.send(answer)
+
+    def _answer_to(self, request: _Request, progress: Progress, visible: list[int],
+                   stop_reason: str | None) -> Answer | None:
+        """The response for one Progress; None: nothing to send (a non-streaming request before its last)."""
+        if progress.finished and progress.reason == "error":
+            return _error(progress.error or "generation failed")
+        if progress.finished and progress.reason == "cancelled":
+            if request.aborted:  # a stop request: its own answer says CANCELLED; close this one's stream
+                return (self._answer(request, visible, progress, "cancelled", None) if request.parsed.streaming
+                        else Answer(None))
+            return Answer(None, LLMAPI_ERRORS["cancelled"], cancelled=True)  # model.py cancellation_loop
+        if not request.parsed.streaming and not progress.finished:
+            return None
+        reason = None
+        if progress.finished:
+            reason = "length" if progress.reason == "length" else "stop"
+        return self._answer(request, visible, progress, reason, stop_reason)
 
     def _forget(self, request: _Request) -> None:
         with self._lock:
