@@ -309,3 +309,30 @@ def test_a_continuation_shares_the_steps_forward(model: CausalLM) -> None:
     assert follow.wait(0).tokens == alone(model, EngineRequest(sequence, 4, draft_tokens=drafts[:3]),
                                           max_draft_len=3)
     assert [h.wait(0).tokens for h in running] == [alone(model, EngineRequest(p, 20)) for p in ps[1:]]
+
+
+def test_a_failing_update_callback_ends_its_request_with_an_error_and_the_engine_goes_on(model: CausalLM) -> None:
+    """The update callback is the caller's code on the engine's thread (a Triton model building its response).
+    When it raises, that request ends with an error update naming the failure; the background engine keeps
+    serving the others, whose outputs equal each served alone, and serves requests submitted afterwards."""
+    first, second, later = (EngineRequest(p, 12) for p in prompts(3, seed=7))
+    seen: list[Update] = []
+
+    def breaks_on_second_token(update: Update) -> None:
+        seen.append(update)
+        if len(seen) == 2:
+            raise RuntimeError("the response could not be built")
+
+    engine = ServingEngine(model, max_batch=4, max_seq_len=128)
+    engine.start()
+    try:
+        failing = engine.submit(EngineRequest(first.prompt, 12, on_update=breaks_on_second_token))
+        other = engine.submit(second)
+        failed, served = failing.wait(60), other.wait(60)
+        after = engine.submit(later).wait(60)
+    finally:
+        engine.stop()
+    assert failed.reason == "error" and failed.error is not None
+    assert "RuntimeError: the response could not be built" in failed.error
+    assert seen[-1].finished and seen[-1].reason == "error" and len(seen) == 3
+    assert served.tokens == alone(model, second) and after.tokens == alone(model, later)

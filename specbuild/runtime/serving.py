@@ -147,6 +147,7 @@ class Handle:
         self.reused_tokens = 0  # prompt tokens whose KV came from the cache
         self.first_token_time: float | None = None
         self._context: torch.Tensor | None = None
+        self.callback_error: str | None = None  # on_update raised: the engine ends the request with this error
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -177,7 +178,14 @@ class Handle:
                                  logits, self._log_probs, update.cum_log_prob, self._context, update.error,
                                  self.first_token_time, now)
         if self.request.on_update is not None:
-            self.request.on_update(update)
+            try:
+                self.request.on_update(update)
+            except Exception as err:
+                # The caller's callback runs on the engine's thread: its failure ends this request (with an error
+                # update at the next step, see ServingEngine._drop_cancelled), never the engine and the others.
+                if self.callback_error is None and not update.finished:
+                    self.callback_error = f"the request's update callback failed: {type(err).__name__}: {err}"
+                    self.cancelled = True
         if update.finished:
             self._done.set()
 
@@ -865,9 +873,10 @@ class ServingEngine:
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self.active if not s.handle.done and (
                 s.handle.cancelled or (s.request.cancelled is not None and s.request.cancelled()))]:
-            self._finish(seq, Update([], True, "cancelled", cum_log_prob=seq.cum_log_prob,
+            error = seq.handle.callback_error
+            self._finish(seq, Update([], True, "error" if error else "cancelled", cum_log_prob=seq.cum_log_prob,
                                      accepted_draft_tokens=seq.accepted, draft_tokens=seq.drafted,
-                                     reused_tokens=seq.handle.reused_tokens))
+                                     reused_tokens=seq.handle.reused_tokens, error=error))
             self._release(seq)
 
 
