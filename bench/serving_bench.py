@@ -19,8 +19,10 @@ configs/demo-pytorch.yaml) >= 1.3x plain at concurrency 1; and every speculative
 concurrency, >= 1.0x its baseline's tokens/s **and** TTFT p50 <= 1.5x its baseline's (speculation never makes a
 loaded server slower, and never trades streaming away: an answer sent whole at the end has TTFT = latency). The
 other deployments' concurrency-1 ratios are reported, not judged, and so are `medusa2-base`'s at every concurrency
-(a baseline decodes without speculation; the loaded targets judge speculation). The script exits 1 when a target
-is missed or a deployment could not be deployed.
+(a baseline decodes without speculation; the loaded targets judge speculation), and so are those of
+`medusa-kept-on`, configs/demo-medusa.yaml with its schedule's K = 0 thresholds removed: a probe of whether the
+schedule `tune` measured in-process also holds behind the server. The script exits 1 when a target is missed or a
+deployment could not be deployed.
 
 Writes bench/results/serving.json (every figure, machine info), serving.md (the table), serving.png (tokens/s,
 TTFT and ITL by concurrency) and serving-curve.png (tokens/s against concurrency).
@@ -65,12 +67,18 @@ class Deployment:
     judged: bool = False
     plain_of: bool = False
     reference_of: bool = False  # that spec on build.backend: reference (an llmapi repository served on CPU)
+    kept_on: bool = False  # a probe: that spec with its schedule's K = 0 thresholds removed, reported, not judged
 
     @property
     def speculative(self) -> bool:
         """A plain baseline (plain_of) decodes without speculation: the loaded targets, which judge speculation
         against its baseline, do not apply to it; its ratios to plain are reported."""
         return not self.plain_of
+
+    @property
+    def loaded_targets(self) -> bool:
+        """Whether the loaded targets judge it: every speculative deployment the demo ships (a probe is reported)."""
+        return self.speculative and not self.kept_on
 
 
 DEPLOYMENTS = {
@@ -83,7 +91,10 @@ DEPLOYMENTS = {
     "medusa2": Deployment("configs/demo-medusa2.yaml", baseline="medusa2-base"),
     "eagle3": Deployment("configs/demo-eagle3.yaml", judged=True),
     "draft-target-llmapi": Deployment("configs/demo-pytorch.yaml", judged=True, reference_of=True),
+    "medusa-kept-on": Deployment("configs/demo-medusa.yaml", kept_on=True),
 }
+"""`medusa-kept-on` checks tune's schedule behind the server: tune times it in-process, where a response costs
+nothing, so the tree that its schedule turns off under load is served here kept on (its smaller trees stay)."""
 SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at concurrency 1
 LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
 TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non-streamed answer fails it)
@@ -93,27 +104,33 @@ console = Console(stderr=True)
 
 def spec_path(deployment: Deployment) -> Path:
     """The spec to deploy: the config, or a copy of it written under demo/specs/ with absolute paths and its own
-    output_dir: without speculation (plain_of), or on build.backend: reference (reference_of)."""
+    output_dir: without speculation (plain_of), on build.backend: reference (reference_of), or with the schedule's
+    K = 0 thresholds removed (kept_on)."""
     path = ROOT / deployment.spec
-    if not (deployment.plain_of or deployment.reference_of):
+    if not (deployment.plain_of or deployment.reference_of or deployment.kept_on):
         return path
     import yaml
 
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    name = f"{data['name']}-{'plain' if deployment.plain_of else 'reference'}"
+    variant = "plain" if deployment.plain_of else "kept-on" if deployment.kept_on else "reference"
+    name = f"{data['name']}-{variant}"
     data.update(name=name, output_dir=str(ROOT / "demo" / f"build-{name.removeprefix('demo-')}"))
-    for key in ("target", "draft"):
-        if key in data and "model" in data[key]:
-            data[key]["model"] = str((path.parent / data[key]["model"]).resolve())
+    for key, field in (("target", "model"), ("draft", "model"), ("medusa", "heads")):
+        if key in data and isinstance(data[key].get(field), str):
+            data[key][field] = str((path.parent / data[key][field]).resolve())
     if deployment.plain_of:
         data["speculative"] = {"mode": "none"}
         for key in ("draft", "medusa"):
             data.pop(key, None)
+    elif deployment.kept_on:
+        schedule = data["speculative"].get("draft_len_schedule") or {}
+        data["speculative"]["draft_len_schedule"] = {size: k for size, k in schedule.items() if k > 0}
     else:
         data["build"]["backend"] = "reference"
     derived = ROOT / "demo" / "specs" / f"{name}.yaml"
     derived.parent.mkdir(parents=True, exist_ok=True)
-    how = "without speculation" if deployment.plain_of else "on build.backend: reference"
+    how = {"plain": "without speculation", "kept-on": "with its schedule's K = 0 thresholds removed",
+           "reference": "on build.backend: reference"}[variant]
     text = f"# {deployment.spec} {how} (written by bench/serving_bench.py)\n" + yaml.safe_dump(
         data, sort_keys=False)
     if not derived.is_file() or derived.read_text(encoding="utf-8") != text:  # unchanged: stages stay up to date
@@ -326,7 +343,7 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> l
                     "measured": round(measured, 3), "met": measured >= BATCHING_MIN})
     levels = sorted({c for by_c in results.values() for c in by_c})
     for name, deployment in DEPLOYMENTS.items():
-        if name == BASELINE or name not in results or not deployment.speculative:
+        if name == BASELINE or name not in results or not deployment.loaded_targets:
             continue
         base = deployment.baseline
         for c in levels:
@@ -348,11 +365,11 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any]) -> l
 
 def reported(ratios: dict[str, Any]) -> list[dict[str, Any]]:
     """The figures no target judges, each deployment's tokens/s over its baseline's: at concurrency 1 for the
-    deployments judged only under load, at every concurrency for a plain baseline."""
+    deployments judged only under load, at every concurrency for a plain baseline and a probe."""
     return [{"figure": f"{name} tokens/s vs {DEPLOYMENTS[name].baseline} at concurrency {c}",
              "measured": None if figures["output_tokens_per_s"] is None else round(figures["output_tokens_per_s"], 3)}
             for name, by_c in ratios.items() if not DEPLOYMENTS[name].judged for c, figures in by_c.items()
-            if c == "1" or not DEPLOYMENTS[name].speculative]
+            if c == "1" or not DEPLOYMENTS[name].loaded_targets]
 
 
 def markdown(report: dict[str, Any]) -> str:
