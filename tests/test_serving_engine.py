@@ -311,11 +311,13 @@ def test_a_continuation_shares_the_steps_forward(model: CausalLM) -> None:
     assert [h.wait(0).tokens for h in running] == [alone(model, EngineRequest(p, 20)) for p in ps[1:]]
 
 
-def test_a_failing_update_callback_ends_its_request_with_an_error_and_the_engine_goes_on(model: CausalLM) -> None:
+def test_a_failing_update_callback_ends_its_request_with_an_error_and_the_engine_goes_on(
+        model: CausalLM, caplog: pytest.LogCaptureFixture) -> None:
     """The update callback is the caller's code on the engine's thread (a Triton model building its response).
-    When it raises, that request ends with an error update naming the failure; the background engine keeps
-    serving the others, whose outputs equal each served alone, and serves requests submitted afterwards."""
-    first, second, later = (EngineRequest(p, 12) for p in prompts(3, seed=7))
+    When it raises, that request ends with an error update naming the failure; one failing on its last update keeps
+    its result and is logged. The background engine keeps serving the others, whose outputs equal each served
+    alone, and serves requests submitted afterwards."""
+    first, second, third, later = (EngineRequest(p, 12) for p in prompts(4, seed=7))
     seen: list[Update] = []
 
     def breaks_on_second_token(update: Update) -> None:
@@ -323,16 +325,23 @@ def test_a_failing_update_callback_ends_its_request_with_an_error_and_the_engine
         if len(seen) == 2:
             raise RuntimeError("the response could not be built")
 
+    def breaks_on_the_last(update: Update) -> None:
+        if update.finished:
+            raise RuntimeError("the last response could not be sent")
+
     engine = ServingEngine(model, max_batch=4, max_seq_len=128)
     engine.start()
     try:
         failing = engine.submit(EngineRequest(first.prompt, 12, on_update=breaks_on_second_token))
         other = engine.submit(second)
-        failed, served = failing.wait(60), other.wait(60)
+        last_fails = engine.submit(EngineRequest(third.prompt, 12, on_update=breaks_on_the_last))
+        failed, served, finished = failing.wait(60), other.wait(60), last_fails.wait(60)
         after = engine.submit(later).wait(60)
     finally:
         engine.stop()
     assert failed.reason == "error" and failed.error is not None
     assert "RuntimeError: the response could not be built" in failed.error
     assert seen[-1].finished and seen[-1].reason == "error" and len(seen) == 3
+    assert finished.reason == "length" and finished.tokens == alone(model, third)
+    assert "the last response could not be sent" in caplog.text
     assert served.tokens == alone(model, second) and after.tokens == alone(model, later)

@@ -20,6 +20,7 @@ the acceptance rules the runtime's (`accept_greedy`, `accept_rejection_sampling`
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
@@ -51,6 +52,8 @@ from specbuild.runtime.proposers import Proposal, Proposer
 from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.schedule import DraftSchedule
 from specbuild.runtime.sequence import GenerationStats, SequenceState, StopCriteria
+
+_log = logging.getLogger(__name__)
 
 FinishReason = Literal["length", "end_id", "stop_word", "cancelled", "error", "round"]
 """Why a sequence ended: max_new_tokens, its end id, a stop word, cancelled, failed, or (a `one_round` request
@@ -182,7 +185,10 @@ class Handle:
                 self.request.on_update(update)
             except Exception as err:
                 # The caller's callback runs on the engine's thread: its failure ends this request (with an error
-                # update at the next step, see ServingEngine._drop_cancelled), never the engine and the others.
+                # update at the next step, see ServingEngine._drop_cancelled), never the engine and the others. A
+                # failure on the last update has no request left to end: it is only logged.
+                _log.warning("a request's update callback failed%s", "" if update.finished else "; the request ends",
+                             exc_info=True)
                 if self.callback_error is None and not update.finished:
                     self.callback_error = f"the request's update callback failed: {type(err).__name__}: {err}"
                     self.cancelled = True
