@@ -203,7 +203,7 @@ class _Request:
     stop_words: tuple[tuple[int, ...], ...]
     send: Callable[[Answer], None]
     arrival_ns: int
-    aborted: bool = False  # by a stop request
+    aborted: bool = False  # by a stop request, or after a response could not be made: the engine stops it
     scheduled_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
