@@ -70,15 +70,10 @@ class Deployment:
     kept_on: bool = False  # a probe: that spec with its schedule's K = 0 thresholds removed, reported, not judged
 
     @property
-    def speculative(self) -> bool:
-        """A plain baseline (plain_of) decodes without speculation: the loaded targets, which judge speculation
-        against its baseline, do not apply to it; its ratios to plain are reported."""
-        return not self.plain_of
-
-    @property
     def loaded_targets(self) -> bool:
-        """Whether the loaded targets judge it: every speculative deployment the demo ships (a probe is reported)."""
-        return self.speculative and not self.kept_on
+        """Whether the loaded targets, which judge speculation against the baseline, apply: not to a plain baseline
+        (plain_of decodes without speculation) nor to a probe (kept_on); their ratios are reported instead."""
+        return not (self.plain_of or self.kept_on)
 
 
 DEPLOYMENTS = {
