@@ -108,3 +108,41 @@ def test_a_stale_verdict_never_stands_for_a_crashed_run(bench: dict[str, ModuleT
         "sys.exit(finish('miss_bench', [Target('t', False, '0.5')], verdicts=verdicts))\n")
     outcome = r.run_script("miss_bench", bench=tmp_path, verdicts=tmp_path)
     assert outcome == r.Outcome("miss_bench", 1, "miss_bench: missed 1 of 1 targets: t (0.5)")
+
+
+def test_the_bls_miss_at_one_request_is_judged_by_the_measured_account_of_the_same_commit(
+        bench: dict[str, ModuleType], tmp_path: Path) -> None:
+    """Issue 22 asks the BLS for 1.3x plain at concurrency 1 or a measured account of why the engine flow caps it:
+    serving_bench takes round_cost_bench's account only from the same commit and machine, measured on committed
+    code, and only where it holds; a met 1.3x needs no account."""
+    s = bench["serving_bench"]
+    machine = {"git_commit": "abc", "platform": "Linux-x", "nproc": 2}
+    holds = {"holds": True, "x_plain": {"plain": 1.0, "one engine": 1.72, "flow": 1.18}}
+    path = tmp_path / "round-cost.json"
+
+    def write(account: dict, measured_on: dict, uncommitted: list[str] | None = None) -> None:
+        path.write_text(json.dumps({"account": account, "machine": measured_on,
+                                    "settings": {"uncommitted_specbuild_files": uncommitted or []}}))
+
+    def verdict(ratio: float) -> dict:
+        results = {"plain": {1: None}, "draft-target": {1: None}}
+        ratios = {"draft-target": {"1": {"output_tokens_per_s": ratio}}}
+        (target,) = s.targets(results, ratios, s.accounts(tmp_path, machine))
+        return target
+
+    assert s.accounts(tmp_path, machine) == {}  # no account written: the 1.3x alone judges
+    assert not verdict(1.25)["met"]
+    write(holds, machine)
+    accounted = verdict(1.25)
+    assert accounted["met"] and "round-cost.json" in accounted["target"]
+    assert s.measured_text(accounted) == ("1.25 (round-cost.json: in-process, the 1.2 flow's rounds 1.18x plain, "
+                                          "one engine with the same models and K 1.72x)")
+    assert verdict(1.31) == {"target": "draft-target >= 1.3x plain tokens/s at concurrency 1", "measured": 1.31,
+                             "met": True}
+    write({**holds, "holds": False}, machine)
+    assert not verdict(1.25)["met"]  # the account was measured, and it does not explain the miss
+    for stale in ({**machine, "git_commit": "def"}, {**machine, "platform": "Linux-y"}):
+        write(holds, stale)
+        assert s.accounts(tmp_path, machine) == {} and not verdict(1.25)["met"]
+    write(holds, machine, uncommitted=["specbuild/python_models/bls_loop.py"])
+    assert s.accounts(tmp_path, machine) == {}
