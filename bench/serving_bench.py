@@ -9,8 +9,9 @@ EAGLE-3 and Draft_Target (configs/demo-eagle3.yaml, configs/demo-pytorch.yaml: t
 on the reference backend) — serves them all at once with the tritonserver bundled in nvidia-pytriton (or the one on
 PATH), and drives each entry model over gRPC streaming with `specbuild bench`'s load generator (the llmapi model
 through its own input names). Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
-of them alike) and the median round by tokens/s is kept. Output tokens are counted with the deployment's own
-tokenizer (re-encoding each answer), the same for every deployment.
+of them alike) and the median round by tokens/s is kept; a run sends every prompt once and at least 4 requests per
+client (REQUESTS_PER_CLIENT), so the burst at its start and the tail at its end are not most of it. Output tokens
+are counted with the deployment's own tokenizer (re-encoding each answer), the same for every deployment.
 
 Every deployment is measured at every --concurrency (default 1, 8, 16). Targets, each a ratio measured side by side
 in the same run: plain at concurrency 8 >= 3x its own tokens/s at concurrency 1 (in-flight batching); draft-target
@@ -100,6 +101,10 @@ SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at c
 LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
 TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non-streamed answer fails it)
 BATCHING_MIN = 3.0  # plain at concurrency 8 vs plain at concurrency 1
+REQUESTS_PER_CLIENT = 4
+"""Each client's requests in a run under load. Every run starts with all clients arriving at once and ends with them
+finishing one by one; with 2 requests a client (the load generator's default) those ramps were most of a run, and one
+deployment's three rounds at concurrency 8 spread by up to 29% of their median on a 2-core machine."""
 console = Console(stderr=True)
 
 
@@ -180,7 +185,8 @@ def main() -> int:
                         help="serve only these deployments (plain is always served: it is the baseline)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
-    parser.add_argument("--requests", type=int, default=None, help="per run (default: 8, or 2 per client)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help=f"per run (default: every prompt once, and at least {REQUESTS_PER_CLIENT} per client)")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("--no-prepare", action="store_true",
                         help="serve the deployments as they are, without convert/build/deploy")
@@ -223,7 +229,7 @@ def main() -> int:
                 entry[name] = client.model.name
         for concurrency in args.concurrency:
             load = Load(prompts=DEFAULT_PROMPTS, max_tokens=args.max_tokens, concurrency=concurrency,
-                        requests=args.requests)
+                        requests=args.requests or max(len(DEFAULT_PROMPTS), REQUESTS_PER_CLIENT * concurrency))
             measured = names
             rounds: dict[str, list[Summary]] = {name: [] for name in measured}
             for index in range(args.rounds):
@@ -325,7 +331,8 @@ def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], arg
                                "baseline": DEPLOYMENTS[name].baseline, "judged": DEPLOYMENTS[name].judged,
                                "plain_of_spec": DEPLOYMENTS[name].plain_of} for name in results},
         "load": {"prompts": list(DEFAULT_PROMPTS), "max_tokens": args.max_tokens, "rounds": args.rounds,
-                 "concurrency": args.concurrency, "tokens_counted_by": counter.source},
+                 "concurrency": args.concurrency, "tokens_counted_by": counter.source,
+                 "requests": args.requests, "requests_per_client": None if args.requests else REQUESTS_PER_CLIENT},
         "results": {name: {str(c): s.to_json() for c, s in by_c.items()} for name, by_c in results.items()},
         "ratios_vs_baseline": ratios,
         "targets": targets(results, ratios, accounts(args.out, machine)),
@@ -406,12 +413,20 @@ def reported(ratios: dict[str, Any]) -> list[dict[str, Any]]:
             if c == "1" or not DEPLOYMENTS[name].loaded_targets]
 
 
+def _requests(load: dict[str, Any]) -> str:
+    """How many requests a run sent, as the report's load says (older reports: the load generator's default)."""
+    if load.get("requests"):
+        return f"{load['requests']} requests"
+    return f"every prompt once and at least {load.get('requests_per_client') or 2} requests per client"
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Serving benchmark: demo deployments on tritonserver",
         "",
         f"{report['what']}. Tokens counted by {report['load']['tokens_counted_by']}; "
-        f"{report['load']['max_tokens']} new tokens per request over {len(report['load']['prompts'])} prompts; "
+        f"{report['load']['max_tokens']} new tokens per request over {len(report['load']['prompts'])} prompts, "
+        f"{_requests(report['load'])} a run; "
         f"median of {report['load']['rounds']} interleaved rounds. ITL = (latency − TTFT) / (tokens − 1). "
         "Acceptance = total_accepted_draft_tokens / total_draft_tokens from the model outputs (– : none reported).",
         "",
