@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 from machine_info import machine_info
+from serving_bench import SPEEDUP_MIN, existing, prepare
 from targets import Target, finish
 
 BENCH = Path(__file__).resolve().parent
@@ -58,7 +59,6 @@ sys.path.insert(0, str(ROOT))
 SPEC = ROOT / "configs" / "demo.yaml"
 WORK = BENCH / "work" / "round-cost"
 SUM_TOLERANCE = 0.15  # the in-process parts vs the measured round
-ACCOUNT_FLOOR = 1.3  # serving_bench's SPEEDUP_MIN: the concurrency-1 speed-up whose miss the account explains
 TIMINGS = "timings.jsonl"  # written by the instrumented BLS into its model directory, one line per request
 LLM_MODELS = ("tensorrt_llm_draft", "tensorrt_llm")
 PART_NAMES = ("draft calls", "target call", "BLS work", "detokenisation")
@@ -752,8 +752,9 @@ def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineT
     """Why the BLS's rounds make plain decoding only so much faster at one request, in-process (no Triton): the same
     requests decoded plainly, by one engine drafting and verifying in its step, and by the 1.2 flow's rounds (a
     draft request and a target request each, the target decoding on after a rejection); each request at its
-    fastest pass. The flow caps the BLS when its rounds stay below `ACCOUNT_FLOOR` times plain while one engine
-    with the same models and K reaches it: the speculation pays, the flow's requests and continuations eat it."""
+    fastest pass. The flow caps the BLS when its rounds stay below serving_bench's SPEEDUP_MIN times plain while
+    one engine with the same models and K reaches it: the speculation pays, the flow's requests and continuations
+    eat it."""
     plain, one = engines["plain"], engines["one engine"]
     tokens = sum(len(t.tokens) for t in plain)
     seconds = {"plain": sum(t.total_s for t in plain), "one engine": sum(t.total_s for t in one),
@@ -763,7 +764,7 @@ def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineT
     plain_token_ms = 1e3 * seconds["plain"] / tokens
     rounds = in_process["rounds"]
     return {
-        "k": k, "floor": ACCOUNT_FLOOR, "requests": len(plain), "tokens": tokens,
+        "k": k, "floor": SPEEDUP_MIN, "requests": len(plain), "tokens": tokens,
         "same_tokens": {"requests": len(plain), "same": same, "all": same == len(plain)},
         "ms_per_request": {name: 1e3 * s / len(plain) for name, s in seconds.items()},
         "ms_per_token": {name: 1e3 * s / tokens for name, s in seconds.items()},
@@ -772,7 +773,7 @@ def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineT
         "flow_tokens_per_round": tokens / rounds,
         "plain_ms_for_a_rounds_tokens": plain_token_ms * tokens / rounds,
         "continuation_forwards_per_round": in_process["forwards_per_call"]["tensorrt_llm"] - 1,
-        "holds": bool(same == len(plain) and x["flow"] < ACCOUNT_FLOOR <= x["one engine"]),
+        "holds": bool(same == len(plain) and x["flow"] < SPEEDUP_MIN <= x["one engine"]),
     }
 
 
@@ -901,7 +902,6 @@ def main(argv: list[str] | None = None) -> int:
     load_start = [round(x, 2) for x in os.getloadavg()]
     import torch
     import tritonclient.grpc as grpcclient
-    from serving_bench import existing, prepare
 
     from specbuild.bench.client import LLMClient
     from specbuild.bench.load import DEFAULT_PROMPTS

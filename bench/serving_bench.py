@@ -103,8 +103,9 @@ TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non
 BATCHING_MIN = 3.0  # plain at concurrency 8 vs plain at concurrency 1
 REQUESTS_PER_CLIENT = 4
 """Each client's requests in a run under load. Every run starts with all clients arriving at once and ends with them
-finishing one by one; with 2 requests a client (the load generator's default) those ramps were most of a run, and one
-deployment's three rounds at concurrency 8 spread by up to 29% of their median on a 2-core machine."""
+finishing one by one; with the load generator's default of 2 a client, one of each client's two requests is in the
+burst and the other in the tail, so little of a run is the steady load the targets are about. (On the 2-core machine
+where it was set, it did not narrow the spread of a deployment's three rounds: see the serving results.)"""
 console = Console(stderr=True)
 
 

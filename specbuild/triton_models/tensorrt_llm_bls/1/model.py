@@ -304,9 +304,9 @@ class TritonPythonModel:
         """This round's K: the request's, cut by the load-aware schedule for the requests now in flight. A request's
         `first` round while others are in flight is the target alone (K 0: one token, its prefill), as an engine
         makes a new request's first token, so that it comes without waiting for a draft request and a verification
-        on a loaded server (NVIDIA's loop drafts first: on the demo pair that doubled time to first token under
-        load). Alone on the server a request drafts at once: there the first speculative round is faster overall
-        (about 10% of tokens/s on the demo pair) and delays nobody."""
+        on a loaded server (NVIDIA's loop drafts first at every load; bench/serving_bench.py's TTFT targets judge
+        this). Alone on the server a request drafts at once: there the speculative first round is faster overall
+        and delays nobody."""
         if first and self.in_flight > 1:
             return 0
         if self.schedule is None:
