@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from tests.deploy_fixtures import PROMPTS, Deployed, _server
-from tests.test_deploy_serving import _input, grpc_generate
+from tests.test_deploy_serving import grpc_generate
 
 pytestmark = pytest.mark.tritonserver
 
@@ -55,47 +56,6 @@ def test_concurrent_streams_stream_when_the_schedule_turns_speculation_off(
         assert _streamed(chunks) > 2, f"{prompt!r}: {len(chunks)} responses: not streamed"
 
 
-class _Stream:
-    """One streaming BLS request in the background: each response's arrival time, text and draft count."""
-
-    def __init__(self, url: str, prompt: str, max_tokens: int) -> None:
-        import threading
-
-        self.responses: list[tuple[float, str, int]] = []
-        self.first = threading.Event()
-        self.error: str | None = None
-        self.done = threading.Event()
-        self._client = grpcclient.InferenceServerClient(url)
-        self._client.start_stream(callback=self._on_response)
-        self._client.async_stream_infer("tensorrt_llm_bls", [
-            _input("text_input", np.array([[prompt]], dtype=object)),
-            _input("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
-            _input("stream", np.array([[True]]))], enable_empty_final_response=True)
-
-    def _on_response(self, result: Any, error: Any) -> None:
-        if error is not None:
-            self.error = str(error)
-            self.done.set()
-            return
-        text = result.as_numpy("text_output")
-        if text is not None:
-            drafted = result.as_numpy("total_draft_tokens")
-            self.responses.append((time.monotonic(), text.reshape(-1)[0].decode("utf-8"),
-                                   -1 if drafted is None else int(drafted.reshape(-1)[0])))
-            self.first.set()
-        if result.get_response(as_json=True)["parameters"]["triton_final_response"]["bool_param"]:
-            self.done.set()
-
-    def wait(self) -> list[tuple[float, str, int]]:
-        try:
-            assert self.done.wait(120), "no final response within 120 s"
-            assert self.error is None, self.error
-            return self.responses
-        finally:
-            self._client.stop_stream()
-            self._client.close()
-
-
 def test_a_request_arriving_under_load_gets_its_first_token_from_the_target_alone(dt_server: Any) -> None:
     """The demo's BLS (its own schedule): a request alone on the server drafts in its first round (its first response
     already counts drafts); one that arrives while another streams gets its first token from the target alone (no
@@ -104,16 +64,31 @@ def test_a_request_arriving_under_load_gets_its_first_token_from_the_target_alon
     so under load the first token waited for a draft request and a verification: about twice plain decoding's
     time to first token in bench/results/serving.md."""
     alone_prompt, late_prompt = PROMPTS[0], PROMPTS[1]
-    alone = _Stream(dt_server.grpc_url, alone_prompt, 60)
-    assert alone.first.wait(60), alone.error
-    late = _Stream(dt_server.grpc_url, late_prompt, 20)
-    late_responses, alone_responses = late.wait(), alone.wait()
-    assert alone_responses[-1][0] > late_responses[0][0], \
+    arrived: dict[str, list[float]] = {"alone": [], "late": []}
+    first = threading.Event()
+
+    def on_alone() -> None:
+        arrived["alone"].append(time.monotonic())
+        first.set()
+
+    def bls(prompt: str, max_tokens: int, on_response: Callable[[], None]) -> list[tuple[str, int]]:
+        """Each response's text and the drafts counted so far."""
+        chunks, outputs = grpc_generate(dt_server.grpc_url, "tensorrt_llm_bls", [prompt], max_tokens, stream=True,
+                                        on_response=on_response)
+        return [(text, int(out["total_draft_tokens"].reshape(-1)[0])) for text, out in zip(chunks[0], outputs,
+                                                                                             strict=True)]
+
+    with ThreadPoolExecutor(1) as pool:
+        alone_future = pool.submit(bls, alone_prompt, 60, on_alone)
+        assert first.wait(60), "no first response from the request alone"
+        late = bls(late_prompt, 20, lambda: arrived["late"].append(time.monotonic()))
+        alone = alone_future.result(timeout=120)
+    assert arrived["alone"][-1] > arrived["late"][0], \
         "the first request ended before the second one's first response: no load to test under"
-    assert alone_responses[0][2] > 0, "alone on the server, the first round drafts"
-    assert late_responses[0][2] == 0, "under load, the first token comes from the target alone"
-    assert late_responses[-1][2] > 0, "and the request drafts from its second round on"
-    for prompt, responses, max_tokens in ((alone_prompt, alone_responses, 60), (late_prompt, late_responses, 20)):
+    assert alone[0][1] > 0, "alone on the server, the first round drafts"
+    assert late[0][1] == 0, "under load, the first token comes from the target alone"
+    assert late[-1][1] > 0, "and the request drafts from its second round on"
+    for prompt, responses, max_tokens in ((alone_prompt, alone, 60), (late_prompt, late, 20)):
         plain = grpc_generate(dt_server.grpc_url, "ensemble", [prompt], max_tokens, stream=False,
                               exclude_input_in_output=np.array([[True]]))[0][0]
-        assert "".join(text for _, text, _ in responses) == "".join(plain), prompt
+        assert "".join(text for text, _ in responses) == "".join(plain), prompt

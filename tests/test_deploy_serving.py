@@ -12,6 +12,7 @@ import json
 import queue
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ def _input(name: str, value: np.ndarray) -> grpcclient.InferInput:
 
 
 def grpc_generate(url: str, model: str, prompts: list[str], max_tokens: int = MAX_TOKENS, *, stream: bool,
+                  on_response: Callable[[], None] | None = None,
                   **extra: np.ndarray) -> tuple[list[list[str]], list[dict[str, Any]]]:
     """One request (batch = len(prompts)) over the gRPC stream RPC: text chunks per batch row, and the outputs
-    of every response. Raises RuntimeError with Triton's message on an error response."""
+    of every response (`on_response` is called as each one with text arrives). Raises RuntimeError with Triton's
+    message on an error response."""
     inputs = [
         _input("text_input", np.array([[p] for p in prompts], dtype=object)),
         _input("max_tokens", np.full((len(prompts), 1), max_tokens, dtype=np.int32)),
@@ -72,6 +75,8 @@ def grpc_generate(url: str, model: str, prompts: list[str], max_tokens: int = MA
                 for row, value in zip(rows, text.reshape(len(text), -1)[:, 0], strict=True):
                     chunks[row].append(value.decode("utf-8"))
                 outputs.append({out.name: result.as_numpy(out.name) for out in result.get_response().outputs})
+                if on_response is not None:
+                    on_response()
             if result.get_response(as_json=True)["parameters"]["triton_final_response"]["bool_param"]:
                 return chunks, outputs
     finally:
