@@ -87,8 +87,9 @@ def test_a_request_arriving_under_load_gets_its_first_token_from_the_target_alon
         "the first request ended before the second one's first response: no load to test under"
     assert alone[0][1] > 0, "alone on the server, the first round drafts"
     assert late[0][1] == 0, "under load, the first token comes from the target alone"
-    assert late[-1][1] > 0, "and the request drafts from its second round on"
     for prompt, responses, max_tokens in ((alone_prompt, alone, 60), (late_prompt, late, 20)):
         plain = grpc_generate(dt_server.grpc_url, "ensemble", [prompt], max_tokens, stream=False,
                               exclude_input_in_output=np.array([[True]]))[0][0]
         assert "".join(text for text, _ in responses) == "".join(plain), prompt
+    if len(late) > 1:  # other weights could end the answer at its first token (the end id): no second round then
+        assert late[-1][1] > 0, "and the request drafts from its second round on"
