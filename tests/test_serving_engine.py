@@ -205,15 +205,22 @@ def _engine_of(kind: str, model: CausalLM, medusa: CausalLM) -> ServingEngine:
     return ServingEngine(model, max_batch=6, max_seq_len=128, proposer=proposer)
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["new-prompt", "prefix-hit"])
 @pytest.mark.parametrize("kind", ["draft", "ngram", "medusa", "lookahead"])
 def test_a_request_arriving_under_load_gets_its_first_token_before_the_others_speculate(
-        kind: str, model: CausalLM, medusa: CausalLM) -> None:
+        kind: str, cached: bool, model: CausalLM, medusa: CausalLM) -> None:
     """Time to first token under load, by counted forwards: a request that joins while others are speculating
     gets its first token from the step's first target forward, one of its own (no draft forward before it), and
-    then decodes in the same step's batch with the others; every output is still the one it gets served alone."""
+    then decodes in the same step's batch with the others; every output is still the one it gets served alone.
+    The same when the cache holds its whole prompt but the last token (`prefix-hit`: a prompt served before, as
+    a benchmark's or a chat's repeated prompts are): a cache hit must not make the first token wait for the
+    drafts and the tree, later than a miss's."""
     engine = _engine_of(kind, model, medusa)
     drafts = (lambda: engine.proposer.stats.forwards) if engine.proposer is not None else (lambda: 0)
     ps = prompts(4, seed=7)
+    if cached:
+        engine.submit(EngineRequest(ps[3], 2))
+        engine.run_until_idle()
     running = [engine.submit(EngineRequest(p, 24)) for p in ps[:3]]
     for _ in range(3):
         engine.step()
@@ -226,8 +233,10 @@ def test_a_request_arriving_under_load_gets_its_first_token_before_the_others_sp
             first.append((engine.stats.forwards, drafts(), engine.stats.rows_forwarded))
         received.extend(update.tokens)
 
+    reused = engine.stats.reused_tokens
     late = engine.submit(EngineRequest(ps[3], 12, on_update=on_update))
     engine.step()
+    assert engine.stats.reused_tokens - reused == (len(ps[3]) - 1 if cached else 0)
     assert first, "the late request got nothing in the step it joined"
     forwards, draft_forwards, rows = first[0]
     assert forwards == before[0] + 1 and draft_forwards == before[1]  # its own forward came first

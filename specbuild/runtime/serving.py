@@ -604,21 +604,32 @@ class ServingEngine:
             self._release(seq)
         return True
 
-    def _prefill_first(self, running: int) -> None:
+    def _prefill_first(self, running: int, *, prefix_hits: bool = True) -> None:
         """New prompts admitted this step (rows `running:`, admission appends them) run first, in forwards of their
         own, so their first token does not wait for the running sequences' drafting and verification (time to first
         token under load: a speculative step costs a few plain ones). Each then joins this step's generation like
-        the running ones; those already finished (one-token requests) leave first. A continuation, a request whose
-        prompt the cache holds but for its newest token (the BLS's next round, drafts or not), is no new prompt: it
-        stays in the step's shared forward, as before (its own forward would cost the batch a forward a round).
-        Greedy and sampled outputs are unchanged: every row's tokens depend only on its own sequence and random
-        stream."""
+        the running ones; those already finished (one-token requests) leave first. A request whose prompt the cache
+        holds but for its newest token (a prefix hit) is one too where this step speculates for it (the proposer
+        drafts, the Medusa tree is on, or it runs Lookahead): else a cache hit would make its first token wait for
+        the drafts, or share a forward wider than plain, later than a miss's. In a plain step, or with
+        `prefix_hits` False (the drafts are made: the verification comes next), it stays in the step's shared
+        forward, as the BLS's next round (a continuation, drafts or not) always does: there its own forward would
+        only cost the batch a forward. Greedy and sampled outputs are unchanged: every row's tokens depend only on
+        its own sequence and random stream."""
         fresh = self.active[running:]
-        prompts = [seq for seq in fresh if len(seq.pending) > 1]
+        drafts = self.proposer is not None and self.draft_len(len(self.active)) > 0
+
+        def speculates(seq: _Sequence) -> bool:
+            return ((seq.medusa and self.step_tree is not None) or (seq.drafting and drafts)
+                    or seq.lookahead is not None)
+
+        prompts = [seq for seq in fresh if len(seq.pending) > 1 or (
+            prefix_hits and not seq.state.output and speculates(seq))]
         if not prompts:
             return
         # The new prompts to the last rows, after the continuations (active[i].row == i throughout).
-        for index, seq in enumerate([s for s in fresh if len(s.pending) <= 1] + prompts, start=running):
+        first = {id(seq) for seq in prompts}
+        for index, seq in enumerate([s for s in fresh if id(s) not in first] + prompts, start=running):
             self._move(seq, index)
         start = len(self.active) - len(prompts)
         blocks = [seq.block(None) for seq in self.active[start:]]
@@ -640,7 +651,7 @@ class ServingEngine:
         self._admit()
         self.stats.admitted_mid_step += len(self.active) - running
         if len(self.active) > running:
-            self._prefill_first(running)
+            self._prefill_first(running, prefix_hits=False)
 
     def _move(self, seq: _Sequence, index: int) -> None:
         """Put `seq` on active row `index`, swapping with the sequence there (rows and KV rows together)."""
