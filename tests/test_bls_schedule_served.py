@@ -61,8 +61,8 @@ def test_a_request_arriving_under_load_gets_its_first_token_from_the_target_alon
     already counts drafts); one that arrives while another streams gets its first token from the target alone (no
     draft counted yet), as an engine makes a new request's first token, and drafts from its second round. Both
     texts are the target's greedy text (the ensemble's, on the same server). NVIDIA's loop drafts first at every load,
-    so under load the first token waited for a draft request and a verification: about twice plain decoding's
-    time to first token in bench/results/serving.md."""
+    so under load the first token waited for a draft request and a verification (bench/serving_bench.py's TTFT
+    targets judge the difference)."""
     alone_prompt, late_prompt = PROMPTS[0], PROMPTS[1]
     arrived: dict[str, list[float]] = {"alone": [], "late": []}
     first = threading.Event()
