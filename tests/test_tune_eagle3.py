@@ -63,7 +63,8 @@ def eagle3_spec(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str,
 
 def test_tune_picks_k_for_eagle3_by_the_formula(eagle3_spec: Path, tmp_path: Path) -> None:
     """K is the expected-speedup formula's best for the measured alpha and costs; the sweep's counts are EAGLE-3
-    decoding's own; the written spec holds that K and only it changed."""
+    decoding's own (the batch loop's, which the served engine's equal); the written spec holds that K and only it
+    changed."""
     from specbuild.runtime.eagle3 import Eagle3Draft
     from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
     from specbuild.runtime.model import CausalLM
@@ -99,3 +100,40 @@ def test_dry_run_writes_nothing(eagle3_spec: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "Draft length K" in result.output and eagle3_spec.read_text() == text
+
+
+def test_tune_times_k_and_the_schedule_on_the_engine_the_server_runs(eagle3_spec: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The llmapi model serves EAGLE-3 as a proposer in the target's serving engine (`llmapi_model.proposer`):
+    every K and schedule cell tune times runs there, at each batch size of the schedule, with that proposer
+    built the way the served model builds it (same class, same draft head, same K), never in the batch round
+    loop `generate_eagle3`."""
+    from specbuild.python_models.llmapi_model import proposer as served_proposer
+    from specbuild.runtime import serving
+    from specbuild.tune.schedule import batch_sizes
+
+    engines: list[serving.ServingEngine] = []
+
+    class Recording(serving.ServingEngine):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            engines.append(self)
+
+    def round_loop(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("tune timed generate_eagle3's round loop, which the server does not run")
+
+    monkeypatch.setattr(serving, "ServingEngine", Recording)
+    monkeypatch.setattr("specbuild.runtime.eagle3_decoding.generate_eagle3", round_loop)
+    options = TuneOptions(prompts=2, new_tokens=12, max_k=2, repeats=1, output=tmp_path / "t.yaml")
+    report = run_tune(eagle3_spec, options, console=QUIET, out=QUIET)
+    assert report.draft_length is not None and report.schedule is not None
+    drafting = [engine for engine in engines if engine.proposer is not None]
+    assert {engine.proposer.max_draft_len for engine in drafting} == {1, 2}  # type: ignore[union-attr]
+    assert {engine.max_batch for engine in drafting} == set(batch_sizes(2))
+    for engine in drafting:
+        ours = engine.proposer
+        assert ours is not None
+        served = served_proposer({"decoding_type": "Eagle3", "max_draft_len": ours.max_draft_len},
+                                 lambda: None, lambda ours=ours: ours.draft)  # type: ignore[attr-defined]
+        assert type(ours) is type(served)
+        assert all(getattr(ours, name) == getattr(served, name) for name in ("max_draft_len", "block_tokens"))

@@ -16,6 +16,7 @@ from specbuild.runtime.sequence import (
 if TYPE_CHECKING:
     from specbuild.runtime.lookahead import LookaheadConfig
     from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.proposers import Proposer
     from specbuild.runtime.serving import Typical
 
 
@@ -29,6 +30,18 @@ def generate(
     return run_to_completion(model, prompts, params, stop)
 
 
+def generate_proposed(
+    model: CausalLM,
+    prompts: Sequence[Sequence[int]],
+    proposer: Proposer,
+    params: SamplingParams = SamplingParams(),
+    stop: StopCriteria = StopCriteria(),
+) -> GenerationResult:
+    """Speculative decoding as the server's one engine runs it: `proposer` (a draft model, a self-draft sharing
+    the target's cache, EAGLE-3, n-grams) drafts its max_draft_len tokens for every sequence each step."""
+    return run_to_completion(model, prompts, params, stop, proposer=proposer)
+
+
 def run_to_completion(
     model: CausalLM,
     prompts: Sequence[Sequence[int]],
@@ -38,6 +51,7 @@ def run_to_completion(
     medusa_choices: Sequence[Sequence[int]] | None = None,
     typical: Typical | None = None,
     lookahead: LookaheadConfig | None = None,
+    proposer: Proposer | None = None,
 ) -> GenerationResult:
     """Every prompt as one request of a serving engine sized for the whole batch, stepped until all finish:
     the batch methods and the server run the same steps and the same stop rules."""
@@ -50,7 +64,10 @@ def run_to_completion(
         from specbuild.runtime.lookahead import max_block_tokens
 
         extra = max_block_tokens(lookahead)
+    if proposer is not None:
+        extra = proposer.block_tokens
     engine = ServingEngine(model, max_batch=len(prompts), medusa_choices=medusa_choices, lookahead=lookahead,
+                           proposer=proposer,
                            max_seq_len=max(len(p) for p in prompts) + stop.max_new_tokens + extra + 1)
     handles = [engine.submit(EngineRequest(list(p), stop.max_new_tokens, params.for_row(row), stop.end_id,
                                            stop.stop_words, stop.include_stop_words, typical=typical))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -135,9 +135,16 @@ def self_draft_proposer(target: CausalLM, num_layers: int, max_draft_len: int,
                         adapter: Path | str | None = None) -> ModelProposer:
     """The serving engine's self-draft: the target's first `num_layers` layers (+ the adapter layer of the
     self-draft checkpoint `adapter`) drafting K-token chains in the target's own KV cache, weights shared."""
+    return self_draft_proposers(target, num_layers, adapter)(max_draft_len)
+
+
+def self_draft_proposers(target: CausalLM, num_layers: int,
+                         adapter: Path | str | None = None) -> Callable[[int], ModelProposer]:
+    """K -> `self_draft_proposer(target, num_layers, K, adapter)`, the adapter read once for every K (tune
+    measures several K on the engine the server runs)."""
     layer = adapter_layer(target, num_layers, Path(adapter)) if adapter is not None else None
     draft, side = shared_draft(target, num_layers, layer)
-    return ModelProposer(draft, max_draft_len, shared=True, side_layers=side)
+    return lambda max_draft_len: ModelProposer(draft, max_draft_len, shared=True, side_layers=side)
 
 
 def self_draft_model(target: CausalLM, num_layers: int, adapter: Path | None = None) -> CausalLM:

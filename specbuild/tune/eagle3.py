@@ -3,8 +3,8 @@
 An EAGLE-3 round is a draft-target round in cost: K draft forwards of one token each (the catch-up on the
 target's features, then K - 1 chain steps; `specbuild.runtime.eagle3_decoding`) and one target forward over K + 1
 tokens, so Leviathan et al.'s expected speedup holds with c = one draft-head forward over one target forward.
-Only how a generation runs and how one draft forward is timed differ; `Drafter` carries both into the one K search
-(`specbuild.tune.stage.tune_draft_length`).
+Only how one draft forward is timed differs (`eagle3_forward`); generations run in the llmapi model's serving
+engine with the EAGLE-3 proposer, as the server runs them (`specbuild.tune.measure.one_engine`).
 
 The models are the ones the PyTorch flow's reference backend serves (`specbuild.contracts.llm_api.reference_settings`):
 the target checkpoint `specbuild convert` writes for build.backend: reference, and the EAGLE-3 draft from its
@@ -19,7 +19,7 @@ import torch
 
 from specbuild.errors import SpecbuildError
 from specbuild.runtime.model import CausalLM
-from specbuild.tune.measure import Drafter, Step
+from specbuild.tune.measure import Step, StepFactory
 
 
 def load_eagle3_draft(directory: Path, target: CausalLM) -> object:
@@ -33,10 +33,9 @@ def load_eagle3_draft(directory: Path, target: CausalLM) -> object:
                              hint="draft.model must be an EAGLE-3 draft trained for this target") from err
 
 
-def eagle3_drafter(target: CausalLM, draft: object) -> Drafter:
-    """EAGLE-3 chain drafting with `draft` (an Eagle3Draft) for the K search."""
+def eagle3_forward(draft: object) -> StepFactory:
+    """How one forward of the EAGLE-3 draft head (an Eagle3Draft) is timed for the K search."""
     from specbuild.runtime.eagle3 import Eagle3Draft
-    from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
 
     assert isinstance(draft, Eagle3Draft)
 
@@ -55,5 +54,4 @@ def eagle3_drafter(target: CausalLM, draft: object) -> Drafter:
 
         return step
 
-    return Drafter("EAGLE-3", lambda prompts, k, stop: generate_eagle3(
-        target, draft, prompts, Eagle3Config(num_draft_tokens=k), stop=stop).stats, step_after)
+    return step_after

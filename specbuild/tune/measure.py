@@ -16,9 +16,10 @@ from typing import Generic, TypeVar
 
 import torch
 
-from specbuild.runtime.generation import generate
+from specbuild.runtime.generation import generate, generate_proposed
 from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
 from specbuild.runtime.model import CausalLM
+from specbuild.runtime.proposers import Proposer
 from specbuild.runtime.sequence import GenerationStats, StopCriteria
 from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 from specbuild.spec import MAX_DRAFT_TOKENS
@@ -144,9 +145,19 @@ class Drafter:
 
 
 def draft_model(target: CausalLM, draft: CausalLM) -> Drafter:
-    """Draft-target speculative decoding with a separate draft model (or a self-draft made into one)."""
+    """Draft-target speculative decoding with a separate draft model in an engine of its own: the engine flow's
+    BLS, which calls a draft engine and a target engine each round."""
     return Drafter("draft-target", lambda prompts, k, stop: generate_draft_target(
         target, draft, prompts, stop=stop, config=DraftTargetConfig(num_draft_tokens=k)).stats, draft)
+
+
+def one_engine(name: str, target: CausalLM, proposer: Callable[[int], Proposer],
+               draft_forward: CausalLM | StepFactory) -> Drafter:
+    """Drafting inside the target's serving engine, as the server runs a self-draft (the tensorrt_llm model) and
+    the PyTorch flow's DraftTarget and EAGLE-3 (the llmapi model): `proposer(K)` builds the proposer the server
+    builds, so tune times the engine that serves the spec, not another loop with the same acceptance."""
+    return Drafter(name, lambda prompts, k, stop: generate_proposed(target, prompts, proposer(k), stop=stop).stats,
+                   draft_forward)
 
 
 def measure_forward_costs(target: CausalLM, drafter: Drafter, prompt: list[int], context: int, max_tokens: int,

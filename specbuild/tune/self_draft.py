@@ -8,7 +8,8 @@ speedup is the formula's at the K best for it, with v the measured cost of verif
 highest is chosen (ties: fewer layers), and K is then searched at that L by the draft-target K search itself.
 
 The drafts are the reference runtime's self-drafts (`specbuild.runtime.self_draft`): they share the target's
-weights, so every L costs no copy.
+weights, so every L costs no copy, and acceptance is counted in the target's serving engine drafting with the
+served self-draft proposer (its KV cache shared), as the tensorrt_llm model serves it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from specbuild.runtime.generation import generate_proposed
 from specbuild.runtime.model import CausalLM
+from specbuild.runtime.self_draft import self_draft_proposers
 from specbuild.runtime.sequence import GenerationStats, StopCriteria
 from specbuild.runtime.speculative import expected_speedup
-from specbuild.tune.measure import Acceptance, ForwardCosts, Prompts, Tick, draft_model, measure_forward_seconds, sweep
+from specbuild.tune.measure import Acceptance, ForwardCosts, Prompts, Tick, measure_forward_seconds, sweep
 
 
 @dataclass
@@ -70,10 +73,11 @@ def tune_layers(target: CausalLM, make_draft: Callable[[int], CausalLM], layers:
     k = max(ks)
     stop = StopCriteria(max_new_tokens=new_tokens)  # no end id: every prompt yields exactly new_tokens
 
-    def run(draft: CausalLM) -> Callable[[list[int]], GenerationStats]:
-        return lambda p: draft_model(target, draft).generate([p], k, stop)
+    def run(count: int) -> Callable[[list[int]], GenerationStats]:
+        proposer = self_draft_proposers(target, count)
+        return lambda p: generate_proposed(target, [p], proposer(k), stop=stop).stats
 
-    measured = sweep({count: run(draft) for count, draft in drafts.items()}, prompts, 1,
+    measured = sweep({count: run(count) for count in drafts}, prompts, 1,
                      ticks(f"self-draft: acceptance of L = {', '.join(map(str, layers))} at K={k}", len(prompts)))
     cost_repeats = 7
     jobs: dict[str, tuple[CausalLM, Sequence[int]]] = {"target": (target, range(1, k + 2))}

@@ -16,7 +16,9 @@ lookahead: every (W, N, G) of a small grid is run and chosen by measured tokens 
 its steps' forwards (`specbuild.tune.lookahead`). A self-draft (draft.source: target_layers): each layer count L
 is measured for its acceptance rate and draft cost, L is chosen by the same expected-speedup formula as K, and K
 is then tuned at that L (`specbuild.tune.self_draft`). eagle3: K by the draft_target search itself, with the
-EAGLE-3 draft as the drafter (`specbuild.tune.eagle3`).
+EAGLE-3 draft as the drafter (`specbuild.tune.eagle3`). Each generation runs on the engine the deployment serves
+(`_served_drafter`): one serving engine with a proposer for a self-draft, EAGLE-3 and the PyTorch flow's
+DraftTarget, two engines for the engine flow's separate draft (the BLS).
 
 Two speed figures per K, and why: "tokens/s" is wall-clock (batch 1, settings interleaved prompt by prompt,
 fastest of --repeats per prompt), what a user sees but noisy on a shared machine; "cost-model tokens/s" is the
@@ -45,7 +47,7 @@ from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_f
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
 from specbuild.tune import spec_edit as tune_yaml
-from specbuild.tune.eagle3 import eagle3_drafter, load_eagle3_draft
+from specbuild.tune.eagle3 import eagle3_forward, load_eagle3_draft
 from specbuild.tune.lookahead import LookaheadConfig, LookaheadGrid, LookaheadTuning, grid_candidates, lookahead_table
 from specbuild.tune.lookahead import tune_lookahead as measure_lookahead
 from specbuild.tune.measure import (
@@ -62,6 +64,7 @@ from specbuild.tune.measure import (
     measure_forward_costs,
     measure_head_accuracy,
     medusa_acceptance,
+    one_engine,
     sweep_draft_lengths,
 )
 from specbuild.tune.schedule import ScheduleTuning, batch_sizes, tune_schedule
@@ -191,6 +194,31 @@ def _self_draft_maker(target: Any) -> Callable[[int], Any]:
                 from err
 
     return make
+
+
+def _served_drafter(spec: PipelineSpec, models: dict[str, Any], searched_layers: int | None,
+                    draft_checkpoint: Path | None) -> Drafter:
+    """The drafting the deployment serves, so that K and its schedule are timed on the engine that runs them:
+    a self-draft in the target's engine and cache (the tensorrt_llm model's `self_draft_proposer`, with the
+    adapter from the converted self-draft checkpoint, or the L just searched), EAGLE-3 and the PyTorch flow's
+    DraftTarget in the llmapi model's one engine, and the engine flow's separate draft through the BLS's two
+    engines."""
+    from specbuild.runtime.proposers import Eagle3Proposer, ModelProposer
+    from specbuild.runtime.self_draft import self_draft_proposers
+
+    target = models["target"]
+    assert spec.draft is not None
+    if spec.speculative.mode == "eagle3":
+        assert spec.draft.model is not None
+        draft = load_eagle3_draft(spec.draft.model, target)
+        return one_engine("EAGLE-3", target, lambda k: Eagle3Proposer(draft, k), eagle3_forward(draft))
+    if spec.draft.is_self_draft:
+        layers = searched_layers if searched_layers is not None else spec.draft.layers
+        adapter = draft_checkpoint if spec.draft.adapter is not None else None
+        return one_engine("self-draft", target, self_draft_proposers(target, layers, adapter), models["draft"])
+    if spec.build.flow == PYTORCH:
+        return one_engine("draft-target", target, lambda k: ModelProposer(models["draft"], k), models["draft"])
+    return draft_model(target, models["draft"])
 
 
 # ---------------------------------------------------------------------------------------------- Medusa tree
@@ -569,11 +597,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                                             ks, _mean_context(options), phase)
                 update.draft_layers = report.layers.chosen
                 models["draft"] = report.layers.drafts[report.layers.chosen]
-            if mode == "eagle3":
-                assert spec.draft is not None and spec.draft.model is not None
-                drafter = eagle3_drafter(models["target"], load_eagle3_draft(spec.draft.model, models["target"]))
-            else:
-                drafter = draft_model(models["target"], models["draft"])
+            drafter = _served_drafter(spec, models, report.layers.chosen if report.layers else None,
+                                      directories.get("draft"))
             report.draft_length = tune_draft_length(models["target"], drafter, prompts, options, ks, phase)
             update.num_draft_tokens = report.draft_length.chosen
         else:
