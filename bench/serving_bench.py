@@ -24,7 +24,8 @@ deployment, at every higher concurrency, >= 1.0x its baseline's tokens/s **and**
 has TTFT = latency). The other deployments' concurrency-1 ratios are reported, not judged, and so are
 `medusa2-base`'s at every concurrency (a baseline decodes without speculation; the loaded targets judge
 speculation), and so are those of `medusa-kept-on`, configs/demo-medusa.yaml with its schedule's K = 0 thresholds
-removed: a probe of whether the schedule `tune` measured in-process also holds behind the server. The script exits 1
+removed: a probe of whether the schedule `tune` measured in-process also holds behind the server, and those of
+`plain-again`, the A/A control (plain's repository behind a second server, in the same rounds). The script exits 1
 when a target is missed or a deployment could not be deployed.
 
 Writes bench/results/serving.json (every figure, machine info), serving.md (the table), serving.png (tokens/s,
@@ -71,13 +72,15 @@ class Deployment:
     plain_of: bool = False
     reference_of: bool = False  # that spec on build.backend: reference (an llmapi repository served on CPU)
     kept_on: bool = False  # a probe: that spec with its schedule's K = 0 thresholds removed, reported, not judged
+    control: bool = False  # the A/A control: the baseline's own repository behind a second server, reported
     account: str | None = None  # the results file whose measured account may explain a miss at concurrency 1
 
     @property
     def loaded_targets(self) -> bool:
         """Whether the loaded targets, which judge speculation against the baseline, apply: not to a plain baseline
-        (plain_of decodes without speculation) nor to a probe (kept_on); their ratios are reported instead."""
-        return not (self.plain_of or self.kept_on)
+        (plain_of decodes without speculation), a probe (kept_on) or the A/A control; their ratios are reported
+        instead."""
+        return not (self.plain_of or self.kept_on or self.control)
 
 
 DEPLOYMENTS = {
@@ -91,12 +94,17 @@ DEPLOYMENTS = {
     "eagle3": Deployment("configs/demo-eagle3.yaml", judged=True),
     "draft-target-llmapi": Deployment("configs/demo-pytorch.yaml", judged=True, reference_of=True),
     "medusa-kept-on": Deployment("configs/demo-medusa.yaml", kept_on=True),
+    "plain-again": Deployment("configs/demo-plain.yaml", control=True),
 }
 """`medusa-kept-on` checks tune's schedule behind the server: tune times it in-process, where a response costs
 nothing, so the tree that its schedule turns off under load is served here kept on (its smaller trees stay).
 `draft-target` (the BLS) is judged at concurrency 1 by SPEEDUP_MIN or, as issue 22 allows, by the measured account
 of bench/round_cost_bench.py: its rounds against plain decoding and against one engine with the same models and K,
-in-process on the same commit and machine."""
+in-process on the same commit and machine.
+`plain-again` is the A/A control: plain's own repository behind a second tritonserver, measured in the same
+interleaved rounds. Its tokens/s over plain's is 1.0 but for this machine's noise, so it shows how far apart two
+identical deployments land in the run, which the ratios of a deployment that decodes plainly at some load (a schedule's
+K = 0) are to be read against."""
 SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at concurrency 1
 LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
 TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non-streamed answer fails it)
@@ -458,7 +466,9 @@ def markdown(report: dict[str, Any]) -> str:
               "concurrency 1 plain, draft-target, Medusa, EAGLE-3 and Draft_Target through llmapi are judged, the "
               "others' ratios reported; at 8 and 16 every speculative deployment is judged on tokens/s and TTFT "
               "p50 against its baseline. `medusa2-base` decodes without speculation: its ratios to plain (another "
-              "model, so another speed) are reported, not judged."]
+              "model, so another speed) are reported, not judged. `plain-again` is the A/A control: plain's own "
+              "repository behind a second tritonserver, in the same rounds; its ratios to plain (1.0 but for the "
+              "machine's noise) are reported, and show how far apart two identical deployments land in this run."]
     for name, error in report.get("not_deployed", {}).items():
         lines += ["", f"**{name} was not deployed** ({DEPLOYMENTS[name].spec}): `{error.splitlines()[0]}`"]
     for name, error in report.get("not_served", {}).items():

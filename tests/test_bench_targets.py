@@ -146,3 +146,19 @@ def test_the_bls_miss_at_one_request_is_judged_by_the_measured_account_of_the_sa
         assert s.accounts(tmp_path, machine) == {} and not verdict(1.25)["met"]
     write(holds, machine, uncommitted=["specbuild/python_models/bls_loop.py"])
     assert s.accounts(tmp_path, machine) == {}
+
+
+def test_the_a_a_control_is_reported_at_every_load_and_never_judged(bench: dict[str, ModuleType]) -> None:
+    """`plain-again` serves plain's own repository behind a second server: its ratios to plain measure the run's
+    noise, so they are reported at 1, 8 and 16 and no target judges them, not even when they fall below 1."""
+    from types import SimpleNamespace
+
+    s = bench["serving_bench"]
+    assert s.DEPLOYMENTS["plain-again"].spec == s.DEPLOYMENTS[s.BASELINE].spec
+    assert s.spec_path(s.DEPLOYMENTS["plain-again"]) == s.spec_path(s.DEPLOYMENTS[s.BASELINE])
+    run = {c: SimpleNamespace(output_tokens_per_s=100.0 * c) for c in (1, 8, 16)}
+    ratios = {"plain-again": {str(c): {"output_tokens_per_s": 0.8, "ttft_p50": 2.0} for c in (1, 8, 16)}}
+    judged = s.targets({"plain": run, "plain-again": run}, ratios)
+    assert judged and not [t for t in judged if "plain-again" in t["target"]]
+    assert [f["figure"] for f in s.reported(ratios)] == [
+        f"plain-again tokens/s vs plain at concurrency {c}" for c in (1, 8, 16)]
