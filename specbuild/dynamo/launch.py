@@ -28,7 +28,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -36,6 +35,7 @@ from rich.markup import escape
 
 from specbuild.dynamo.write import LAUNCH_FILE
 from specbuild.errors import SpecbuildError
+from specbuild.serve.lifetime import serve_until_stopped, stopped_on_signal
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 10.0
@@ -223,30 +223,14 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
-class _Signals:
-    """SIGTERM and SIGINT both stop the server (installed explicitly: a background job starts with SIGINT ignored);
-    a second one while stopping is ignored, so the stop is not cut half-way."""
-
-    def __init__(self) -> None:
-        self.stopping = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        raise KeyboardInterrupt
-
-
 def serve(directory: Path, *, http_port: int | None, log_dir: Path | None, ready_timeout_s: float,
           prompts: tuple[str, ...], max_tokens: int, console: Console, out: Console) -> None:
     """`specbuild serve DIR` on a Dynamo deployment: serve until Ctrl-C/SIGTERM, or answer the prompts and stop."""
     server = DynamoServer(directory, http_port=http_port, log_dir=log_dir, ready_timeout_s=ready_timeout_s)
-    handler = _Signals()
-    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
     console.print(f"starting NVIDIA Dynamo (frontend, router {server.plan['router_mode']}, {server.workers} "
                   f"reference workers) on {escape(str(server.directory))} (logs: {escape(str(server.log_dir))})",
                   highlight=False)
-    try:
+    with stopped_on_signal("Dynamo", server.stop, console):  # a second signal waits for the stop's own SIGKILLs
         with console.status("waiting until every worker is registered…"):
             server.start()
         out.print(f"ready: {server.model} at {server.url}/v1 (OpenAI: /v1/completions, /v1/models)", highlight=False)
@@ -260,16 +244,4 @@ def serve(directory: Path, *, http_port: int | None, log_dir: Path | None, ready
                 out.print(f"  {answer.acceptance_line()}; first text after {answer.ttft_s * 1e3:.0f} ms",
                           highlight=False)
             return
-        console.print("serving until Ctrl-C", highlight=False)
-        while True:
-            time.sleep(0.5)
-            server.check()
-    except KeyboardInterrupt:
-        console.print("stopping Dynamo…", highlight=False)
-    finally:
-        handler.stopping = True
-        try:
-            server.stop()
-        finally:
-            for signum, old in previous.items():
-                signal.signal(signum, old)
+        serve_until_stopped(server.check, console)

@@ -4,7 +4,8 @@ SIGTERM and SIGINT are both turned into KeyboardInterrupt, so `kill`, a CI timeo
 tritonserver and its python stubs through `TritonServer.stop()`, while loading or serving; a requested stop exits
 0. SIGINT is installed explicitly because Python leaves it ignored when it started ignored (a process launched in
 the background by a non-interactive shell, as CI runners and `nohup` do), and `kill -INT` must still stop the
-server then. Once stopping, a second signal SIGKILLs the server's family at once instead of interrupting the stop.
+server then. Once stopping, a second signal SIGKILLs the server's family at once instead of interrupting the stop
+(`specbuild.serve.lifetime`, shared with the Dynamo deployments).
 
 While serving, `TritonServer.check()` runs twice a second: a dead server, a dead python stub or a model that is no
 longer READY stops everything and raises SpecbuildError (the CLI prints it and exits 1), so nothing keeps answering
@@ -13,17 +14,15 @@ longer READY stops everything and raises SpecbuildError (the CLI prints it and e
 
 from __future__ import annotations
 
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 from rich.markup import escape
 
 from specbuild.bench.client import Generation, LLMClient, entry_model
 from specbuild.errors import SpecbuildError
+from specbuild.serve.lifetime import serve_until_stopped, stopped_on_signal
 from specbuild.serve.server import TritonServer
 
 
@@ -42,24 +41,6 @@ class ServeOptions:
     model: str | None = None
 
 
-WATCH_INTERVAL_S = 0.5
-
-
-class _Signals:
-    """The first SIGTERM/SIGINT raises KeyboardInterrupt; any later one (we are stopping by then) SIGKILLs the
-    server's family instead, so that a stop is never interrupted half-way, leaving stubs orphaned."""
-
-    def __init__(self, server: TritonServer) -> None:
-        self.server, self.stopping = server, False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:
-            self.server.kill()
-            return
-        self.stopping = True
-        raise KeyboardInterrupt
-
-
 def serve(options: ServeOptions, console: Console, out: Console) -> None:
     """Serve until Ctrl-C (or, with prompts, answer them and stop). Raises SpecbuildError on failure."""
     server = TritonServer(
@@ -69,10 +50,7 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
     )
     console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
                   highlight=False)
-    # Restored below whatever happens from here on.
-    handler = _Signals(server)
-    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stopped_on_signal("tritonserver", server.stop, console, kill=server.kill):
         with console.status("waiting until every model is ready…"):
             server.start()
         names = sorted(m["name"] for m in server.models())
@@ -82,23 +60,15 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
         if options.prompts:
             ask(server, options, names, out)
             return
-        console.print("serving until Ctrl-C", highlight=False)
-        while True:
-            time.sleep(WATCH_INTERVAL_S)
+
+        def check() -> None:
             try:
                 server.check()
             except SpecbuildError:
                 console.print("[bold red]tritonserver is not healthy:[/] stopping it", highlight=False)
                 raise
-    except KeyboardInterrupt:
-        console.print("stopping tritonserver…", highlight=False)
-    finally:
-        handler.stopping = True
-        try:
-            server.stop()
-        finally:
-            for signum, old in previous.items():
-                signal.signal(signum, old)
+
+        serve_until_stopped(check, console)
 
 
 def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Console) -> None:
