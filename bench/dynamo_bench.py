@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,16 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from specbuild.bench.client import Generation  # noqa: E402
-from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load, summarise  # noqa: E402
+from specbuild.bench.load import (  # noqa: E402
+    DEFAULT_PROMPTS,
+    Load,
+    Summary,
+    TokenCounter,
+    closed_loop,
+    median_round,
+    run_load,
+    summarise,
+)
 from specbuild.bench.report import table  # noqa: E402
 from specbuild.errors import SpecbuildError  # noqa: E402
 
@@ -83,61 +90,26 @@ def prepare(path: Path) -> Any:
 
 def openai_load(url: str, model: str, load: Load, counter: TokenCounter, timeout_s: float = 300.0) -> Summary:
     """`load` against an OpenAI /v1/completions endpoint, streamed, one thread per concurrent client (warm-up
-    request each, then the measured requests from a shared queue, as specbuild.bench.load.run_load does)."""
+    request each, then the measured requests from a shared queue: specbuild.bench.load.closed_loop, as run_load)."""
     import httpx
 
     from specbuild.dynamo.client import complete
 
-    jobs = iter(range(load.total_requests))
-    lock = threading.Lock()
-    results: list[tuple[Generation | None, str | None]] = []
-    barrier = threading.Barrier(load.concurrency + 1)
-
-    def send(prompt: str, http: httpx.Client) -> Generation:
-        answer = complete(url, model, prompt, load.max_tokens, stream=True, timeout_s=timeout_s, client=http)
+    def send(index: int, prompt: str) -> Generation:
+        answer = complete(url, model, prompt, load.max_tokens, stream=True, timeout_s=timeout_s, client=https[index])
         drafted, accepted = answer.drafted, answer.accepted
         return Generation(text=answer.text, response_times=answer.chunk_times, latency_s=answer.latency_s,
                           reported_tokens=answer.completion_tokens,
                           acceptance_rate=accepted / drafted if drafted and accepted is not None else None,
                           accepted_draft_tokens=accepted, draft_tokens=drafted)
 
-    def client(index: int) -> None:
-        with httpx.Client(timeout=timeout_s) as http:  # one kept-alive connection per client, as run_load's
-            try:
-                if load.warmup:
-                    send(load.prompts[index % len(load.prompts)], http)
-            except httpx.HTTPError:
-                pass
-            finally:
-                barrier.wait()
-            while True:
-                with lock:
-                    job = next(jobs, None)
-                if job is None:
-                    return
-                try:
-                    outcome: tuple[Generation | None, str | None] = (
-                        send(load.prompts[job % len(load.prompts)], http), None)
-                except httpx.HTTPError as err:
-                    outcome = (None, f"{type(err).__name__}: {err}")
-                with lock:
-                    results.append(outcome)
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(load.concurrency)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return summarise(url, model, "openai", load, results, time.perf_counter() - start, counter)
-
-
-def median_round(rounds: list[Summary]) -> Summary:
-    ordered = sorted(rounds, key=lambda s: s.output_tokens_per_s)
-    chosen = ordered[(len(ordered) - 1) // 2]
-    chosen.extra["rounds_tokens_per_s"] = [round(s.output_tokens_per_s, 2) for s in rounds]
-    return chosen
+    https = [httpx.Client(timeout=timeout_s) for _ in range(load.concurrency)]  # one kept-alive connection each
+    try:
+        results, wall = closed_loop(load, send, httpx.HTTPError, lambda err: f"{type(err).__name__}: {err}")
+    finally:
+        for http in https:
+            http.close()
+    return summarise(url, model, "openai", load, results, wall, counter)
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from specbuild.bench.client import LLMClient  # noqa: E402
-from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, run_load  # noqa: E402
+from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, median_round, run_load  # noqa: E402
 from specbuild.bench.report import plot, speedup, table  # noqa: E402
 from specbuild.errors import SpecbuildError  # noqa: E402
 from specbuild.serve.server import TritonServer  # noqa: E402
@@ -177,13 +177,6 @@ def existing(spec_path: Path) -> Path:
         raise SpecbuildError(f"{spec_path.name}: no deployed repository at {repository}",
                              hint="run without --no-prepare")
     return repository
-
-
-def median_round(rounds: list[Summary]) -> Summary:
-    ordered = sorted(rounds, key=lambda s: s.output_tokens_per_s)
-    chosen = ordered[(len(ordered) - 1) // 2]
-    chosen.extra["rounds_tokens_per_s"] = [round(s.output_tokens_per_s, 2) for s in rounds]
-    return chosen
 
 
 def main() -> int:

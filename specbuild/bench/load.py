@@ -130,49 +130,67 @@ def run_load(
             clients.append(LLMClient(url, model, protocol, timeout_s))
         if load.stream is None:
             load = replace(load, stream=clients[0].model.decoupled)
-        jobs = iter(range(load.total_requests))
-        lock = threading.Lock()
-        results: list[tuple[Generation | None, str | None]] = []
-        barrier = threading.Barrier(load.concurrency + 1)
-        warm_errors: list[str] = []
-
-        def send(client: LLMClient, prompt: str) -> Generation:
-            return client.generate(prompt, load.max_tokens, stream=load.stream,
-                                   num_draft_tokens=load.num_draft_tokens)
-
-        def worker(index: int, client: LLMClient) -> None:
-            try:
-                if load.warmup:
-                    send(client, load.prompts[index % len(load.prompts)])
-            except SpecbuildError as err:
-                warm_errors.append(str(err))
-            finally:
-                barrier.wait()
-            while True:
-                with lock:
-                    job = next(jobs, None)
-                if job is None:
-                    return
-                try:
-                    outcome: tuple[Generation | None, str | None] = (send(client, load.prompts[job %
-                                                                                        len(load.prompts)]), None)
-                except SpecbuildError as err:
-                    outcome = (None, str(err))
-                with lock:
-                    results.append(outcome)
-
-        threads = [threading.Thread(target=worker, args=(i, c), daemon=True) for i, c in enumerate(clients)]
-        for thread in threads:
-            thread.start()
-        barrier.wait()
-        start = time.perf_counter()
-        for thread in threads:
-            thread.join()
-        wall = time.perf_counter() - start
+        results, wall = closed_loop(load, lambda index, prompt: clients[index].generate(
+            prompt, load.max_tokens, stream=load.stream, num_draft_tokens=load.num_draft_tokens), SpecbuildError)
     finally:
         for client in clients:
             client.close()
     return summarise(url, clients[0].model.name, protocol, load, results, wall, counter)
+
+
+Outcome = tuple[Generation | None, str | None]
+"""One request's answer, or why it failed."""
+
+
+def closed_loop(load: Load, send: Callable[[int, str], Generation],
+                failures: type[Exception] | tuple[type[Exception], ...],
+                describe: Callable[[Exception], str] = str) -> tuple[list[Outcome], float]:
+    """`load.concurrency` clients in a closed loop: each sends one warm-up request (its failure ignored), all
+    start together, and each takes the next of `load.total_requests` prompts as soon as its last answer is in.
+    `send(client index, prompt)` makes one request; one raising `failures` is an outcome described by
+    `describe`. Returns the outcomes and the seconds from the start to the last answer."""
+    jobs = iter(range(load.total_requests))
+    lock = threading.Lock()
+    results: list[Outcome] = []
+    barrier = threading.Barrier(load.concurrency + 1)
+
+    def client(index: int) -> None:
+        try:
+            if load.warmup:
+                send(index, load.prompts[index % len(load.prompts)])
+        except failures:
+            pass
+        finally:
+            barrier.wait()
+        while True:
+            with lock:
+                job = next(jobs, None)
+            if job is None:
+                return
+            try:
+                outcome: Outcome = (send(index, load.prompts[job % len(load.prompts)]), None)
+            except failures as err:
+                outcome = (None, describe(err))
+            with lock:
+                results.append(outcome)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(load.concurrency)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return results, time.perf_counter() - start
+
+
+def median_round(rounds: list[Summary]) -> Summary:
+    """The round with the median tokens/s (the lower middle of an even count), every round's figure kept with
+    it, so that one slow or fast round on a shared machine does not decide a comparison."""
+    ordered = sorted(rounds, key=lambda s: s.output_tokens_per_s)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    chosen.extra["rounds_tokens_per_s"] = [round(s.output_tokens_per_s, 2) for s in rounds]
+    return chosen
 
 
 def summarise(
