@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,20 @@ def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def engines_built(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every `specbuild.runtime.serving.ServingEngine` built during the test, in order (the class is swapped for a
+    subclass that records its instances), to assert which engine a stage ran its generations on."""
+    from specbuild.runtime import serving
+
+    built: list[Any] = []
+
+    class Recording(serving.ServingEngine):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(serving, "ServingEngine", Recording)
+    return built

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -102,32 +103,24 @@ def test_dry_run_writes_nothing(eagle3_spec: Path) -> None:
     assert "Draft length K" in result.output and eagle3_spec.read_text() == text
 
 
-def test_tune_times_k_and_the_schedule_on_the_engine_the_server_runs(eagle3_spec: Path, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tune_times_k_and_the_schedule_on_the_engine_the_server_runs(
+        eagle3_spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines_built: list[Any]
+) -> None:
     """The llmapi model serves EAGLE-3 as a proposer in the target's serving engine (`llmapi_model.proposer`):
     every K and schedule cell tune times runs there, at each batch size of the schedule, with that proposer
     built the way the served model builds it (same class, same draft head, same K), never in the batch round
     loop `generate_eagle3`."""
     from specbuild.python_models.llmapi_model import proposer as served_proposer
-    from specbuild.runtime import serving
     from specbuild.tune.schedule import batch_sizes
-
-    engines: list[serving.ServingEngine] = []
-
-    class Recording(serving.ServingEngine):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            engines.append(self)
 
     def round_loop(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("tune timed generate_eagle3's round loop, which the server does not run")
 
-    monkeypatch.setattr(serving, "ServingEngine", Recording)
     monkeypatch.setattr("specbuild.runtime.eagle3_decoding.generate_eagle3", round_loop)
     options = TuneOptions(prompts=2, new_tokens=12, max_k=2, repeats=1, output=tmp_path / "t.yaml")
     report = run_tune(eagle3_spec, options, console=QUIET, out=QUIET)
     assert report.draft_length is not None and report.schedule is not None
-    drafting = [engine for engine in engines if engine.proposer is not None]
+    drafting = [engine for engine in engines_built if engine.proposer is not None]
     assert {engine.proposer.max_draft_len for engine in drafting} == {1, 2}  # type: ignore[union-attr]
     assert {engine.max_batch for engine in drafting} == set(batch_sizes(2))
     for engine in drafting:

@@ -7,6 +7,7 @@ through the expected-speedup formula here), never against figures only the demo 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -108,32 +109,24 @@ def test_dry_run_writes_nothing_and_an_impossible_l_is_refused(self_draft_spec: 
     assert self_draft_spec.read_text() == text
 
 
-def test_tune_times_l_k_and_the_schedule_on_the_engine_the_server_runs(self_draft_spec: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tune_times_l_k_and_the_schedule_on_the_engine_the_server_runs(
+        self_draft_spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines_built: list[Any]
+) -> None:
     """The server self-drafts inside the target's serving engine and KV cache (the tensorrt_llm model builds
     `self_draft_proposer`): every L, K and schedule cell tune times runs there, as a proposer whose draft layers
     are the target's own objects, at each batch size of the schedule, and never in the two-engine draft-target
     loop (the BLS's costs: a second cache to prefill, a draft engine of its own)."""
-    from specbuild.runtime import serving
     from specbuild.runtime.proposers import ModelProposer
     from specbuild.tune.schedule import batch_sizes
-
-    engines: list[serving.ServingEngine] = []
-
-    class Recording(serving.ServingEngine):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            engines.append(self)
 
     def two_engines(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("tune timed the two-engine draft-target loop, which does not serve a self-draft")
 
-    monkeypatch.setattr(serving, "ServingEngine", Recording)
     monkeypatch.setattr("specbuild.tune.measure.generate_draft_target", two_engines)
     options = TuneOptions(prompts=2, new_tokens=12, max_k=2, repeats=1, layers=(1, 2), output=tmp_path / "t.yaml")
     report = run_tune(self_draft_spec, options, console=QUIET, out=QUIET)
     assert report.layers is not None and report.schedule is not None
-    drafting = [engine for engine in engines if engine.proposer is not None]
+    drafting = [engine for engine in engines_built if engine.proposer is not None]
     assert drafting and all(isinstance(engine.proposer, ModelProposer) and engine.proposer.shared
                             for engine in drafting)
     for engine in drafting:
