@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ from rich.console import Console
 
 from specbuild.cli.errors import console, handled_errors
 from specbuild.cli.options import MaxTokens, ModelName, NumDraftTokens, Repository
+from specbuild.errors import SpecbuildError
 
 
 def serve(
@@ -34,6 +36,12 @@ def serve(
     max_tokens: MaxTokens = 32,
     num_draft_tokens: NumDraftTokens = None,
     model_name: ModelName = None,
+    draft_len_schedule: Annotated[
+        str | None,
+        typer.Option("--draft-len-schedule", metavar="JSON", help="Serve this load-aware schedule (batch size -> "
+                     "draft length, e.g. '{\"1\": 4, \"8\": 1}') instead of the repository's, without redeploying; "
+                     "the full length at batch size 1, as every TensorRT-LLM line requires. Reference backend."),
+    ] = None,
 ) -> None:
     """Start tritonserver on REPOSITORY, wait until every model is ready, and serve until Ctrl-C.
 
@@ -45,15 +53,37 @@ def serve(
         from specbuild.dynamo.launch import serve as serve_dynamo
 
         with handled_errors():
+            if draft_len_schedule is not None:
+                raise SpecbuildError("--draft-len-schedule overrides a Triton repository's schedule; a Dynamo "
+                                     "deployment's workers read deploy's", hint="redeploy with the schedule in SPEC")
             serve_dynamo(repository, http_port=http_port, log_dir=log_file, ready_timeout_s=ready_timeout,
                          prompts=tuple(prompt or ()), max_tokens=max_tokens, console=console, out=Console())
         return
     from specbuild.serve.run import ServeOptions
     from specbuild.serve.run import serve as run_serve
 
-    options = ServeOptions(repository=repository, http_port=http_port, grpc_port=grpc_port,
-                           metrics_port=metrics_port, log_file=log_file, ready_timeout_s=ready_timeout, host=host,
-                           prompts=tuple(prompt or ()), max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
-                           model=model_name)
     with handled_errors():
+        options = ServeOptions(repository=repository, http_port=http_port, grpc_port=grpc_port,
+                               metrics_port=metrics_port, log_file=log_file, ready_timeout_s=ready_timeout, host=host,
+                               prompts=tuple(prompt or ()), max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
+                               model=model_name, draft_len_schedule=_schedule(draft_len_schedule))
         run_serve(options, console=console, out=Console())
+
+
+def _schedule(text: str | None) -> dict[int, int] | None:
+    """--draft-len-schedule parsed and checked as the served models will read it."""
+    if text is None:
+        return None
+    from specbuild.runtime.schedule import schedule_problems
+
+    try:
+        steps = {int(size): int(length) for size, length in json.loads(text).items()}
+    except (ValueError, AttributeError, TypeError) as err:
+        raise SpecbuildError(f"--draft-len-schedule {text!r} is not a JSON object of batch sizes to draft lengths "
+                             f"({err})", hint="e.g. '{\"1\": 4, \"8\": 1}'") from None
+    full = steps.get(1, steps[min(steps)] if steps else 0)
+    problems = schedule_problems(steps, full)
+    if not steps or problems:
+        raise SpecbuildError(f"--draft-len-schedule {text!r}: {'; '.join(problems) or 'empty'}",
+                             hint="map batch size 1 to the deployment's full draft length (K, or the tree's nodes)")
+    return steps

@@ -57,13 +57,19 @@ def tune(
         bool, typer.Option("--schedule/--no-schedule", help="Also measure and write speculative.draft_len_schedule: "
                            "which length pays at which number of active sequences.")
     ] = True,
+    served: Annotated[
+        bool, typer.Option("--served", help="Measure the schedule behind tritonserver on SPEC's deployed repository "
+                           "(run `specbuild deploy SPEC` first), at the length deployed, where every response also "
+                           "costs the server's work; default: in-process on the serving engine.")
+    ] = False,
 ) -> None:
     """Measure speculation on calibration text with the reference runtime and write the best settings into the
     spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
     ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
     (kept only where it decodes at least as many tokens per step as the spec's tree and mc_sim_7b_63's prefix of
     its size), and the load-aware schedule (plain vs speculative at each batch size up to
-    build.max_batch_size). lookahead: every (W, N, G) of the --window x --ngram x --verification-set grid that the
+    build.max_batch_size; with --served, behind tritonserver on the deployed repository). lookahead: every
+    (W, N, G) of the --window x --ngram x --verification-set grid that the
     spec's engine limits allow is run, and the one with the most tokens per second by the measured cost of its
     steps is written into speculative.lookahead. A self-draft (draft.source: target_layers): each L is measured
     for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
@@ -80,5 +86,5 @@ def tune(
                               inline=inline, write=not dry_run, threads=threads, schedule=schedule,
                               windows=tuple(window) if window else None, ngrams=tuple(ngram) if ngram else None,
                               verification_sets=tuple(verification_set) if verification_set else None,
-                              layers=tuple(layers) if layers else None)
+                              layers=tuple(layers) if layers else None, served=served)
         run_tune(spec_path, options, console=console, out=Console())

@@ -510,14 +510,18 @@ def proposer(config: Mapping[str, Any], load_draft: Callable[[], Any], load_eagl
                        "NVIDIA's)")
 
 
-def draft_schedule(config: Mapping[str, Any], max_draft_len: int, line: str | None = None) -> Any:
+def draft_schedule(config: Mapping[str, Any], max_draft_len: int, line: str | None = None,
+                   log: Callable[[str], None] | None = None) -> Any:
     """The engine's load rules from a speculative_config: draft_len_schedule looked up as the TensorRT-LLM `line`
     does (`specbuild.runtime.schedule.lookup_for_line`), max_concurrency, and the acceptance switch-off
     (acceptance_window / acceptance_length_threshold; the 1.4 line's acceptance_rate_window_size /
     acceptance_rate_threshold read alike)."""
-    from specbuild.runtime.schedule import DraftSchedule, lookup_for_line
+    from specbuild.runtime.schedule import DraftSchedule, lookup_for_line, served_steps
 
-    steps = {int(size): int(length) for size, length in (config.get("draft_len_schedule") or {}).items()}
+    try:
+        steps = served_steps(config.get("draft_len_schedule"), log)
+    except ValueError as err:
+        raise RuntimeError(f"model.yaml speculative_config: {err}") from None
     window = config.get("acceptance_window", config.get("acceptance_rate_window_size"))
     threshold = config.get("acceptance_length_threshold", config.get("acceptance_rate_threshold"))
     try:
@@ -559,7 +563,7 @@ def load_runner(settings: Mapping[str, Any], reference: Mapping[str, Any], *,
             return Eagle3Draft.from_directory(Path(reference["eagle3_draft"]), target, dtype=target.dtype)
 
         drafting = proposer(config, lambda: load("draft"), eagle3, batch)
-        schedule = draft_schedule(config, drafting.max_draft_len, reference.get("trtllm_line"))
+        schedule = draft_schedule(config, drafting.max_draft_len, reference.get("trtllm_line"), log_info)
         engine = ServingEngine(target, max_batch=batch, max_seq_len=seq, proposer=drafting, schedule=schedule)
         log_info(f"[trtllm] reference llmapi model: {config['decoding_type']} drafts in the serving engine "
                  f"(max_draft_len {drafting.max_draft_len}, in-flight batching of up to {batch} requests)")

@@ -25,14 +25,46 @@ in NVIDIA/TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py`):
 
 from __future__ import annotations
 
+import json
+import os
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 Lookup = Literal["from", "up_to"]
 """How a batch size between draft_len_schedule keys is looked up (the module docstring: TensorRT-LLM 1.2 / main)."""
+
+
+SCHEDULE_ENV = "SPECBUILD_DRAFT_LEN_SCHEDULE"
+"""A draft_len_schedule (JSON, batch size -> length) that the served models run instead of their repository's, when
+set in the server's environment: `specbuild tune --served` serves one deployed repository at one fixed length after
+another without redeploying it, and `specbuild serve --draft-len-schedule` tries a schedule the same way."""
+
+
+def served_steps(configured: Mapping[str, object] | Mapping[int, object] | str | None,
+                 log: Callable[[str], None] | None = None) -> dict[int, int]:
+    """The draft_len_schedule a served model runs: SCHEDULE_ENV's where the server was started with it (said to
+    `log`, so the server log shows which schedule ran), else its own configuration's (a repository parameter's
+    JSON text or model.yaml's mapping); {} for none."""
+    override = os.environ.get(SCHEDULE_ENV)
+    raw: object = override or configured
+    if not raw:
+        return {}
+    data = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(data, Mapping):
+        raise ValueError(f"draft_len_schedule must map batch sizes to draft lengths, not {raw!r}")
+    steps = {int(size): int(length) for size, length in data.items()}
+    if override and log is not None:
+        log(f"draft_len_schedule {json.dumps(steps)} from {SCHEDULE_ENV}, not the configuration's")
+    return steps
+
+
+def fixed_length(full_draft_len: int, length: int, max_batch: int) -> dict[int, int]:
+    """A schedule that drafts `length` at every batch size from 2 to `max_batch` (the full length at 1, as every
+    TensorRT-LLM line requires), read alike by the "from" and the "up_to" lookup."""
+    return {1: full_draft_len, 2: length, max(2, max_batch): length}
 
 
 def lookup_for_line(line: str | None) -> Lookup:

@@ -14,6 +14,7 @@ longer READY stops everything and raises SpecbuildError (the CLI prints it and e
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class ServeOptions:
     max_tokens: int = 32
     num_draft_tokens: int | None = None
     model: str | None = None
+    draft_len_schedule: dict[int, int] | None = None  # served instead of the repository's (SCHEDULE_ENV)
 
 
 def serve(options: ServeOptions, console: Console, out: Console) -> None:
@@ -46,7 +48,7 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
     server = TritonServer(
         options.repository, http_port=options.http_port, grpc_port=options.grpc_port,
         metrics_port=options.metrics_port, log_file=options.log_file, ready_timeout_s=options.ready_timeout_s,
-        host=options.host,
+        host=options.host, env=_schedule_env(options.draft_len_schedule),
     )
     console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
                   highlight=False)
@@ -69,6 +71,13 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
                 raise
 
         serve_until_stopped(check, console)
+
+
+def _schedule_env(steps: dict[int, int] | None) -> dict[str, str]:
+    """The server environment that makes its python models run `steps` (specbuild.runtime.schedule.SCHEDULE_ENV)."""
+    from specbuild.runtime.schedule import SCHEDULE_ENV
+
+    return {SCHEDULE_ENV: json.dumps(steps)} if steps else {}
 
 
 def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Console) -> None:

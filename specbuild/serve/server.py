@@ -41,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -110,8 +111,11 @@ class TritonServer:
         stop_timeout_s: float = 10.0,
         installation: TritonInstallation | None = None,
         failure_others_s: float = FAILURE_OTHERS_S,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.repository = Path(repository).resolve()
+        self.env = dict(env or {})
+        """Variables added to the server's environment, which its python models see (e.g. SCHEDULE_ENV)."""
         self._requested = (http_port, grpc_port, metrics_port)
         self.log_file = Path(log_file) if log_file is not None else self.repository.parent / "tritonserver.log"
         self.ready_timeout_s = ready_timeout_s
@@ -378,7 +382,7 @@ class TritonServer:
         try:
             self._proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                env=installation.env, start_new_session=True, preexec_fn=preexec,
+                env={**installation.env, **self.env}, start_new_session=True, preexec_fn=preexec,
             )
         except OSError as err:
             self._log.close()

@@ -116,11 +116,14 @@ def _run(report: TuneReport) -> dict[str, Any]:
         s = report.schedule
         record["schedule"] = {
             "unit": "tree paths" if report.tree is not None else "K", "full_length": s.full_length,
+            "measured": "behind tritonserver (tune --served)" if s.served else "in-process",
             "tokens_per_second_by_batch": [
                 {"batch": batch, "tokens_per_second": {str(k): _r(v, 1) for k, v in sorted(rates.items())},
                  "best": s.best(batch)} for batch, rates in sorted(s.tokens_per_second.items())],
             "schedule": {str(k): v for k, v in s.schedule.items()},
         }
+        if report.unwritten:
+            record["schedule"]["not_written"] = report.unwritten
     return record
 
 

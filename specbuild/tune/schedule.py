@@ -29,6 +29,7 @@ class ScheduleTuning:
 
     full_length: int
     tokens_per_second: dict[int, dict[int, float]] = field(default_factory=dict)
+    served: bool = False  # measured behind tritonserver on the deployment (specbuild.tune.served), not in-process
 
     def best(self, batch: int, longest: int | None = None) -> int:
         """The fastest length measured at `batch` (of those no longer than `longest`)."""

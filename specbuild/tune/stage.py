@@ -69,6 +69,7 @@ from specbuild.tune.measure import (
 )
 from specbuild.tune.schedule import ScheduleTuning, batch_sizes, tune_schedule
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
+from specbuild.tune.served import deployed_repository, measure_served_schedule
 from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 
 REFERENCE_TREE = "mc_sim_7b_63"
@@ -92,6 +93,7 @@ class TuneOptions:
     write: bool = True
     threads: int | None = 1
     schedule: bool = True  # also measure which draft length pays at which batch size (draft_len_schedule)
+    served: bool = False  # measure the schedule behind tritonserver on the deployed repository (tune.served)
     windows: tuple[int, ...] | None = None  # lookahead grid; None: specbuild.tune.lookahead's defaults
     ngrams: tuple[int, ...] | None = None
     verification_sets: tuple[int, ...] | None = None
@@ -109,6 +111,9 @@ class TuneOptions:
             raise SpecbuildError("--nodes must be at least 1")
         if self.layers is not None and (not self.layers or min(self.layers) < 1):
             raise SpecbuildError("--layers values must be at least 1")
+        if self.served and not self.schedule:
+            raise SpecbuildError("--served measures the load-aware schedule, which --no-schedule leaves out",
+                                 hint="leave out one of them")
 
     def lookahead_grid(self) -> LookaheadGrid:
         given = {name: value for name in ("windows", "ngrams", "verification_sets")
@@ -490,6 +495,7 @@ class TuneReport:
     lookahead: LookaheadTuning | None = None
     layers: LayerTuning | None = None
     written: list[Path] = field(default_factory=list)
+    unwritten: str | None = None  # why the measured schedule is not one of the choices (tune --served)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -505,7 +511,7 @@ class TuneReport:
             chosen["medusa_choices"] = self.tree.chosen.choices
         if self.lookahead is not None:
             chosen["lookahead"] = self.lookahead.chosen._asdict()
-        if self.schedule is not None:
+        if self.schedule is not None and self.unwritten is None:
             chosen["draft_len_schedule"] = self.schedule.schedule
         return chosen
 
@@ -520,7 +526,7 @@ class TuneReport:
             elif name == "lookahead":
                 value = "(W, N, G) = " + ", ".join(map(str, value.values()))
             parts.append(f"{SETTING_FIELDS[name]} {value}")
-        return "tune chose: " + "; ".join(parts)
+        return "tune chose: " + "; ".join(parts) + (f" ({self.unwritten})" if self.unwritten else "")
 
 
 @contextmanager
@@ -544,6 +550,11 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     spec = load_spec(spec_path)
     refuse_unmeasurable(spec, spec_path)
     mode = spec.speculative.mode
+    if options.served:  # before any model is loaded: nothing to serve, or no schedule to measure
+        if mode == "lookahead":
+            raise SpecbuildError("--served measures a draft_len_schedule, and lookahead has none (requests choose "
+                                 "their (w, n, g))", hint="leave out --served")
+        deployed_repository(spec)
     self_draft = mode == "draft_target" and spec.draft is not None and spec.draft.is_self_draft
     if self_draft and spec.draft is not None and spec.draft.adapter is not None:
         # The adapter was trained after layer L: another L has no adapter, so only K is searched, with the
@@ -616,7 +627,16 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                          if chosen is report.tree.tuned else
                          f"{chosen.name}, which decoded more tokens per step than the greedy sparse tree")
                 update.tree_source = f"specbuild tune: {grown} on {calib} ({len(prompts)} prompts)"
-        if options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
+        if options.schedule and mode != "lookahead" and options.served:
+            texts = [tokenizer.decode(p) for p in prompts]
+            report.schedule = _served_schedule(spec, texts, options, phase)
+            if _deployed_length(spec, update) == spec.full_draft_len:
+                update.draft_len_schedule = report.schedule.schedule
+            else:
+                report.unwritten = (f"the schedule was measured behind the server at the deployed length "
+                                    f"{spec.full_draft_len}, not the {_deployed_length(spec, update)} tune chose, so "
+                                    "it is not written: write that length, deploy, and run tune --served again")
+        elif options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
             report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
     if report.lookahead is not None:
@@ -673,6 +693,25 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
                          tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
 
 
+def _deployed_length(spec: PipelineSpec, update: SpecUpdate) -> int:
+    """The full length this tune chose (K, or the chosen tree's node count), the spec's where it kept it."""
+    if update.choices is not None:
+        return len(update.choices)
+    return update.num_draft_tokens if update.num_draft_tokens is not None else spec.full_draft_len
+
+
+def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
+                     phase: Callable[[str, int], Tick]) -> ScheduleTuning:
+    """Plain against the deployed length and half of it at every batch size from 2 up to the engines', behind
+    tritonserver (`specbuild.tune.served`)."""
+    full = spec.full_draft_len
+    sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
+    cells = options.repeats * 3 * len(sizes)
+    return measure_served_schedule(spec, texts, sizes, [max(1, full // 2)], full, options.new_tokens,
+                                   options.repeats, phase(f"served schedule at batch {', '.join(map(str, sizes))}",
+                                                          cells))
+
+
 def _tree_name(spec: PipelineSpec) -> str:
     assert spec.medusa is not None
     choices = spec.medusa.choices
@@ -726,7 +765,10 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
     table.add_column("best", justify="right")
     for batch, rates in sorted(t.tokens_per_second.items()):
         table.add_row(str(batch), *(f"{rates[k]:.0f}" for k in lengths), str(t.best(batch)))
-    return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain)"), table,
+    where = ("served: output tokens/s of the deployment behind tritonserver, that many streaming clients"
+             if t.served else "in-process: the serving engine's tokens/s with that many sequences")
+    return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
+                 table,
                  Text(f"draft_len_schedule {t.schedule}: the full length at batch 1 (TensorRT-LLM's rule), then "
                       "at each batch size the fastest length no longer than the last (lengths never grow with load)"))
 

@@ -25,7 +25,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         from specbuild.dtypes import torch_dtype
         from specbuild.runtime.model import CausalLM
-        from specbuild.runtime.schedule import DraftSchedule
+        from specbuild.runtime.schedule import DraftSchedule, served_steps
         from specbuild.runtime.serving import ServingEngine
 
         params = io.model_parameters(args)
@@ -51,8 +51,11 @@ class TritonPythonModel:
                             f"{DEFAULT_MEDUSA_CHOICES} choices instead.")
                 choices = load_choices(DEFAULT_MEDUSA_CHOICES)
         schedule = None
-        if params.get("draft_len_schedule") or params.get("max_concurrency"):
-            steps = {int(k): int(v) for k, v in json.loads(params.get("draft_len_schedule") or "{}").items()}
+        # Only a model that speculates on its own (a Medusa tree, a self-draft) runs a schedule; the BLS's target
+        # and draft engines are plain tensorrt_llm models and leave the BLS's to it.
+        speculates = bool(choices) or bool(params.get("self_draft_layers"))
+        steps = served_steps(params.get("draft_len_schedule"), io.log_info) if speculates else {}
+        if steps or params.get("max_concurrency"):
             schedule = DraftSchedule(steps, len(choices) if choices else info.max_draft_len,
                                      int(params["max_concurrency"]) if params.get("max_concurrency") else None)
         dtype = torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype")  # unknown: an error, not float32

@@ -24,7 +24,6 @@ specbuild.python_models.bls_calls.
 
 from __future__ import annotations
 
-import json
 import threading
 import traceback
 import uuid
@@ -260,11 +259,10 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self.in_flight = 0
         self.schedule = None
-        if self.draft is not None and (params.get("draft_len_schedule") or params.get("max_concurrency")):
-            from specbuild.runtime.schedule import DraftSchedule
+        from specbuild.runtime.schedule import DraftSchedule, served_steps
 
-            steps = {int(size): int(length) for size, length in
-                     json.loads(params.get("draft_len_schedule") or "{}").items()}
+        steps = served_steps(params.get("draft_len_schedule"), io.log_info) if self.draft is not None else {}
+        if self.draft is not None and (steps or params.get("max_concurrency")):
             limit = params.get("max_concurrency")
             self.schedule = DraftSchedule(steps, self.default_k, int(limit) if limit else None)
         self.tokenizer = None

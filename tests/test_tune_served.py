@@ -1,0 +1,111 @@
+"""`specbuild tune --served`: the load-aware schedule measured behind tritonserver on the deployed repository.
+
+What a user relies on: each candidate length really is what the served models ran (the override reaches the
+tensorrt_llm model and the BLS, and the server log says so), the schedule is built from those served figures with
+the full length at batch size 1, and a spec that cannot be measured that way is refused before anything loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from specbuild.errors import SpecbuildError
+from specbuild.runtime.schedule import SCHEDULE_ENV, DraftSchedule, fixed_length, served_steps
+from specbuild.tune.stage import TuneOptions, run_tune
+from tests.deploy_fixtures import Deployed
+
+QUIET = Console(quiet=True)
+BUILD = "build:\n  backend: reference\n  max_batch_size: 4\n  max_input_len: 64\n  max_output_len: 16\n"
+
+
+def test_the_override_wins_over_the_configuration_and_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[str] = []
+    monkeypatch.delenv(SCHEDULE_ENV, raising=False)
+    assert served_steps('{"1": 4, "8": 0}', said.append) == {1: 4, 8: 0} and said == []
+    assert served_steps({"1": 4}, said.append) == {1: 4} and served_steps(None) == {} and said == []
+    monkeypatch.setenv(SCHEDULE_ENV, '{"1": 4, "2": 1, "16": 1}')
+    assert served_steps('{"1": 4, "8": 0}', said.append) == {1: 4, 2: 1, 16: 1}
+    assert said == [f'draft_len_schedule {{"1": 4, "2": 1, "16": 1}} from {SCHEDULE_ENV}, not the configuration\'s']
+    monkeypatch.setenv(SCHEDULE_ENV, "[4, 1]")
+    with pytest.raises(ValueError, match="must map batch sizes"):
+        served_steps(None)
+
+
+@pytest.mark.parametrize("lookup", ["from", "up_to"])
+def test_a_fixed_length_drafts_it_at_every_load_under_either_lookup(lookup: str) -> None:
+    for length in (0, 2, 4):
+        schedule = DraftSchedule(fixed_length(4, length, 16), 4, lookup=lookup)  # type: ignore[arg-type]
+        assert schedule.draft_len(1) == 4
+        assert {schedule.draft_len(active) for active in range(2, 17)} == {length}
+
+
+def test_served_is_refused_before_any_model_loads(tmp_path: Path) -> None:
+    spec = tmp_path / "lookahead.yaml"
+    spec.write_text(f"name: la\noutput_dir: {tmp_path / 'out'}\ntarget:\n  model: {tmp_path / 'none'}\n"
+                    "speculative:\n  mode: lookahead\n" + BUILD)
+    with pytest.raises(SpecbuildError, match="lookahead has none"):
+        run_tune(spec, TuneOptions(served=True, write=False), console=QUIET, out=QUIET)
+    with pytest.raises(SpecbuildError, match="which --no-schedule leaves out"):
+        TuneOptions(served=True, schedule=False)
+
+
+def test_an_undeployed_spec_is_told_to_deploy(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    spec = tmp_path / "medusa.yaml"
+    spec.write_text(f"name: m\noutput_dir: {tmp_path / 'out'}\ntarget:\n  model: {demo_models['target']}\n"
+                    f"medusa:\n  heads: {demo_models['medusa-heads']}\n  choices: mc_sim_7b_top8\n"
+                    "speculative:\n  mode: medusa\n" + BUILD)
+    with pytest.raises(SpecbuildError, match="has none at") as err:
+        run_tune(spec, TuneOptions(served=True, write=False), console=QUIET, out=QUIET)
+    assert "specbuild convert/build/deploy" in (err.value.hint or "")
+
+
+@pytest.mark.tritonserver
+def test_the_schedule_is_measured_on_the_deployed_repository_at_each_length(deployed: Deployed) -> None:
+    """The Medusa deployment (8-node tree, max batch 4): one server per length, each running that length from
+    batch size 2 on (its log says the override replaced the repository's schedule), tokens/s at batch 2 and 4
+    for 0, 4 and 8 tree paths, and the schedule built from them keeps the full tree at batch size 1."""
+    spec = deployed.specs["medusa"]
+    text = spec.path.read_text(encoding="utf-8")
+    options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=8, write=False)
+    report = run_tune(spec.path, options, console=QUIET, out=QUIET)
+    t = report.schedule
+    assert t is not None and t.served and t.full_length == 8 and report.unwritten is None
+    assert sorted(t.tokens_per_second) == [2, 4]
+    assert all(sorted(rates) == [0, 4, 8] and min(rates.values()) > 0 for rates in t.tokens_per_second.values())
+    assert report.settings["draft_len_schedule"] == t.schedule and t.schedule[1] == 8
+    logs = spec.deploy.model_repository.parent / "tune-served"  # type: ignore[union-attr]
+    for length in (0, 4, 8):
+        log = (logs / f"tritonserver-k{length}.log").read_text(encoding="utf-8", errors="replace")
+        log = log.replace('\\"', '"')  # the server log escapes the quotes of python models' lines
+        assert f"draft_len_schedule {json.dumps(fixed_length(8, length, 4))} from {SCHEDULE_ENV}" in log
+    assert spec.path.read_text(encoding="utf-8") == text  # a dry run writes nothing
+
+
+@pytest.mark.tritonserver
+def test_the_bls_runs_the_overriding_schedule(deployed: Deployed, tmp_path: Path) -> None:
+    """The draft-target BLS reads the same override (the engine flow's draft_len_schedule is the BLS's)."""
+    from specbuild.serve.server import TritonServer
+
+    steps = fixed_length(4, 1, 4)
+    with TritonServer(deployed.repository("draft_target"), env={SCHEDULE_ENV: json.dumps(steps)},
+                      log_file=tmp_path / "bls.log", ready_timeout_s=420):
+        pass
+    log = (tmp_path / "bls.log").read_text(encoding="utf-8", errors="replace").replace('\\"', '"')  # as logged
+    assert f"draft_len_schedule {json.dumps(steps)} from {SCHEDULE_ENV}" in log
+
+
+@pytest.mark.parametrize(("given", "said"), [("x", "is not a JSON object"), ('{"2": 3}', "must map batch size 1"),
+                                             ('{"1": 2, "4": 3}', "must be an integer in 0..2")])
+def test_serve_refuses_a_schedule_the_models_would_refuse(given: str, said: str, tmp_path: Path) -> None:
+    """`specbuild serve --draft-len-schedule` (the same override, by hand) says what is wrong before any server
+    starts, rather than a model failing to load."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli import app
+
+    result = CliRunner().invoke(app, ["serve", str(tmp_path), "--draft-len-schedule", given])
+    assert result.exit_code == 1 and said in " ".join(result.output.split())
