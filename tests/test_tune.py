@@ -480,3 +480,22 @@ def test_tune_refuses_what_it_cannot_measure_without_a_loop(tmp_path: Path, flow
     assert says in output and fix in output, output
     assert "specbuild convert" not in output or "specbuild convert COPY" in output
     assert "no converted" not in output and "Traceback" not in output
+
+
+def test_a_longer_verification_never_counts_as_cheaper_than_a_shorter_one() -> None:
+    """The fastest-of-repeats timing of a K + 1 token forward can land below a shorter block's on a busy machine
+    (a run of `make bench` timed 6 tokens at 0.81x 4 tokens, and K = 5 won by it): the verify cost never falls as
+    K grows, and the K chosen from the costs is the one the outlier-free costs give."""
+    from specbuild.runtime.speculative import expected_speedup
+    from specbuild.tune.measure import ForwardCosts
+
+    clean = {1: 6.0, 2: 8.3, 3: 9.9, 4: 10.4, 5: 10.1, 6: 10.4, 7: 10.2}
+    noisy = {**clean, 6: 8.4}
+    costs = ForwardCosts(64, noisy, 1.9)
+    assert [costs.verify_cost(k) for k in range(1, 7)] == sorted(costs.verify_cost(k) for k in range(1, 7))
+    assert costs.verify_cost(5) >= costs.verify_cost(3)
+
+    def best(c: ForwardCosts) -> int:
+        return max(range(1, 7), key=lambda k: expected_speedup(0.767, k, c.cost_ratio, c.verify_cost(k)))
+
+    assert best(costs) == best(ForwardCosts(64, {**noisy, 6: clean[6]}, 1.9))
