@@ -109,3 +109,17 @@ def test_serve_refuses_a_schedule_the_models_would_refuse(given: str, said: str,
 
     result = CliRunner().invoke(app, ["serve", str(tmp_path), "--draft-len-schedule", given])
     assert result.exit_code == 1 and said in " ".join(result.output.split())
+
+
+def test_a_served_schedule_is_only_written_for_what_is_deployed() -> None:
+    """The schedule measured behind the server belongs to the deployed K, L and tree: a tune that chose another
+    one says which, and the schedule is not written beside it (it would be the wrong length's, or the wrong
+    tree's paths)."""
+    from specbuild.spec import load_spec
+    from specbuild.tune.stage import SpecUpdate, _not_deployed
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    k = spec.speculative.num_draft_tokens
+    assert _not_deployed(spec, SpecUpdate(num_draft_tokens=k)) is None
+    assert _not_deployed(spec, SpecUpdate(num_draft_tokens=k + 1)) == f"K {k + 1} where the spec holds {k}"
+    assert _not_deployed(spec, SpecUpdate(choices=[[0], [1]])) == "another Medusa tree (2 nodes)"

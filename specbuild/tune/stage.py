@@ -630,12 +630,13 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         if options.schedule and mode != "lookahead" and options.served:
             texts = [tokenizer.decode(p) for p in prompts]
             report.schedule = _served_schedule(spec, texts, options, phase)
-            if _deployed_length(spec, update) == spec.full_draft_len:
+            changed = _not_deployed(spec, update)
+            if changed is None:
                 update.draft_len_schedule = report.schedule.schedule
             else:
-                report.unwritten = (f"the schedule was measured behind the server at the deployed length "
-                                    f"{spec.full_draft_len}, not the {_deployed_length(spec, update)} tune chose, so "
-                                    "it is not written: write that length, deploy, and run tune --served again")
+                report.unwritten = (f"the schedule was measured behind the server on what is deployed, and tune "
+                                    f"chose {changed}, so it is not written: write that, deploy, and run tune "
+                                    "--served again")
         elif options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
             report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
@@ -693,11 +694,16 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
                          tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
 
 
-def _deployed_length(spec: PipelineSpec, update: SpecUpdate) -> int:
-    """The full length this tune chose (K, or the chosen tree's node count), the spec's where it kept it."""
+def _not_deployed(spec: PipelineSpec, update: SpecUpdate) -> str | None:
+    """What this tune chose that the deployed spec does not hold (K, L, or a Medusa tree), or None: a schedule
+    measured behind the server belongs to what was deployed."""
+    if update.num_draft_tokens is not None and update.num_draft_tokens != spec.speculative.num_draft_tokens:
+        return f"K {update.num_draft_tokens} where the spec holds {spec.speculative.num_draft_tokens}"
+    if update.draft_layers is not None and spec.draft is not None and update.draft_layers != spec.draft.layers:
+        return f"L {update.draft_layers} where the spec holds {spec.draft.layers}"
     if update.choices is not None:
-        return len(update.choices)
-    return update.num_draft_tokens if update.num_draft_tokens is not None else spec.full_draft_len
+        return f"another Medusa tree ({len(update.choices)} nodes)"
+    return None
 
 
 def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
