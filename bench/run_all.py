@@ -27,21 +27,27 @@ SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "round_cost_bench
 """Every bench/*_bench.py, in the order `make bench` runs them (runtime_bench builds the demo models the later
 ones and the tune tables use; round_cost_bench writes the account serving_bench may judge the BLS by)."""
 
+OWN, SERVED = {"schedule": False}, {"served": True}
+"""The spec's own tune without a schedule (K, L, the tree: in-process), then the schedule alone measured behind
+tritonserver on the deployed spec (`specbuild tune --served`), where the demo deployments serve it: in-process a
+response costs nothing, and the schedule measured there turned speculation off at loads where the server gains."""
 TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
-    "tune-draft-target": ("configs/demo.yaml", [{}]),
-    # the spec's own budget (what demo-medusa.yaml holds), then larger trees to compare, without their schedules
-    "tune-medusa": ("configs/demo-medusa.yaml", [{}, {"nodes": 24, "schedule": False},
-                                                 {"nodes": 63, "schedule": False}]),
-    "tune-lookahead": ("configs/demo-lookahead.yaml", [{}]),
-    # serving_bench converts these three specs before the tables; the self-draft's adapter fixes L, so K is tuned
-    "tune-medusa2": ("configs/demo-medusa2.yaml", [{}]),
-    "tune-self-draft": ("configs/demo-self-draft.yaml", [{}]),
-    "tune-eagle3": ("configs/demo-eagle3.yaml", [{}]),
+    "tune-draft-target": ("configs/demo.yaml", [OWN, SERVED]),
+    # the spec's own budget (what demo-medusa.yaml holds), then larger trees to compare, then the served schedule
+    "tune-medusa": ("configs/demo-medusa.yaml", [OWN, {"nodes": 24, "schedule": False},
+                                                 {"nodes": 63, "schedule": False}, SERVED]),
+    "tune-lookahead": ("configs/demo-lookahead.yaml", [{}]),  # no schedule: requests choose their (w, n, g)
+    # the self-draft's adapter fixes L, so K is tuned
+    "tune-medusa2": ("configs/demo-medusa2.yaml", [OWN, SERVED]),
+    "tune-self-draft": ("configs/demo-self-draft.yaml", [OWN, SERVED]),
+    "tune-eagle3": ("configs/demo-eagle3.yaml", [OWN, SERVED]),
 }
 """bench/results/<name>.txt (the `specbuild tune --dry-run` tables) and <name>.json (specbuild.tune.report: the
 same figures, the choices, the calibration settings and the machine) for each spec, one tune per options dict
-(TuneOptions fields; the first is the spec's own tune, whose choices the JSON's `settings` hold). No targets:
-figures to compare by eye, except that a spec citing its JSON must hold what it says (`tuned_spec_problems`)."""
+(TuneOptions fields; the first is the spec's own tune, whose choices the JSON's `settings` hold, with the served
+tune's schedule). A served tune deploys its spec first (each stage a no-op when up to date, as serving_bench prepares
+it), as the spec holds it. No targets: figures to
+compare by eye, except that a spec citing its JSON must hold what it says (`tuned_spec_problems`)."""
 
 TUNE = "tune"
 """run_all.py's name for its own part, the tune tables and reports and the check of the specs citing them."""
@@ -103,6 +109,10 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
             for extra in runs:
                 options = TuneOptions(write=False, **extra)
                 try:
+                    if options.served:
+                        from serving_bench import prepare
+
+                        prepare(ROOT / spec)
                     reports.append(run_tune(ROOT / spec, options, out=printer))
                 except Exception as err:  # a failed tune must not stop the others
                     why = err.message if isinstance(err, SpecbuildError) else f"{type(err).__name__}: {err}"

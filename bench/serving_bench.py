@@ -24,7 +24,7 @@ deployment, at every higher concurrency, >= 1.0x its baseline's tokens/s **and**
 has TTFT = latency). The other deployments' concurrency-1 ratios are reported, not judged, and so are
 `medusa2-base`'s at every concurrency (a baseline decodes without speculation; the loaded targets judge
 speculation), and so are those of `medusa-kept-on`, configs/demo-medusa.yaml with its schedule's K = 0 thresholds
-removed: a probe of whether the schedule `tune` measured in-process also holds behind the server, and those of
+removed: a probe of the schedule's K = 0 thresholds in this run, and those of
 `plain-again`, the A/A control (plain's repository behind a second server, in the same rounds). The script exits 1
 when a target is missed or a deployment could not be deployed.
 
@@ -96,8 +96,9 @@ DEPLOYMENTS = {
     "medusa-kept-on": Deployment("configs/demo-medusa.yaml", kept_on=True),
     "plain-again": Deployment("configs/demo-plain.yaml", control=True),
 }
-"""`medusa-kept-on` checks tune's schedule behind the server: tune times it in-process, where a response costs
-nothing, so the tree that its schedule turns off under load is served here kept on (its smaller trees stay).
+"""`medusa-kept-on` checks the K = 0 thresholds of the Medusa schedule (which `tune --served` measured behind the
+server, where they were near ties): the tree that the schedule turns off under load is served here kept on (its
+smaller trees stay).
 `draft-target` (the BLS) is judged at concurrency 1 by SPEEDUP_MIN or, as issue 22 allows, by the measured account
 of bench/round_cost_bench.py: its rounds against plain decoding and against one engine with the same models and K,
 in-process on the same commit and machine.

@@ -41,7 +41,8 @@ def _llmapi_repository(root: Path, models: dict[str, Path]) -> Path:
 
 
 def _eagle3_repository(root: Path, models: dict[str, Path], draft: Path) -> Path:
-    """configs/demo-eagle3.yaml's pipeline: the demo target with the demo extra eagle3-draft, K = 4."""
+    """The demo EAGLE-3 pipeline (configs/demo-eagle3.yaml's models: the demo target and the demo extra
+    eagle3-draft), at K = 4."""
     data = pipeline_data("demo-eagle3", models, "eagle3", root / "out")
     data["draft"] = {"model": str(draft)}
     data["speculative"]["num_draft_tokens"] = 4

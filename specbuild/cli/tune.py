@@ -58,9 +58,10 @@ def tune(
                            "which length pays at which number of active sequences.")
     ] = True,
     served: Annotated[
-        bool, typer.Option("--served", help="Measure the schedule behind tritonserver on SPEC's deployed repository "
-                           "(run `specbuild deploy SPEC` first), at the length deployed, where every response also "
-                           "costs the server's work; default: in-process on the serving engine.")
+        bool, typer.Option("--served", help="Measure only the schedule, behind tritonserver on SPEC's deployed "
+                           "repository, where every response also costs the server's work (default: in-process on "
+                           "the serving engine). K, layers and tree stay SPEC's: tune them first, then `specbuild "
+                           "deploy SPEC`, then tune --served.")
     ] = False,
 ) -> None:
     """Measure speculation on calibration text with the reference runtime and write the best settings into the

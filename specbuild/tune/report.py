@@ -122,8 +122,6 @@ def _run(report: TuneReport) -> dict[str, Any]:
                  "best": s.best(batch)} for batch, rates in sorted(s.tokens_per_second.items())],
             "schedule": {str(k): v for k, v in s.schedule.items()},
         }
-        if report.unwritten:
-            record["schedule"]["not_written"] = report.unwritten
     return record
 
 
@@ -135,7 +133,8 @@ def _json_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 def write_report(path: Path, reports: Sequence[TuneReport], machine: Mapping[str, Any],
                  root: Path | None = None) -> dict[str, Any]:
     """Write the tunes of one spec to `path` (atomically): `settings` are the first tune's, the values the spec
-    should hold; later tunes (other budgets, say) are kept as comparisons. The spec is named relative to `root`
+    should hold, with the schedule of a served tune (`tune --served`, which measures only that); other later tunes
+    (other budgets, say) are kept as comparisons. The spec is named relative to `root`
     (default: the working directory) where it lies inside. Returns what was written."""
     if not reports:
         raise ValueError("a tune report needs at least one tune")
@@ -147,8 +146,11 @@ def write_report(path: Path, reports: Sequence[TuneReport], machine: Mapping[str
     except ValueError:
         shown = str(spec)
     runs = [_run(r) for r in reports]
-    data = {"format": FORMAT, "spec": shown, "settings": runs[0]["settings"], "machine": dict(machine),
-            "runs": runs}
+    settings = dict(runs[0]["settings"])
+    for report, run in zip(reports, runs, strict=True):
+        if report.options.served:  # `tune --served` measures the schedule alone, for the spec's own K and tree
+            settings.update(run["settings"])
+    data = {"format": FORMAT, "spec": shown, "settings": settings, "machine": dict(machine), "runs": runs}
     os.replace(stage_text(path, _dumps(data) + "\n"), path)
     return data
 

@@ -495,7 +495,6 @@ class TuneReport:
     lookahead: LookaheadTuning | None = None
     layers: LayerTuning | None = None
     written: list[Path] = field(default_factory=list)
-    unwritten: str | None = None  # why the measured schedule is not one of the choices (tune --served)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -511,7 +510,7 @@ class TuneReport:
             chosen["medusa_choices"] = self.tree.chosen.choices
         if self.lookahead is not None:
             chosen["lookahead"] = self.lookahead.chosen._asdict()
-        if self.schedule is not None and self.unwritten is None:
+        if self.schedule is not None:
             chosen["draft_len_schedule"] = self.schedule.schedule
         return chosen
 
@@ -526,7 +525,7 @@ class TuneReport:
             elif name == "lookahead":
                 value = "(W, N, G) = " + ", ".join(map(str, value.values()))
             parts.append(f"{SETTING_FIELDS[name]} {value}")
-        return "tune chose: " + "; ".join(parts) + (f" ({self.unwritten})" if self.unwritten else "")
+        return "tune chose: " + "; ".join(parts)
 
 
 @contextmanager
@@ -555,6 +554,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
             raise SpecbuildError("--served measures a draft_len_schedule, and lookahead has none (requests choose "
                                  "their (w, n, g))", hint="leave out --served")
         deployed_repository(spec)
+        return _run_served(spec, options, console, out)
     self_draft = mode == "draft_target" and spec.draft is not None and spec.draft.is_self_draft
     if self_draft and spec.draft is not None and spec.draft.adapter is not None:
         # The adapter was trained after layer L: another L has no adapter, so only K is searched, with the
@@ -627,19 +627,16 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                          if chosen is report.tree.tuned else
                          f"{chosen.name}, which decoded more tokens per step than the greedy sparse tree")
                 update.tree_source = f"specbuild tune: {grown} on {calib} ({len(prompts)} prompts)"
-        if options.schedule and mode != "lookahead" and options.served:
-            texts = [tokenizer.decode(p) for p in prompts]
-            report.schedule = _served_schedule(spec, texts, options, phase)
-            changed = _not_deployed(spec, update)
-            if changed is None:
-                update.draft_len_schedule = report.schedule.schedule
-            else:
-                report.unwritten = (f"the schedule was measured behind the server on what is deployed, and tune "
-                                    f"chose {changed}, so it is not written: write that, deploy, and run tune "
-                                    "--served again")
-        elif options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
+        if options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
             report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
+    return _finish(report, update, options, console, out)
+
+
+def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, console: Console,
+            out: Console) -> TuneReport:
+    """Print the tables and the choices; write them into the spec unless this is a dry run."""
+    spec = report.spec
     if report.lookahead is not None:
         out.print(lookahead_table(report.lookahead))
     if report.layers is not None:
@@ -650,7 +647,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         out.print(head_accuracy_table(report.tree.accuracy))
         out.print(tree_table(report.tree))
     if report.schedule is not None:
-        out.print(schedule_table(report.schedule, "tree paths" if mode == "medusa" else "K"))
+        out.print(schedule_table(report.schedule, "tree paths" if spec.speculative.mode == "medusa" else "K"))
     out.print(report.summary(), highlight=False)
     if options.write:
         report.written = write_spec(spec, update, options.output, options.inline)
@@ -661,6 +658,30 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                           f"checkpoint's max_draft_len follows it, so run `specbuild convert {report.written[-1]}` "
                           "again", highlight=False, soft_wrap=True)
     return report
+
+
+def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out: Console) -> TuneReport:
+    """`tune --served`: only the schedule, measured behind tritonserver for what is deployed (the spec's K, L and
+    tree: tune those first, in-process, and deploy them), on the calibration prompts as text."""
+    from specbuild.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec.target.model)
+    try:
+        prompts = calibration_prompts(lambda s: tokenizer.encode(s, add_special_tokens=False, verbose=False),
+                                      _calibration_texts(options), options.prompts, options.prompt_tokens)
+    except ValueError as err:
+        raise SpecbuildError(str(err)) from err
+    calib = str(options.calib) if options.calib else "held-out pydoc topics"
+    from specbuild.serve.triton_env import DEFAULT_THREADS
+
+    threads = int(os.environ.get("SPECBUILD_SERVER_THREADS") or DEFAULT_THREADS)  # the served models' torch threads
+    report = TuneReport(spec, prompts, options, calib, threads)
+    out.print(f"calibration: {len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}, "
+              f"{options.new_tokens} new tokens each, served by tritonserver from {spec.deploy.model_repository}",
+              highlight=False)
+    with _progress(console) as phase:
+        report.schedule = _served_schedule(spec, [tokenizer.decode(p) for p in prompts], options, phase)
+    return _finish(report, SpecUpdate(draft_len_schedule=report.schedule.schedule), options, console, out)
 
 
 def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter | None, tree: TreeTuning | None,
@@ -692,18 +713,6 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
     sizes = batch_sizes(spec.build.max_batch_size)
     return tune_schedule(run, prompts, sizes, [max(1, full // 2)], full, options.repeats,
                          tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
-
-
-def _not_deployed(spec: PipelineSpec, update: SpecUpdate) -> str | None:
-    """What this tune chose that the deployed spec does not hold (K, L, or a Medusa tree), or None: a schedule
-    measured behind the server belongs to what was deployed."""
-    if update.num_draft_tokens is not None and update.num_draft_tokens != spec.speculative.num_draft_tokens:
-        return f"K {update.num_draft_tokens} where the spec holds {spec.speculative.num_draft_tokens}"
-    if update.draft_layers is not None and spec.draft is not None and update.draft_layers != spec.draft.layers:
-        return f"L {update.draft_layers} where the spec holds {spec.draft.layers}"
-    if update.choices is not None:
-        return f"another Medusa tree ({len(update.choices)} nodes)"
-    return None
 
 
 def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
