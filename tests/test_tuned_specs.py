@@ -1,6 +1,7 @@
-"""The demo specs use exactly what `specbuild tune` wrote: configs/demo.yaml's K and schedule,
-configs/demo-medusa.yaml's and demo-medusa2.yaml's trees and schedules and demo-lookahead.yaml's (W, N, G) are the
-settings of the bench/results/tune-*.json each cites, which
+"""The demo specs use exactly what `specbuild tune` wrote: configs/demo.yaml's, demo-self-draft.yaml's and
+demo-eagle3.yaml's K and schedule, configs/demo-medusa.yaml's and demo-medusa2.yaml's trees and schedules (the
+schedules measured behind tritonserver, `tune --served`) and demo-lookahead.yaml's (W, N, G) are the settings of the
+bench/results/tune-*.json each cites, which
 `make bench` (bench/run_all.py) wrote on the machine that measured them, beside the tables it printed.
 
 Only files are compared (the spec, the report, the tables, all written on one machine), never figures: other
@@ -39,6 +40,8 @@ def run_all() -> ModuleType:
     ("configs/demo-medusa.yaml", "tune-medusa.json", {"medusa_choices", "draft_len_schedule"}),
     ("configs/demo-medusa2.yaml", "tune-medusa2.json", {"medusa_choices", "draft_len_schedule"}),
     ("configs/demo-lookahead.yaml", "tune-lookahead.json", {"lookahead"}),
+    ("configs/demo-self-draft.yaml", "tune-self-draft.json", {"num_draft_tokens", "draft_len_schedule"}),
+    ("configs/demo-eagle3.yaml", "tune-eagle3.json", {"num_draft_tokens", "draft_len_schedule"}),
 ])
 def test_the_demo_spec_cites_and_holds_what_tune_wrote(run_all: ModuleType, spec: str, report: str,
                                                        settings: set[str]) -> None:
@@ -55,10 +58,12 @@ def test_every_spec_citing_a_tune_report_holds_it(run_all: ModuleType) -> None:
     assert run_all.tuned_spec_problems() == []
 
 
-@pytest.mark.parametrize("name", ["tune-draft-target", "tune-medusa", "tune-medusa2"])
+@pytest.mark.parametrize("name", ["tune-draft-target", "tune-medusa", "tune-medusa2", "tune-self-draft",
+                                  "tune-eagle3"])
 def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: ModuleType, name: str) -> None:
-    """The tables and the report come from one tune: the schedule the report chose is the one the tables show
-    (with the tokens/s it was chosen by), and the tables end each tune with its choices."""
+    """The tables and the report come from one make-bench run: the schedule the report chose is the one the served
+    tune's table shows (with the tokens/s it was chosen by, behind the server), and the tables end each tune with
+    its choices."""
     data = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
     tables = (RESULTS / f"{name}.txt").read_text(encoding="utf-8")
     assert len(data["runs"]) == len(run_all.TUNE_TABLES[name][1]) == tables.count("tune chose: ")
@@ -67,13 +72,15 @@ def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: 
     section = tables.split("Load-aware speculation: tokens/s", 1)[1].split("draft_len_schedule {", 1)[0]
     shown = [[cell.strip() for cell in line.strip("│").split("│")] for line in section.splitlines()
              if line.startswith("│")]
-    measured = data["runs"][0]["schedule"]["tokens_per_second_by_batch"]
+    (served,) = [run for run in data["runs"] if run["search"].get("served")]
+    assert served["schedule"]["measured"] == "behind tritonserver (tune --served)"
+    measured = served["schedule"]["tokens_per_second_by_batch"]
     assert [(int(cells[0]), int(cells[-1])) for cells in shown] == [(row["batch"], row["best"]) for row in measured]
     for cells, row in zip(shown, measured, strict=True):  # the table's whole tokens/s, the report's to 0.1
         rates = list(row["tokens_per_second"].values())
         assert all(abs(float(c) - r) <= 0.55 for c, r in zip(cells[1:-1], rates, strict=True))
     if "num_draft_tokens" in data["settings"]:
-        assert f"speculative.num_draft_tokens {data['settings']['num_draft_tokens']};" in tables
+        assert f"tune chose: speculative.num_draft_tokens {data['settings']['num_draft_tokens']}\n" in tables
 
 
 def _cited_spec(root: Path, report: str, edit: tuple[str, str] | None = None) -> Path:
