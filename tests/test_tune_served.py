@@ -110,3 +110,17 @@ def test_serve_refuses_a_schedule_the_models_would_refuse(given: str, said: str,
     result = CliRunner().invoke(app, ["serve", str(tmp_path), "--draft-len-schedule", given])
     assert result.exit_code == 1 and said in " ".join(result.output.split())
 
+
+
+@pytest.mark.tritonserver
+def test_models_that_do_not_read_the_override_are_refused(deployed: Deployed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA's C++ tensorrtllm backend and its llmapi model never read SPECBUILD_DRAFT_LEN_SCHEDULE and would
+    serve their own schedule at every length: a server whose models did not say they read it ends the tune with
+    the reason, instead of a table of one schedule measured three times. Simulated here by passing the length
+    under a name the served models do not read."""
+    import specbuild.runtime.schedule as schedule
+
+    monkeypatch.setattr(schedule, "SCHEDULE_ENV", "SPECBUILD_NOT_READ_BY_ANY_MODEL")
+    options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=4, write=False)
+    with pytest.raises(SpecbuildError, match="did not read SPECBUILD_NOT_READ_BY_ANY_MODEL"):
+        run_tune(deployed.specs["medusa"].path, options, console=QUIET, out=QUIET)

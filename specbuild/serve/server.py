@@ -239,7 +239,7 @@ class TritonServer:
             raise SpecbuildError(
                 f"tritonserver (pid {proc.pid}) {describe_returncode(code)} while serving"
                 + (" (SIGKILL from outside is often the OOM killer: see `dmesg`)" if code == -signal.SIGKILL else "")
-                + "\n" + _clues_or_tail(self._log_text()),
+                + "\n" + _clues_or_tail(self.log_text()),
                 hint=f"full server log: {self.log_file}",
             )
         death = self._watch.poll(loading=False)
@@ -257,7 +257,7 @@ class TritonServer:
             if now - self._unanswered_since >= UNANSWERED_LIMIT_S:
                 raise SpecbuildError(
                     f"tritonserver (pid {proc.pid}) has not answered on http://{self.http_url} for "
-                    f"{now - self._unanswered_since:.0f}s\n" + _clues_or_tail(self._log_text()),
+                    f"{now - self._unanswered_since:.0f}s\n" + _clues_or_tail(self.log_text()),
                     hint=f"full server log: {self.log_file}",
                 )
             return
@@ -402,7 +402,7 @@ class TritonServer:
         while True:
             code = self._proc.poll()
             if code is not None:
-                log = self._log_text()
+                log = self.log_text()
                 if _BIND_FAILURE.search(log):
                     raise _BindFailure(_last_error_line(log) or "address in use")
                 raise SpecbuildError(
@@ -411,7 +411,7 @@ class TritonServer:
                     hint=f"full server log: {self.log_file}",
                 )
             index = self._try_index()
-            log = self._log_text()  # (read after the index: it holds at least what the index reflects)
+            log = self.log_text()  # (read after the index: it holds at least what the index reflects)
             if _BIND_FAILURE.search(log):
                 raise _BindFailure(_last_error_line(log))  # the server would linger unloading; stop it now
             failures = _index_failures(index, log) if index is not None else _ordered(_log_failures(log))
@@ -469,7 +469,7 @@ class TritonServer:
         return (f"model '{death.model or '?'}' is broken: the python stub of its {instance} (pid {death.pid}) "
                 f"{death.how} while serving. Triton 2.51 neither restarts a dead stub nor marks its model unready "
                 "(its requests fail with 'Stub process is not healthy' or never finish), so the server was "
-                f"stopped\n{_clues_or_tail(self._log_text(), quiet='the server log says nothing about it')}")
+                f"stopped\n{_clues_or_tail(self.log_text(), quiet='the server log says nothing about it')}")
 
     def _try_index(self, timeout_s: float = 2.0) -> list[dict[str, Any]] | None:
         try:
@@ -484,8 +484,8 @@ class TritonServer:
         except (OSError, urllib.error.URLError):
             return False
 
-    def _log_text(self) -> str:
-        """What the server wrote to the log since this start."""
+    def log_text(self) -> str:
+        """What the server wrote to its log since it started (its python models' log lines among it)."""
         if self._log is not None:
             self._log.flush()
         try:

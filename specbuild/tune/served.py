@@ -55,7 +55,9 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
     for _ in range(repeats):
         for length in sorted({0, full_length, *lengths}):
             env = {SCHEDULE_ENV: json.dumps(fixed_length(full_length, length, most))}
-            with TritonServer(repository, env=env, log_file=log_dir / f"tritonserver-k{length}.log") as server:
+            log = log_dir / f"tritonserver-k{length}.log"
+            server = TritonServer(repository, env=env, log_file=log)
+            with server:
                 for size in loaded:
                     load = Load(prompts=list(texts), max_tokens=new_tokens, concurrency=size,
                                 requests=max(len(texts), SERVED_REQUESTS_PER_CLIENT * size))
@@ -63,4 +65,18 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
                     cell = tuning.tokens_per_second.setdefault(size, {})
                     cell[length] = max(cell.get(length, 0.0), rate)
                     tick()
+            _check_read(server.log_text(), log, repository)  # stopped: the whole log is written
     return tuning
+
+
+def _check_read(logged: str, log: Path, repository: Path) -> None:
+    """The served models said they run the fixed length (`served_steps` logs it), or nothing here is measured:
+    NVIDIA's C++ tensorrtllm backend and its llmapi model do not read SCHEDULE_ENV, and would serve their own
+    schedule at every length."""
+    from specbuild.runtime.schedule import SCHEDULE_ENV
+
+    if SCHEDULE_ENV not in logged:
+        raise SpecbuildError(f"the models of {repository} did not read {SCHEDULE_ENV} (see {log}), so every length "
+                             "would serve their own schedule",
+                             hint="--served measures repositories whose speculation runs in specbuild's models "
+                                  "(build.backend: reference) or in the BLS")
