@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -74,13 +73,13 @@ def _schedule(text: str | None) -> dict[int, int] | None:
     """--draft-len-schedule parsed and checked as the served models will read it."""
     if text is None:
         return None
-    from specbuild.runtime.schedule import schedule_problems
+    from specbuild.runtime.schedule import parse_steps, schedule_problems
 
     try:
-        steps = {int(size): int(length) for size, length in json.loads(text).items()}
-    except (ValueError, AttributeError, TypeError) as err:
-        raise SpecbuildError(f"--draft-len-schedule {text!r} is not a JSON object of batch sizes to draft lengths "
-                             f"({err})", hint="e.g. '{\"1\": 4, \"8\": 1}'") from None
+        steps = parse_steps(text)
+    except ValueError:
+        raise SpecbuildError(f"--draft-len-schedule {text!r} is not a JSON object of batch sizes to draft lengths",
+                             hint="e.g. '{\"1\": 4, \"8\": 1}'") from None
     full = steps.get(1, steps[min(steps)] if steps else 0)
     problems = schedule_problems(steps, full)
     if not steps or problems:

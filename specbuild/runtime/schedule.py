@@ -49,16 +49,24 @@ def served_steps(configured: Mapping[str, object] | Mapping[int, object] | str |
     `log`, so the server log shows which schedule ran), else its own configuration's (a repository parameter's
     JSON text or model.yaml's mapping); {} for none."""
     override = os.environ.get(SCHEDULE_ENV)
-    raw: object = override or configured
+    raw = override or configured
     if not raw:
         return {}
-    data = json.loads(raw) if isinstance(raw, str) else raw
-    if not isinstance(data, Mapping):
-        raise ValueError(f"draft_len_schedule must map batch sizes to draft lengths, not {raw!r}")
-    steps = {int(size): int(length) for size, length in data.items()}
+    steps = parse_steps(raw)
     if override and log is not None:
         log(f"draft_len_schedule {json.dumps(steps)} from {SCHEDULE_ENV}, not the configuration's")
     return steps
+
+
+def parse_steps(raw: Mapping[str, object] | Mapping[int, object] | str) -> dict[int, int]:
+    """A draft_len_schedule from JSON text or a mapping, keys and lengths as ints; ValueError when it is not one."""
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(data, Mapping):
+            raise TypeError
+        return {int(size): int(length) for size, length in data.items()}
+    except (ValueError, TypeError):
+        raise ValueError(f"draft_len_schedule must map batch sizes to draft lengths, not {raw!r}") from None
 
 
 def fixed_length(full_draft_len: int, length: int, max_batch: int) -> dict[int, int]:
