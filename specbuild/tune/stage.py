@@ -569,7 +569,6 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     import torch
 
     from specbuild.runtime.model import CausalLM
-    from specbuild.tokenizer import load_tokenizer
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -578,14 +577,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     roles = {"draft_target": ("target",) if self_draft else ("target", "draft"), "lookahead": ("target",),
              "eagle3": ("target",)}.get(mode, ("medusa",))
     directories = {role: _checkpoint(spec, role) for role in roles}
-    tokenizer = load_tokenizer(spec.target.model)
-    try:
-        prompts = calibration_prompts(lambda s: tokenizer.encode(s, add_special_tokens=False, verbose=False),
-                                      _calibration_texts(options), options.prompts, options.prompt_tokens)
-    except ValueError as err:
-        raise SpecbuildError(str(err)) from err
+    _, prompts, calib = _calibration(spec, options)
     models = {role: CausalLM.from_checkpoint(path) for role, path in directories.items()}
-    calib = str(options.calib) if options.calib else "held-out pydoc topics"
     report = TuneReport(spec, prompts, options, calib, torch.get_num_threads())
     out.print(f"calibration: {len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}, "
               f"{options.new_tokens} new tokens each, greedy, torch threads {torch.get_num_threads()}",
@@ -660,9 +653,8 @@ def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, consol
     return report
 
 
-def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out: Console) -> TuneReport:
-    """`tune --served`: only the schedule, measured behind tritonserver for what is deployed (the spec's K, L and
-    tree: tune those first, in-process, and deploy them), on the calibration prompts as text."""
+def _calibration(spec: PipelineSpec, options: TuneOptions) -> tuple[Any, Prompts, str]:
+    """The target's tokenizer, the calibration prompts (token ids) and where their text came from."""
     from specbuild.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec.target.model)
@@ -671,8 +663,15 @@ def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out:
                                       _calibration_texts(options), options.prompts, options.prompt_tokens)
     except ValueError as err:
         raise SpecbuildError(str(err)) from err
-    calib = str(options.calib) if options.calib else "held-out pydoc topics"
+    return tokenizer, prompts, str(options.calib) if options.calib else "held-out pydoc topics"
+
+
+def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out: Console) -> TuneReport:
+    """`tune --served`: only the schedule, measured behind tritonserver for what is deployed (the spec's K, L and
+    tree: tune those first, in-process, and deploy them), on the calibration prompts as text."""
     from specbuild.serve.triton_env import DEFAULT_THREADS
+
+    tokenizer, prompts, calib = _calibration(spec, options)
 
     threads = int(os.environ.get("SPECBUILD_SERVER_THREADS") or DEFAULT_THREADS)  # the served models' torch threads
     report = TuneReport(spec, prompts, options, calib, threads)
