@@ -41,7 +41,9 @@ CLI_ONLY = ("specbuild.cli",)
 MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     "convert": {},
     "build": {},
-    "tune": {},  # runtime, medusa and spec are neutral; it writes the spec that build then reads
+    # runtime, medusa and spec are neutral; it writes the spec that build then reads. `tune --served` measures the
+    # deployed spec behind tritonserver as serve starts it (and its models' thread count), with bench's load
+    "tune": {"serve": ("specbuild.serve.server", "specbuild.serve.triton_env"), "bench": ("specbuild.bench.load",)},
     "deploy": {},  # what build wrote, and what a spec asks of an engine, come from contracts/
     "serve": {"deploy": ("specbuild.deploy.pbtxt",),  # reads back the config.pbtxt deploy wrote
               "bench": ("specbuild.bench.client",)},  # asks the served repository its prompts
@@ -50,7 +52,8 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     "export": {},  # reads the spec and the HF checkpoints it names (no stage output but the quantized draft)
     # Dynamo's launch and manifests: each worker's engine settings from the one writer of each engine's settings
     "dynamo": {"deploy": ("specbuild.deploy.llmapi",), "export": ("specbuild.export",),
-               "serve": ("specbuild.serve.launch",)},  # the same child-process launch as tritonserver
+               # the same child-process launch as tritonserver, and the same serving until Ctrl-C
+               "serve": ("specbuild.serve.launch", "specbuild.serve.lifetime")},
     # a spec rewritten in place (tune's YAML editor), measured with tune's prompts on checkpoints convert writes
     "migrate": {"tune": ("specbuild.tune.spec_edit", "specbuild.tune.measure"),
                 "convert": ("specbuild.convert.pipeline", "specbuild.convert.request")},
