@@ -8,9 +8,11 @@ requires. Tokens/s here is wall-clock, the fastest of `repeats` interleaved runs
 candidate alike.
 
 The lengths never grow with the batch: the more sequences share each forward, the less a round's extra draft
-and verification work can pay (TensorRT-LLM's reason for the schedule), so a length winning at a larger batch
-after a shorter one won at a smaller batch is noise on a shared machine, not a measurement to serve. Each batch
-size therefore takes the fastest of the lengths no longer than the one before it.
+and verification work can pay (TensorRT-LLM's reason for the schedule). Of the schedules whose lengths never grow,
+the one kept comes closest to the fastest length at every batch size together: it has the highest sum, over the
+batch sizes, of its length's tokens/s over that batch size's fastest. So a near tie at one batch size (a
+measurement on a shared machine decides it either way) cannot turn speculation off at the larger ones where it
+wins clearly, and a clear loss at one batch size is not taken back for a win at a larger one.
 """
 
 from __future__ import annotations
@@ -31,24 +33,47 @@ class ScheduleTuning:
     tokens_per_second: dict[int, dict[int, float]] = field(default_factory=dict)
     served: bool = False  # measured behind tritonserver on the deployment (specbuild.tune.served), not in-process
 
-    def best(self, batch: int, longest: int | None = None) -> int:
-        """The fastest length measured at `batch` (of those no longer than `longest`)."""
-        rates = {k: rate for k, rate in self.tokens_per_second[batch].items() if longest is None or k <= longest}
+    def best(self, batch: int) -> int:
+        """The fastest length measured at `batch` (the schedule may keep another: see the module docstring)."""
+        rates = self.tokens_per_second[batch]
         return max(rates, key=lambda k: rates[k])
 
     @property
     def schedule(self) -> dict[int, int]:
-        """{1: full length, then each batch size where the length changes}: at each batch size the fastest length
-        no longer than the smaller batch's (see the module docstring)."""
+        """{1: full length, then each batch size where the length changes}: of the lengths that never grow, those
+        with the highest sum of tokens/s over each batch size's fastest (see the module docstring)."""
         steps = {1: self.full_length}
         current = self.full_length
-        for batch in sorted(self.tokens_per_second):
-            if batch == 1:
-                continue
-            best = self.best(batch, current)
-            if best != current:
-                steps[batch] = current = best
+        for batch, length in zip(self._sizes(), self._lengths(), strict=True):
+            if length != current:
+                steps[batch] = current = length
         return steps
+
+    def _sizes(self) -> list[int]:
+        return sorted(b for b in self.tokens_per_second if b > 1)
+
+    def _lengths(self) -> list[int]:
+        """One length per batch size above 1, never growing from the full length: a dynamic programme over the
+        batch sizes, largest first, of the best sum each (batch size, longest allowed length) can still reach."""
+        sizes = self._sizes()
+        share = [_over_fastest(self.tokens_per_second[b]) for b in sizes]
+        # reach[i][cap]: (best sum over sizes[i:], its lengths) with every length <= cap
+        caps = sorted({self.full_length, *(k for s in share for k in s)})
+        reach: list[dict[int, tuple[float, list[int]]]] = [{} for _ in sizes] + [{cap: (0.0, []) for cap in caps}]
+        for i in reversed(range(len(sizes))):
+            for cap in caps:
+                options = [(share[i][k] + reach[i + 1][k][0], k, [k, *reach[i + 1][k][1]])
+                           for k in share[i] if k <= cap]
+                # the longer length at an exact tie: the full length is TensorRT-LLM's default
+                best = max(options, key=lambda o: (o[0], o[1]), default=(float("-inf"), 0, []))
+                reach[i][cap] = (best[0], best[2])
+        return reach[0][self.full_length][1] if sizes else []
+
+
+def _over_fastest(rates: dict[int, float]) -> dict[int, float]:
+    """Each length's tokens/s over the fastest's at the same batch size (1.0: the fastest)."""
+    fastest = max(max(rates.values()), 1e-9)
+    return {k: rate / fastest for k, rate in rates.items()}
 
 
 def batch_sizes(max_batch: int) -> list[int]:

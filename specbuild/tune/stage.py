@@ -784,7 +784,7 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
                  table,
                  Text(f"draft_len_schedule {t.schedule}: the full length at batch 1 (TensorRT-LLM's rule), then "
-                      "at each batch size the fastest length no longer than the last (lengths never grow with load)"))
+                      "lengths that never grow with load, closest to each batch size's fastest together"))
 
 
 def tree_table(t: TreeTuning) -> Table:
