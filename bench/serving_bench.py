@@ -10,8 +10,9 @@ on the reference backend) — serves them all at once with the tritonserver bund
 PATH), and drives each entry model over gRPC streaming with `specbuild bench`'s load generator (the llmapi model
 through its own input names). Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
 of them alike) and the median round by tokens/s is kept; a run sends every prompt once and at least 4 requests per
-client (REQUESTS_PER_CLIENT), so the burst at its start and the tail at its end are not most of it. Output tokens
-are counted with the deployment's own tokenizer (re-encoding each answer), the same for every deployment.
+client (specbuild.bench.load.STEADY_PER_CLIENT), so the burst at its start and the tail at its end are not most of
+it. Output tokens are counted with the deployment's own tokenizer (re-encoding each answer),
+the same for every deployment.
 
 Every deployment is measured at every --concurrency (default 1, 8, 16). Targets, each a ratio measured side by side
 in the same run: plain at concurrency 8 >= 3x its own tokens/s at concurrency 1 (in-flight batching); draft-target
@@ -52,7 +53,15 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from specbuild.bench.client import LLMClient  # noqa: E402
-from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, TokenCounter, median_round, run_load  # noqa: E402
+from specbuild.bench.load import (  # noqa: E402
+    DEFAULT_PROMPTS,
+    STEADY_PER_CLIENT,
+    Load,
+    Summary,
+    TokenCounter,
+    median_round,
+    run_load,
+)
 from specbuild.bench.report import plot, speedup, table  # noqa: E402
 from specbuild.errors import SpecbuildError  # noqa: E402
 from specbuild.serve.server import TritonServer  # noqa: E402
@@ -110,11 +119,6 @@ SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at c
 LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
 TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non-streamed answer fails it)
 BATCHING_MIN = 3.0  # plain at concurrency 8 vs plain at concurrency 1
-REQUESTS_PER_CLIENT = 4
-"""Each client's requests in a run under load. Every run starts with all clients arriving at once and ends with them
-finishing one by one; with the load generator's default of 2 a client, one of each client's two requests is in the
-burst and the other in the tail, so little of a run is the steady load the targets are about. (On the 2-core machine
-where it was set, it did not narrow the spread of a deployment's three rounds: see the serving results.)"""
 console = Console(stderr=True)
 
 
@@ -189,7 +193,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
     parser.add_argument("--requests", type=int, default=None,
-                        help=f"per run (default: every prompt once, and at least {REQUESTS_PER_CLIENT} per client)")
+                        help=f"per run (default: every prompt once, and at least {STEADY_PER_CLIENT} per client)")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("--no-prepare", action="store_true",
                         help="serve the deployments as they are, without convert/build/deploy")
@@ -232,7 +236,7 @@ def main() -> int:
                 entry[name] = client.model.name
         for concurrency in args.concurrency:
             load = Load(prompts=DEFAULT_PROMPTS, max_tokens=args.max_tokens, concurrency=concurrency,
-                        requests=args.requests or max(len(DEFAULT_PROMPTS), REQUESTS_PER_CLIENT * concurrency))
+                        requests=args.requests, per_client=STEADY_PER_CLIENT)
             measured = names
             rounds: dict[str, list[Summary]] = {name: [] for name in measured}
             for index in range(args.rounds):
@@ -335,7 +339,7 @@ def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], arg
                                "plain_of_spec": DEPLOYMENTS[name].plain_of} for name in results},
         "load": {"prompts": list(DEFAULT_PROMPTS), "max_tokens": args.max_tokens, "rounds": args.rounds,
                  "concurrency": args.concurrency, "tokens_counted_by": counter.source,
-                 "requests": args.requests, "requests_per_client": None if args.requests else REQUESTS_PER_CLIENT},
+                 "requests": args.requests, "requests_per_client": None if args.requests else STEADY_PER_CLIENT},
         "results": {name: {str(c): s.to_json() for c, s in by_c.items()} for name, by_c in results.items()},
         "ratios_vs_baseline": ratios,
         "targets": targets(results, ratios, accounts(args.out, machine)),

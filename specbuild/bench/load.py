@@ -35,6 +35,13 @@ DEFAULT_PROMPTS = (
 """Openings from Python's own documentation: the demo models were trained on that text (pydoc_data.topics)."""
 
 
+STEADY_PER_CLIENT = 4
+"""Each client's requests in a run whose figures are about steady load (the serving bench, tune --served). Every run
+starts with all clients arriving at once and ends with them finishing one by one; with the default of 2 a client,
+one of each client's two requests is in the burst and the other in the tail, so little of a run is the steady load.
+(On the 2-core machine where it was set, it did not narrow the spread of a deployment's three serving-bench rounds.)"""
+
+
 @dataclass(frozen=True)
 class Load:
     """What to send: the same Load against two endpoints makes a fair comparison."""
@@ -43,7 +50,9 @@ class Load:
     max_tokens: int = 64
     concurrency: int = 1
     requests: int | None = None
-    """Measured requests in all; default: every prompt once, and at least two per worker."""
+    """Measured requests in all; default: every prompt once, and at least `per_client` per worker."""
+    per_client: int = 2
+    """Each client's requests at least, where `requests` is not given (STEADY_PER_CLIENT for figures under load)."""
     stream: bool | None = None
     """None: stream when the model is decoupled (see LLMClient.generate)."""
     num_draft_tokens: int | None = None
@@ -51,7 +60,7 @@ class Load:
 
     @property
     def total_requests(self) -> int:
-        return self.requests or max(len(self.prompts), 2 * self.concurrency)
+        return self.requests or max(len(self.prompts), self.per_client * self.concurrency)
 
 
 class TokenCounter:

@@ -23,10 +23,6 @@ from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
 from specbuild.tune.schedule import ScheduleTuning
 
-SERVED_REQUESTS_PER_CLIENT = 4
-"""Requests each client sends in one measured run: enough that the start (all clients at once) and the tail (one
-by one) are not most of it, as the serving bench's REQUESTS_PER_CLIENT."""
-
 
 def deployed_repository(spec: PipelineSpec) -> Path:
     """The spec's deployed Triton repository, or an error saying how to deploy it."""
@@ -42,7 +38,7 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
                             log_dir: Path | None = None) -> ScheduleTuning:
     """Output tokens/s of the deployment at each batch size in `sizes` (1 left out) and each length (0, `lengths`
     and the full one), the fastest of `repeats` passes; one server per length and pass."""
-    from specbuild.bench.load import Load, TokenCounter, run_load
+    from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, run_load
     from specbuild.runtime.schedule import SCHEDULE_ENV, fixed_length
     from specbuild.serve.server import TritonServer
 
@@ -60,7 +56,7 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
             with server:
                 for size in loaded:
                     load = Load(prompts=list(texts), max_tokens=new_tokens, concurrency=size,
-                                requests=max(len(texts), SERVED_REQUESTS_PER_CLIENT * size))
+                                per_client=STEADY_PER_CLIENT)
                     rate = run_load(server.grpc_url, load, counter=counter).output_tokens_per_s
                     cell = tuning.tokens_per_second.setdefault(size, {})
                     cell[length] = max(cell.get(length, 0.0), rate)
