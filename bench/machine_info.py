@@ -45,3 +45,14 @@ def machine_info(packages: Sequence[str], **extra: Any) -> dict[str, Any]:
         "git_commit": commit,
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def uncommitted(*paths: str) -> list[str]:
+    """Files under `paths` that differ from the commit machine_info records (served code is imported from the work
+    tree, and `prepare` deploys the work tree's BLS): figures measured on them are not that commit's."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ["(git status failed)"]
+    return [line[3:] for line in out.splitlines()]

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine_info import machine_info
+from machine_info import machine_info, uncommitted
 from serving_bench import SPEEDUP_MIN, existing, prepare
 from targets import Target, finish
 
@@ -378,10 +378,14 @@ def account_claim(acc: Mapping[str, Any]) -> str:
             f"{acc['floor']}x <= one engine with the same models and K)")
 
 
+def summary(x: Mapping[str, float]) -> str:
+    """The account's figures in a line, as serving_bench cites them beside the ratio they judge."""
+    return f"in-process, the 1.2 flow's rounds {x['flow']:.2f}x plain, one engine with the same models and K " \
+           f"{x['one engine']:.2f}x"
+
+
 def account_figures(acc: Mapping[str, Any]) -> str:
-    x = acc["x_plain"]
-    return (f"{'holds' if acc['holds'] else 'does not hold'}: the flow's rounds {x['flow']:.2f}x plain, one engine "
-            f"{x['one engine']:.2f}x")
+    return f"{'holds' if acc['holds'] else 'does not hold'}: {summary(acc['x_plain'])}"
 
 
 def _ms(value: float | None, digits: int = 2) -> str:
@@ -774,6 +778,7 @@ def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineT
         "plain_ms_for_a_rounds_tokens": plain_token_ms * tokens / rounds,
         "continuation_forwards_per_round": in_process["forwards_per_call"]["tensorrt_llm"] - 1,
         "holds": bool(same == len(plain) and x["flow"] < SPEEDUP_MIN <= x["one engine"]),
+        "summary": summary(x),
     }
 
 
@@ -989,19 +994,6 @@ def main(argv: list[str] | None = None) -> int:
     for t in targets:
         print(f"{'REPORTED' if t.met is None else 'PASS' if t.met else 'FAIL'}: {t.name} ({t.measured})", flush=True)
     return finish("round_cost_bench", targets)
-
-
-def uncommitted(*paths: str) -> list[str]:
-    """Files under `paths` that differ from the commit machine_info records (served code is imported from the work
-    tree, and `prepare` deploys the work tree's BLS): figures measured on them are not that commit's."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return ["(git status failed)"]
-    return [line[3:] for line in out.splitlines()]
 
 
 def _param(model_dir: Path, key: str) -> str:

@@ -22,10 +22,11 @@ from targets import VERDICTS, says_missed, verdict_file
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "round_cost_bench", "serving_bench",
-           "demo_time_bench", "migrate_bench", "dynamo_bench")
+SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "round_cost_bench", "medusa_cost_bench",
+           "serving_bench", "demo_time_bench", "migrate_bench", "dynamo_bench")
 """Every bench/*_bench.py, in the order `make bench` runs them (runtime_bench builds the demo models the later
-ones and the tune tables use; round_cost_bench writes the account serving_bench may judge the BLS by)."""
+ones and the tune tables use; round_cost_bench and medusa_cost_bench write the accounts serving_bench may judge the
+BLS and Medusa by at one request)."""
 
 OWN, SERVED = {"schedule": False}, {"served": True}
 """The spec's own tune without a schedule (K, L, the tree: in-process), then the schedule alone measured behind

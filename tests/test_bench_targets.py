@@ -23,7 +23,8 @@ def bench() -> dict[str, ModuleType]:
     sys.path.insert(0, str(BENCH))
     try:
         return {name: importlib.import_module(name) for name in
-                ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench")}
+                ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench",
+                                                     "round_cost_bench", "medusa_cost_bench")}
     finally:
         sys.path.remove(str(BENCH))
 
@@ -117,7 +118,8 @@ def test_the_bls_miss_at_one_request_is_judged_by_the_measured_account_of_the_sa
     code, and only where it holds; a met 1.3x needs no account."""
     s = bench["serving_bench"]
     machine = {"git_commit": "abc", "platform": "Linux-x", "nproc": 2}
-    holds = {"holds": True, "x_plain": {"plain": 1.0, "one engine": 1.72, "flow": 1.18}}
+    x_plain = {"plain": 1.0, "one engine": 1.72, "flow": 1.18}
+    holds = {"holds": True, "x_plain": x_plain, "summary": bench["round_cost_bench"].summary(x_plain)}
     path = tmp_path / "round-cost.json"
 
     def write(account: dict, measured_on: dict, uncommitted: list[str] | None = None) -> None:
@@ -146,6 +148,24 @@ def test_the_bls_miss_at_one_request_is_judged_by_the_measured_account_of_the_sa
         assert s.accounts(tmp_path, machine) == {} and not verdict(1.25)["met"]
     write(holds, machine, uncommitted=["specbuild/python_models/bls_loop.py"])
     assert s.accounts(tmp_path, machine) == {}
+
+
+def test_the_medusa_miss_at_one_request_is_judged_by_its_own_account(bench: dict[str, ModuleType],
+                                                                     tmp_path: Path) -> None:
+    """Issue 22 allows Medusa, like the BLS, a measured account instead of 1.3x plain at concurrency 1: serving_bench
+    takes medusa_cost_bench's (medusa-cost.json), cites its figures, and never lends it to another deployment."""
+    s = bench["serving_bench"]
+    machine = {"git_commit": "abc", "platform": "Linux-x", "nproc": 2}
+    acc = {"holds": True, "summary": "in-process, Medusa 1.10x plain, 1.45x with the tree's forward at a one-token "
+                                     "forward's cost"}
+    (tmp_path / "medusa-cost.json").write_text(json.dumps({"account": acc, "machine": machine, "settings": {}}))
+    found = s.accounts(tmp_path, machine)
+    assert set(found) == {"medusa"}
+    results = {"plain": {1: None}, "medusa": {1: None}, "draft-target": {1: None}}
+    ratios = {"medusa": {"1": {"output_tokens_per_s": 1.26}}, "draft-target": {"1": {"output_tokens_per_s": 1.2}}}
+    medusa, draft = sorted(s.targets(results, ratios, found), key=lambda t: t["target"].startswith("draft"))
+    assert medusa["met"] and s.measured_text(medusa) == f"1.26 (medusa-cost.json: {acc['summary']})"
+    assert not draft["met"] and "accounted" not in draft
 
 
 def test_the_a_a_control_is_reported_at_every_load_and_never_judged(bench: dict[str, ModuleType]) -> None:
