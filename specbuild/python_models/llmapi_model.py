@@ -267,7 +267,7 @@ class LlmApiModel:
             return request.aborted or bool(client_cancelled and client_cancelled())
 
         return Job(request.prompt_ids, int(parsed.param("max_tokens")), decoding(parsed, end_id), is_greedy(parsed),
-                   end_id, request.stop_words, lambda progress: self._on_progress(request, progress, cancelled),
+                   end_id, request.stop_words, lambda progress: self._on_progress(request, progress),
                    cancelled)
 
     def _stop(self, request_id: str, send: Callable[[Answer], None]) -> None:
@@ -280,7 +280,7 @@ class LlmApiModel:
                 request.aborted = True
         send(Answer(None, LLMAPI_ERRORS["cancelled"], cancelled=True))
 
-    def _on_progress(self, request: _Request, progress: Progress, cancelled: Callable[[], bool]) -> None:
+    def _on_progress(self, request: _Request, progress: Progress) -> None:
         with request.lock:
             if request.sent_final:
                 return
