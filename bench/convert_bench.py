@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from machine_info import machine_info
+from results_files import write_results
 from safetensors import safe_open
 from safetensors.torch import save_file
 from targets import Target, finish
@@ -497,9 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     machine = machine_info(("transformers", "nvidia-modelopt", "safetensors", "specbuild"), loadavg_start=load_start)
     report = build_report(contenders, model, check, machine, floor, time.perf_counter() - bench_start)
-    (args.results / "convert.json").write_text(json.dumps(report, indent=2) + "\n")
     markdown = render_markdown(report)
-    (args.results / "convert.md").write_text(markdown)
+    write_results(args.results, "convert", report, markdown)
     print()
     print(markdown)
     for t in report["targets"]:

@@ -11,7 +11,6 @@ removed first; `make bench` runs it through bench/run_all.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from typing import Any
 
 import psutil
 from machine_info import machine_info
+from results_files import write_results
 from targets import Target, finish
 
 BENCH = Path(__file__).resolve().parent
@@ -142,9 +142,7 @@ def main() -> int:
         Target(f"warm `make demo` <= {WARM_TARGET_S:.0f} s", warm["status"] == 0 and warm["wall_s"] <= WARM_TARGET_S,
                f"{warm['wall_s']:.0f} s"),
     ]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "demo-time.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "demo-time.md").write_text(markdown(results, targets))
+    write_results(RESULTS, "demo-time", results, markdown(results, targets))
     if not args.keep:
         shutil.rmtree(clone, ignore_errors=True)
     return finish(SCRIPT, targets)

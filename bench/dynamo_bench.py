@@ -20,13 +20,13 @@ Run with `.venv/bin/python bench/dynamo_bench.py [--help]`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from machine_info import machine_info
+from results_files import write_results
 from rich.console import Console
 from targets import Target, finish
 
@@ -166,9 +166,7 @@ def main() -> int:
                                   title=f"concurrency {concurrency}, streaming, {args.max_tokens} new tokens"))
 
     report = to_report(results, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "dynamo.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "dynamo.md").write_text(markdown(report))
+    write_results(args.out, "dynamo", report, markdown(report))
     console.print(f"wrote {args.out / 'dynamo.json'} and dynamo.md", highlight=False)
     for target in report["targets"]:
         console.print(f"{'PASS' if target['met'] else 'FAIL'}: {target['target']} (measured {target['measured']})",

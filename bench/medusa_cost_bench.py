@@ -26,7 +26,6 @@ they were timed in. The account is reported, for serving_bench to judge by. Writ
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_info import machine_info, uncommitted
+from results_files import write_results
 from serving_bench import SPEEDUP_MIN, existing, prepare
 from targets import Target, finish
 
@@ -286,10 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                               "machine": machine_info(["transformers"], torch_threads=served.threads)}
     targets = judged(report)
     report["targets"] = [{"target": t.name, "met": t.met, "measured": t.measured} for t in targets]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "medusa-cost.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
-    (args.out / "medusa-cost.md").write_text(text)
+    write_results(args.out, "medusa-cost", report, text)
     print(text)
     return finish("medusa_cost_bench", targets)
 

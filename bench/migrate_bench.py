@@ -18,7 +18,6 @@ Run with `.venv/bin/python bench/migrate_bench.py [--help]`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
 from machine_info import machine_info  # noqa: E402
+from results_files import write_results  # noqa: E402
 from targets import Target, finish  # noqa: E402
 
 SPECS = ("demo-medusa", "demo-lookahead")
@@ -100,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
               "targets": [{"target": t.name, "met": t.met, "measured": t.measured} for t in targets],
               "machine": machine_info(["transformers"], torch_threads=torch.get_num_threads()),
               "bench_runtime_s": round(time.perf_counter() - start, 1)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "migrate.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
-    (args.out / "migrate.md").write_text(text)
+    write_results(args.out, "migrate", report, text)
     print(text)
     return finish("migrate_bench", targets)
 

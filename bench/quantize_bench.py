@@ -18,7 +18,6 @@ exits 1 if a target is missed. Run with `.venv/bin/python bench/quantize_bench.p
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -211,13 +210,12 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(BENCH))
     from machine_info import machine_info
+    from results_files import write_results
     from targets import Target, finish
 
     results = run(args)
     results["machine"] = machine_info(["torch", "transformers", "nvidia-modelopt"])
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "quantize.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.results / "quantize.md").write_text(markdown(results))
+    write_results(args.results, "quantize", results, markdown(results))
     print(markdown(results))
     return finish("quantize_bench", [Target(name, ok) for name, ok in results["checks"].items()])
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 from machine_info import machine_info, uncommitted
+from results_files import write_results
 from serving_bench import SPEEDUP_MIN, existing, prepare
 from targets import Target, finish
 
@@ -986,10 +987,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = judged(report)
     report["targets"] = [{"target": t.name, "met": t.met, "measured": t.measured} for t in targets]
     report["bench_runtime_s"] = round(time.perf_counter() - bench_start, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "round-cost.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
-    (args.out / "round-cost.md").write_text(text)
+    write_results(args.out, "round-cost", report, text)
     print(text)
     for t in targets:
         print(f"{'REPORTED' if t.met is None else 'PASS' if t.met else 'FAIL'}: {t.name} ({t.measured})", flush=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from machine_info import machine_info
+from results_files import write_results
 from targets import Target, finish
 
 BENCH = Path(__file__).resolve().parent
@@ -896,9 +897,8 @@ def main(argv: list[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     plot_acceptance(rows, args.results / "acceptance.png")
     report["bench_runtime_s"] = round(time.perf_counter() - bench_start, 1)
-    (args.results / "speculative.json").write_text(json.dumps(report, indent=2) + "\n")
     markdown = render_markdown(report)
-    (args.results / "speculative.md").write_text(markdown)
+    write_results(args.results, "speculative", report, markdown)
     print()
     print(markdown)
     for t in targets:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from machine_info import machine_info
+from results_files import write_results
 from rich.console import Console
 from targets import Target, finish
 
@@ -264,9 +265,7 @@ def main() -> int:
     report["not_served"] = unserved
     report["prepared"] = not args.no_prepare
     report["note"] = args.note
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "serving.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "serving.md").write_text(markdown(report))
+    write_results(args.out, "serving", report, markdown(report))
     series = {name: list(by_c.values()) for name, by_c in results.items()}
     title = f"demo deployments on tritonserver, gRPC streaming, {args.max_tokens} new tokens"
     plot(series, args.out / "serving.png", title)
