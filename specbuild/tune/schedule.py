@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise, product
 
 Run = Callable[[list[list[int]], int], int]
 """(prompts run side by side, draft length or 0) -> tokens generated."""
@@ -53,21 +54,13 @@ class ScheduleTuning:
         return sorted(b for b in self.tokens_per_second if b > 1)
 
     def _lengths(self) -> list[int]:
-        """One length per batch size above 1, never growing from the full length: a dynamic programme over the
-        batch sizes, largest first, of the best sum each (batch size, longest allowed length) can still reach."""
-        sizes = self._sizes()
-        share = [_over_fastest(self.tokens_per_second[b]) for b in sizes]
-        # reach[i][cap]: (best sum over sizes[i:], its lengths) with every length <= cap
-        caps = sorted({self.full_length, *(k for s in share for k in s)})
-        reach: list[dict[int, tuple[float, list[int]]]] = [{} for _ in sizes] + [{cap: (0.0, []) for cap in caps}]
-        for i in reversed(range(len(sizes))):
-            for cap in caps:
-                options = [(share[i][k] + reach[i + 1][k][0], k, [k, *reach[i + 1][k][1]])
-                           for k in share[i] if k <= cap]
-                # the longer length at an exact tie: the full length is TensorRT-LLM's default
-                best = max(options, key=lambda o: (o[0], o[1]), default=(float("-inf"), 0, []))
-                reach[i][cap] = (best[0], best[2])
-        return reach[0][self.full_length][1] if sizes else []
+        """One length per batch size above 1: of the measured ones that never grow from the full length, those with
+        the highest sum of tokens/s over each batch size's fastest (at an exact tie the longer lengths, the full
+        length being TensorRT-LLM's default). A few lengths at a few batch sizes: every choice is tried."""
+        share = [_over_fastest(self.tokens_per_second[b]) for b in self._sizes()]
+        choices = [c for c in product(*(sorted(s) for s in share))
+                   if all(a >= b for a, b in pairwise((self.full_length, *c)))]
+        return list(max(choices, key=lambda c: (sum(s[k] for s, k in zip(share, c, strict=True)), c), default=()))
 
 
 def _over_fastest(rates: dict[int, float]) -> dict[int, float]:
