@@ -86,8 +86,6 @@ class MedusaModel:
     Triton, as two engines over one model: `medusa` (its tree and schedule) and `plain` (no tree)."""
 
     def __init__(self, repository: Path) -> None:
-        import torch
-
         from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info, reference_checkpoint
         from specbuild.deploy.pbtxt import parse_choices, read_config
         from specbuild.dtypes import torch_dtype
@@ -107,9 +105,7 @@ class MedusaModel:
         engine_dir = Path(llm["gpt_model_path"])
         engine_dir = engine_dir if engine_dir.is_absolute() else (repository / "tensorrt_llm" / engine_dir).resolve()
         info = read_engine_info(engine_dir)
-        self.threads = int(llm.get("torch_threads") or 0)
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        self.threads = int(llm.get("torch_threads") or 0)  # main() sets it: process-wide, so not here
         self.model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir),
                                               dtype=torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype"))
         self.choices = parse_choices(llm["medusa_choices"])
@@ -157,11 +153,11 @@ def fastest(passes: Sequence[Sequence[RequestRun]]) -> list[RequestRun]:
 
 def per_step(runs: Sequence[RequestRun]) -> dict[str, float]:
     """Milliseconds per engine step of each part, summed over `runs`, and tokens per step."""
-    steps = sum(r.steps for r in runs)
+    steps, tokens = sum(r.steps for r in runs), sum(len(r.tokens) for r in runs)
     total, forward, heads = (sum(getattr(r, f) for r in runs) for f in ("total_s", "forward_s", "heads_s"))
     return {"step_ms": 1e3 * total / steps, "forward_ms": 1e3 * forward / steps, "heads_ms": 1e3 * heads / steps,
-            "engine_ms": 1e3 * (total - forward - heads) / steps, "tokens_per_step": sum(len(r.tokens) for r in runs)
-            / steps, "steps": steps, "tokens": sum(len(r.tokens) for r in runs), "total_s": total}
+            "engine_ms": 1e3 * (total - forward - heads) / steps, "tokens_per_step": tokens / steps, "steps": steps,
+            "tokens": tokens, "total_s": total}
 
 
 def account(runs: Mapping[str, Sequence[RequestRun]], floor: float = SPEEDUP_MIN) -> dict[str, Any]:
@@ -263,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     build_demo_models(ROOT / "demo" / "models")
     repository = existing(SPEC) if args.no_prepare else prepare(SPEC)
     served = MedusaModel(repository)
+    if served.threads:
+        import torch
+
+        torch.set_num_threads(served.threads)
     prompts = [served.prompt(text) for text in DEFAULT_PROMPTS]
     for name in ENGINES:  # warm-up: first calls allocate
         served.request(name, prompts[0], args.max_tokens)

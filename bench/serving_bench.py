@@ -11,8 +11,8 @@ PATH), and drives each entry model over gRPC streaming with `specbuild bench`'s 
 through its own input names). Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
 of them alike) and the median round by tokens/s is kept; a run sends every prompt once and at least 4 requests per
 client (specbuild.bench.load.STEADY_PER_CLIENT), so the burst at its start and the tail at its end are not most of
-it. Output tokens are counted with the deployment's own tokenizer (re-encoding each answer),
-the same for every deployment.
+it. Output tokens are counted with the deployment's own tokenizer (re-encoding each answer), the same for every
+deployment.
 
 Every deployment is measured at every --concurrency (default 1, 8, 16). Targets, each a ratio measured side by side
 in the same run: plain at concurrency 8 >= 3x its own tokens/s at concurrency 1 (in-flight batching); draft-target

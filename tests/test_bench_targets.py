@@ -23,8 +23,8 @@ def bench() -> dict[str, ModuleType]:
     sys.path.insert(0, str(BENCH))
     try:
         return {name: importlib.import_module(name) for name in
-                ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench",
-                                                     "round_cost_bench", "medusa_cost_bench")}
+                ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench", "round_cost_bench",
+                 "medusa_cost_bench")}
     finally:
         sys.path.remove(str(BENCH))
 

@@ -53,7 +53,15 @@ def test_the_account_holds_when_the_width_not_the_heads_keeps_medusa_below_the_f
 def test_the_deployed_medusa_model_is_timed_in_its_own_steps(mc: ModuleType, deployed) -> None:
     """The repository's tensorrt_llm model decodes the same tokens plainly and with its tree; the clock sees every
     forward of both engines and the heads only in Medusa's, inside the steps' wall time."""
-    model = mc.MedusaModel(deployed.repository("medusa"))
+    import torch
+
+    threads = torch.get_num_threads()  # the session's (tests/conftest.py): 1, as the repository's torch_threads
+    torch.set_num_threads(threads + 1)
+    try:
+        model = mc.MedusaModel(deployed.repository("medusa"))
+        assert torch.get_num_threads() == threads + 1  # main() sets the repository's threads; the model leaves them
+    finally:
+        torch.set_num_threads(threads)
     assert model.tree_nodes == len(model.choices)  # no schedule: the whole tree at one request
     prompt = model.prompt("The history of the printing press")
     got = {name: model.request(name, prompt, 24) for name in mc.ENGINES}
