@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,9 +212,11 @@ def main() -> int:
     chosen = {name: d for name, d in DEPLOYMENTS.items()
               if args.only is None or name in args.only or name == BASELINE or name == d.baseline
               or any(DEPLOYMENTS[o].baseline == name for o in args.only or ())}
+    plain: dict[str, list[int]] = {}
     for name, deployment in chosen.items():
         try:
             path = spec_path(deployment)
+            plain[name] = plain_at(path, args.concurrency)
             repositories[name] = existing(path) if args.no_prepare else prepare(path)
         except SpecbuildError as err:  # report the others; the failure is recorded beside them
             console.print(f"[red]{name} ({deployment.spec}) could not be deployed:[/] {err}", highlight=False,
@@ -260,7 +263,7 @@ def main() -> int:
                                   title=f"concurrency {concurrency}, gRPC streaming, {args.max_tokens} new tokens"))
 
     results = {name: by_c for name, by_c in results.items() if by_c}
-    report = to_report(results, entry, args, counter)
+    report = to_report(results, entry, args, counter, plain)
     report["not_deployed"] = failed
     report["not_served"] = unserved
     report["prepared"] = not args.no_prepare
@@ -285,8 +288,12 @@ def undeployed(failed: dict[str, str]) -> list[Target]:
 
 
 def measured_text(target: dict[str, Any]) -> str:
-    """A target's figure as the table and the verdict show it, with the account that judged it, if one did."""
+    """A target's figure as the table and the verdict show it, with the account that judged it, if one did, and
+    whether the deployment had speculation switched off at that load."""
     text = "not measured" if target["measured"] is None else str(target["measured"])
+    if target.get("speculation_off"):
+        text += (" (speculation off at this load: the schedule's length is 0 at this many sequences, so a full batch"
+                 " decodes plainly and this is mostly plain decoding's figure)")
     return f"{text} ({target['accounted']})" if target.get("accounted") else text
 
 
@@ -322,7 +329,7 @@ def curve(series: dict[str, list[Summary]], path: Path, title: str) -> Path:
 
 
 def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], args: argparse.Namespace,
-              counter: TokenCounter) -> dict[str, Any]:
+              counter: TokenCounter, plain: Mapping[str, Sequence[int]]) -> dict[str, Any]:
     machine = machine_info(["nvidia-pytriton", "tritonclient", "transformers"])
     ratios: dict[str, dict[str, dict[str, float | None]]] = {}
     for name, by_c in results.items():
@@ -338,13 +345,14 @@ def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], arg
         "what": "demo deployments served by tritonserver; client-side figures over gRPC streaming",
         "deployments": {name: {"spec": DEPLOYMENTS[name].spec, "entry_model": entry[name],
                                "baseline": DEPLOYMENTS[name].baseline, "judged": DEPLOYMENTS[name].judged,
-                               "plain_of_spec": DEPLOYMENTS[name].plain_of} for name in results},
+                               "plain_of_spec": DEPLOYMENTS[name].plain_of,
+                               "speculation_off_at": list(plain.get(name, []))} for name in results},
         "load": {"prompts": list(DEFAULT_PROMPTS), "max_tokens": args.max_tokens, "rounds": args.rounds,
                  "concurrency": args.concurrency, "tokens_counted_by": counter.source,
                  "requests": args.requests, "requests_per_client": None if args.requests else STEADY_PER_CLIENT},
         "results": {name: {str(c): s.to_json() for c, s in by_c.items()} for name, by_c in results.items()},
         "ratios_vs_baseline": ratios,
-        "targets": targets(results, ratios, accounts(args.out, machine)),
+        "targets": targets(results, ratios, accounts(args.out, machine), plain),
         "reported": reported(ratios),
         "machine": machine,
     }
@@ -366,6 +374,23 @@ def accounts(out: Path, machine: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def plain_at(spec_file: Path, concurrency: Sequence[int]) -> list[int]:
+    """The concurrencies at which the spec's load rules decode plainly (draft_len_schedule's K or tree 0, or above
+    max_concurrency): there a loaded target measures plain decoding, with speculation switched off, not speculation
+    that pays. A spec's schedule reads "from" each threshold whatever the line; deploy rewrites it for the lines
+    that read "up to" (contracts.llm_api.up_to_schedule)."""
+    from specbuild.runtime.schedule import DraftSchedule
+    from specbuild.spec import load_spec
+
+    spec = load_spec(spec_file)
+    rules = spec.speculative
+    if rules.mode == "none" or not (rules.draft_len_schedule or rules.max_concurrency):
+        return []
+    steps = dict(rules.draft_len_schedule or {})
+    schedule = DraftSchedule(steps, steps.get(1, 1), rules.max_concurrency)
+    return [c for c in concurrency if schedule.draft_len(c) == 0]
+
+
 def ttft_ratio(summary: Summary, baseline: Summary) -> float | None:
     """TTFT p50 over the baseline's at the same concurrency (> 1: the first token comes later)."""
     mine, theirs = summary.ttft_ms.get("p50"), baseline.ttft_ms.get("p50")
@@ -373,10 +398,13 @@ def ttft_ratio(summary: Summary, baseline: Summary) -> float | None:
 
 
 def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
-            found: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+            found: dict[str, dict[str, Any]] | None = None,
+            speculation_off: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
     """Every target with its measured ratio (None: not measured in this run, which is a miss). A deployment with
     an account in `found` (see `accounts`) that misses SPEEDUP_MIN at concurrency 1 meets it where that account
-    holds: the flow it is served by, not its speculation, caps it; the target then names the account."""
+    holds: the flow it is served by, not its speculation, caps it; the target then names the account. A loaded
+    target at a concurrency in `speculation_off[name]` (see `plain_at`) says that the deployment decodes plainly
+    there."""
     out = []
     plain = results.get(BASELINE, {})
     if 1 in plain and 8 in plain:
@@ -401,12 +429,14 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
             if acc is not None and measured is not None and not target["met"]:
                 target.update(target=f"{target['target']}, or the measured account ({acc['file']}) holds",
                               met=bool(acc["holds"]), accounted=f"{acc['file']}: {acc['summary']}")
-            out.append(target)
+            off = c > 1 and c in (speculation_off or {}).get(name, ())
+            out.append({**target, "speculation_off": True} if off else target)
             if c > 1:
                 ttft = figures.get("ttft_p50")
                 out.append({"target": f"{name} TTFT p50 <= {TTFT_MAX}x {base}'s at concurrency {c}",
                             "measured": None if ttft is None else round(ttft, 3),
-                            "met": ttft is not None and ttft <= TTFT_MAX})
+                            "met": ttft is not None and ttft <= TTFT_MAX,
+                            **({"speculation_off": True} if off else {})})
     return out
 
 

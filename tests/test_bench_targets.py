@@ -168,6 +168,37 @@ def test_the_medusa_miss_at_one_request_is_judged_by_its_own_account(bench: dict
     assert not draft["met"] and "accounted" not in draft
 
 
+def test_a_loaded_figure_of_a_deployment_that_decodes_plainly_there_says_so(bench: dict[str, ModuleType],
+                                                                           tmp_path: Path) -> None:
+    """A schedule that turns speculation off at a load makes that load's ">= 1.0x plain" a figure of plain
+    decoding: the target keeps its verdict, and its figure says that speculation was off (read from the spec's own
+    draft_len_schedule and max_concurrency)."""
+    import yaml
+
+    s = bench["serving_bench"]
+    config = BENCH.parent / "configs" / "demo.yaml"
+    data = yaml.safe_load(config.read_text())
+    for key in ("target", "draft"):
+        data[key]["model"] = str((config.parent / data[key]["model"]).resolve())
+
+    def spec(speculative: dict) -> Path:
+        path = tmp_path / f"spec-{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump({**data, "output_dir": str(tmp_path / "out"),
+                                        "speculative": {**data["speculative"], **speculative}}))
+        return path
+
+    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 8: 0}}), [1, 8, 16]) == [8, 16]
+    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 4: 2}}), [1, 8, 16]) == []
+    assert s.plain_at(spec({"draft_len_schedule": None, "max_concurrency": 8}), [1, 8, 16]) == [16]
+    results = {"plain": {16: None}, "medusa": {1: None, 8: None, 16: None}}  # no batching target: no plain figures
+    ratios = {"medusa": {c: {"output_tokens_per_s": 1.05, "ttft_p50": 1.0} for c in ("1", "8", "16")}}
+    judged = {t["target"]: t for t in s.targets(results, ratios, {}, {"medusa": [16]})}
+    at_16 = judged["medusa >= 1.0x plain tokens/s at concurrency 16"]
+    assert at_16["met"] and "speculation off at this load" in s.measured_text(at_16)
+    assert "speculation off" in s.measured_text(judged["medusa TTFT p50 <= 1.5x plain's at concurrency 16"])
+    assert s.measured_text(judged["medusa >= 1.0x plain tokens/s at concurrency 8"]) == "1.05"
+
+
 def test_the_a_a_control_is_reported_at_every_load_and_never_judged(bench: dict[str, ModuleType]) -> None:
     """`plain-again` serves plain's own repository behind a second server: its ratios to plain measure the run's
     noise, so they are reported at 1, 8 and 16 and no target judges them, not even when they fall below 1."""
