@@ -86,35 +86,22 @@ class MedusaModel:
     Triton, as two engines over one model: `medusa` (its tree and schedule) and `plain` (no tree)."""
 
     def __init__(self, repository: Path) -> None:
-        from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info, reference_checkpoint
-        from specbuild.deploy.pbtxt import parse_choices, read_config
-        from specbuild.dtypes import torch_dtype
+        from specbuild.deploy.pbtxt import read_model
         from specbuild.python_models import preprocess as pre
-        from specbuild.runtime.model import CausalLM
-        from specbuild.runtime.schedule import DraftSchedule, parse_steps
+        from specbuild.python_models.llm_engine import build_engine
         from specbuild.runtime.serving import ServingEngine
         from specbuild.tokenizer import load_tokenizer
 
-        def params(name: str) -> dict[str, str]:
-            config = read_config(repository / name / "config.pbtxt")
-            return {key: value.string_value for key, value in config.parameters.items()}
-
-        llm, prep = params("tensorrt_llm"), params("preprocessing")
+        model_dir = repository / "tensorrt_llm"
+        llm, model_config = read_model(model_dir)
+        prep, _ = read_model(repository / "preprocessing")
         if not llm.get("medusa_choices"):
-            raise SystemExit(f"{repository / 'tensorrt_llm'}: no medusa_choices; this script measures a Medusa model")
-        engine_dir = Path(llm["gpt_model_path"])
-        engine_dir = engine_dir if engine_dir.is_absolute() else (repository / "tensorrt_llm" / engine_dir).resolve()
-        info = read_engine_info(engine_dir)
+            raise SystemExit(f"{model_dir}: no medusa_choices; this script measures a Medusa model")
         self.threads = int(llm.get("torch_threads") or 0)  # main() sets it: process-wide, so not here
-        self.model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir),
-                                              dtype=torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype"))
-        self.choices = parse_choices(llm["medusa_choices"])
-        steps = parse_steps(llm["draft_len_schedule"]) if llm.get("draft_len_schedule") else {}
-        schedule = DraftSchedule(steps, len(self.choices), int(llm["max_concurrency"])
-                                 if llm.get("max_concurrency") else None) if steps else None
-        shape = {"max_batch": info.max_batch_size, "max_seq_len": info.max_seq_len}
-        self.engines = {"plain": ServingEngine(self.model, **shape),
-                        "medusa": ServingEngine(self.model, **shape, medusa_choices=self.choices, schedule=schedule)}
+        built = build_engine(llm, model_config, model_dir)
+        self.model, self.choices = built.model, built.choices
+        plain = ServingEngine(self.model, max_batch=built.info.max_batch_size, max_seq_len=built.info.max_seq_len)
+        self.engines = {"plain": plain, "medusa": built.engine}
         tree = self.engines["medusa"].tree_for(1)
         self.tree_nodes = 0 if tree is None else tree.num_nodes
         self.clock = Clock(self.model)

@@ -525,33 +525,19 @@ class LocalModel:
     Triton: `call` is what a BLS exec() of that model gets answered."""
 
     def __init__(self, model_dir: Path) -> None:
-        from google.protobuf.json_format import MessageToDict
+        from specbuild.deploy.pbtxt import read_model
+        from specbuild.python_models.llm_backend import Backend
+        from specbuild.python_models.llm_engine import build_engine
 
-        from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info, reference_checkpoint
-        from specbuild.deploy.pbtxt import read_config
-        from specbuild.dtypes import torch_dtype
-        from specbuild.python_models.llm_backend import Backend, BackendConfig
-        from specbuild.runtime.model import CausalLM
-        from specbuild.runtime.serving import ServingEngine
-
-        config = read_config(model_dir / "config.pbtxt")
-        params = {key: value.string_value for key, value in config.parameters.items()}
+        params, model_config = read_model(model_dir)
         if params.get("draft_len_schedule") or params.get("max_concurrency") or params.get("medusa_choices"):
             raise SystemExit(f"{model_dir}: a schedule or Medusa tree on the LLM model; this script runs neither")
-        engine_dir = Path(params["gpt_model_path"])
-        engine_dir = engine_dir if engine_dir.is_absolute() else (model_dir / engine_dir).resolve()
-        info = read_engine_info(engine_dir)
-        backend_config, _ = BackendConfig.from_model(params, MessageToDict(config, preserving_proto_field_name=True),
-                                                     info)
-        dtype = torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype")
-        self.engine = ServingEngine(CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=dtype),
-                                    max_batch=info.max_batch_size, max_seq_len=info.max_seq_len,
-                                    max_draft_len=info.max_draft_len, kv_rows=int(params.get("kv_cache_slots") or 0),
-                                    lookahead=backend_config.lookahead_config)
+        built = build_engine(params, model_config, model_dir)
+        self.engine = built.engine
         self.engine.start()
-        self.backend = Backend(backend_config, self.engine, log_info=lambda _: None, log_warn=lambda _: None)
-        self.declared = frozenset(o.name for o in config.output)
-        self.info = info
+        self.backend = Backend(built.config, self.engine, log_info=lambda _: None, log_warn=lambda _: None)
+        self.declared = frozenset(o["name"] for o in model_config.get("output", []))
+        self.info = built.info
 
     def call(self, inputs: Mapping[str, np.ndarray], outputs: list[str]) -> tuple[dict[str, np.ndarray], int]:
         """The final response's outputs, and the engine forwards the call took."""
@@ -574,14 +560,13 @@ class LocalBls:
     tensors, `RowCalls`, `speculate`, draft length, streamed detokenisation and response parts."""
 
     def __init__(self, repository: Path) -> None:
-        from specbuild.deploy.pbtxt import read_config
+        from specbuild.deploy.pbtxt import parameters, read_config
         from specbuild.python_models import preprocess as pre
         from specbuild.runtime.schedule import DraftSchedule
         from specbuild.tokenizer import load_tokenizer
 
         def params(name: str) -> dict[str, str]:
-            config = read_config(repository / name / "config.pbtxt")
-            return {key: value.string_value for key, value in config.parameters.items()}
+            return parameters(read_config(repository / name / "config.pbtxt"))
 
         bls, post, prep = params("tensorrt_llm_bls"), params("postprocessing"), params("preprocessing")
         self.draft, self.target = LocalModel(repository / "tensorrt_llm_draft"), LocalModel(repository / "tensorrt_llm")

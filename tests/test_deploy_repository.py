@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from specbuild.deploy.check import check_repository
-from specbuild.deploy.pbtxt import format_choices, parameter, parse_choices, read_config
+from specbuild.deploy.pbtxt import parameter, read_config
 from specbuild.deploy.repository import deploy_repository
 from specbuild.errors import SpecbuildError
+from specbuild.medusa.choices import format_choices, parse_choices
 from tests.deploy_fixtures import Deployed
 
 DT_MODELS = {"preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble"}

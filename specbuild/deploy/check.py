@@ -32,9 +32,9 @@ from specbuild.contracts.triton_backend import (
     ModelContract,
     Tensor,
 )
-from specbuild.deploy.pbtxt import parameter, parse_choices, read_config
+from specbuild.deploy.pbtxt import parameter, read_config
 from specbuild.errors import SpecbuildError
-from specbuild.medusa.choices import validated
+from specbuild.medusa.choices import parse_choices, validated
 
 
 @dataclass

@@ -15,8 +15,8 @@ from pathlib import Path
 from specbuild.contracts import lookahead as la
 from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles, read_engine_info, reference_checkpoint
 from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, ensemble_scheduling
-from specbuild.deploy.pbtxt import format_choices
 from specbuild.errors import SpecbuildError
+from specbuild.medusa.choices import format_choices
 from specbuild.spec import PipelineSpec
 from specbuild.tokenizer import TOKENIZER_DIR
 

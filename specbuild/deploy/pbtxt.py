@@ -78,24 +78,22 @@ def read_config(path: Path) -> Any:
     return parse_config(text, where=str(path))
 
 
+def parameters(config: Any) -> dict[str, str]:
+    """Every `parameters` entry's string value by key, as a python model reads them from its model config."""
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def read_model(model_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """A repository model's config.pbtxt as tritonserver hands it to the model: its parameters as strings, and
+    the model config as a dict with the proto's field names (what `args["model_config"]` holds as JSON)."""
+    from google.protobuf.json_format import MessageToDict
+
+    config = read_config(model_dir / "config.pbtxt")
+    return parameters(config), MessageToDict(config, preserving_proto_field_name=True)
+
+
 def parameter(config: Any, key: str) -> str | None:
     """A `parameters` entry's string value, or None when the config does not set it."""
     if key in config.parameters:
         return config.parameters[key].string_value
     return None
-
-
-def format_choices(choices: list[list[int]]) -> str:
-    """A Medusa tree in the TensorRT-LLM parameter format: `{0}, {0, 0}, {1}`."""
-    return ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
-
-
-def parse_choices(text: str) -> list[list[int]]:
-    """The `medusa_choices` parameter back as paths, read the way the backend does (braces -> JSON lists)."""
-    try:
-        data = json.loads("[" + text.replace("{", "[").replace("}", "]") + "]")
-    except json.JSONDecodeError as err:
-        raise ValueError(f"medusa_choices {text!r} is not a list of brace groups such as '{{0}}, {{0, 1}}'") from err
-    if not data or not all(isinstance(p, list) and all(type(i) is int for i in p) for p in data):
-        raise ValueError(f"medusa_choices {text!r} must be a non-empty list of integer paths")
-    return data

@@ -1,4 +1,5 @@
-"""Medusa trees (`medusa_choices`) as plain data: the rules a tree must follow, and the shipped presets.
+"""Medusa trees (`medusa_choices`) as plain data: the rules a tree must follow, the shipped presets, and the
+C++ backend's `medusa_choices` parameter text.
 
 Torch-free on purpose: the pipeline spec validates trees with these rules without importing torch, and the
 runtime's `MedusaTree` builds its tensors on top of them, so both check the same things.
@@ -107,3 +108,19 @@ def load_choices(name_or_path: str) -> list[list[int]]:
     except ValueError as err:
         raise ValueError(f"medusa choices {origin}: {err}") from err
     return [list(path) for path in raw]
+
+
+def format_choices(choices: list[list[int]]) -> str:
+    """A Medusa tree in the TensorRT-LLM parameter format: `{0}, {0, 0}, {1}`."""
+    return ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in choices)
+
+
+def parse_choices(text: str) -> list[list[int]]:
+    """The `medusa_choices` parameter back as paths, read the way the backend does (braces -> JSON lists)."""
+    try:
+        data = json.loads("[" + text.replace("{", "[").replace("}", "]") + "]")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"medusa_choices {text!r} is not a list of brace groups such as '{{0}}, {{0, 1}}'") from err
+    if not data or not all(isinstance(p, list) and all(type(i) is int for i in p) for p in data):
+        raise ValueError(f"medusa_choices {text!r} must be a non-empty list of integer paths")
+    return data

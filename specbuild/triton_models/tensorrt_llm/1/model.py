@@ -15,71 +15,24 @@ import json
 import threading
 from typing import Any
 
-from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info, reference_checkpoint
-from specbuild.deploy.pbtxt import parse_choices
 from specbuild.python_models import triton_io as io
-from specbuild.python_models.llm_backend import Backend, BackendConfig, ModelLoadError, Response
+from specbuild.python_models.llm_backend import Backend, ModelLoadError, Response
+from specbuild.python_models.llm_engine import build_engine
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        from specbuild.dtypes import torch_dtype
-        from specbuild.runtime.model import CausalLM
-        from specbuild.runtime.schedule import DraftSchedule, served_steps
-        from specbuild.runtime.serving import ServingEngine
-
         params = io.model_parameters(args)
         io.set_threads(params)
-        model_config = json.loads(args["model_config"])
-        engine_dir = io.resolve(args, params["gpt_model_path"])
-        info = read_engine_info(engine_dir)
         try:
-            config, warnings = BackendConfig.from_model(params, model_config, info)
+            built = build_engine(params, json.loads(args["model_config"]), io.model_dir(args),
+                                 log_info=io.log_info, log_warn=io.log_warn)
         except ModelLoadError as err:
             raise RuntimeError(err.message) from None
-        for warning in warnings:
-            io.log_warn(warning)
-        choices = None
-        if config.medusa:
-            if params.get("medusa_choices"):
-                choices = parse_choices(params["medusa_choices"])
-            else:
-                from specbuild.medusa.tree import load_choices
-                from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES  # the C++ backend's default too
-
-                io.log_warn("medusa_choices parameter is not specified. Will be using default "
-                            f"{DEFAULT_MEDUSA_CHOICES} choices instead.")
-                choices = load_choices(DEFAULT_MEDUSA_CHOICES)
-        schedule = None
-        # Only a model that speculates on its own (a Medusa tree, a self-draft) runs a schedule; the BLS's target
-        # and draft engines are plain tensorrt_llm models and leave the BLS's to it.
-        speculates = bool(choices) or bool(params.get("self_draft_layers"))
-        steps = served_steps(params.get("draft_len_schedule"), io.log_info) if speculates else {}
-        if steps or params.get("max_concurrency"):
-            schedule = DraftSchedule(steps, len(choices) if choices else info.max_draft_len,
-                                     int(params["max_concurrency"]) if params.get("max_concurrency") else None)
-        dtype = torch_dtype(info.dtype, where=f"{engine_dir / ENGINE_INFO}: dtype")  # unknown: an error, not float32
-        model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=dtype)
-        proposer = None
-        if params.get("self_draft_layers"):  # a self-draft: this model drafts with its own layers and KV cache
-            from specbuild.runtime.self_draft import self_draft_proposer, shared_memory
-
-            k = int(params["self_draft_len"])
-            proposer = self_draft_proposer(model, int(params["self_draft_layers"]), k,
-                                           params.get("self_draft_checkpoint") or None)
-            if schedule is not None:
-                schedule = DraftSchedule(schedule.steps, k, schedule.max_concurrency)
-            memory = shared_memory(model, proposer.draft)
-            io.log_info(f"[TensorRT-LLM] self-draft of {params['self_draft_layers']} layers, K {k}: shares the "
-                        f"target's weights and KV cache ({memory['shared_extra_params']} parameters of its own, "
-                        f"{memory['shared_extra_kv_bytes_per_token']} KV bytes per token of its own)")
-        self.engine = ServingEngine(model, max_batch=info.max_batch_size, max_seq_len=info.max_seq_len,
-                                    max_draft_len=info.max_draft_len, medusa_choices=choices,
-                                    kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule,
-                                    lookahead=config.lookahead_config, proposer=proposer)
+        self.engine = built.engine
         self.engine.start()
-        self.backend = Backend(config, self.engine, log_info=io.log_info, log_warn=io.log_warn)
-        self.decoupled = config.decoupled
+        self.backend = Backend(built.config, self.engine, log_info=io.log_info, log_warn=io.log_warn)
+        self.decoupled = built.config.decoupled
 
     def execute(self, requests: list[Any]) -> None:
         """Enqueue only: the engine's thread sends every response, so execute returns at once."""

@@ -82,10 +82,10 @@ class _Model:
 
     @classmethod
     def read(cls, repository: Path, name: str) -> _Model:
-        from specbuild.deploy.pbtxt import read_config
+        from specbuild.deploy.pbtxt import parameters, read_config
 
         config = read_config(repository / name / "config.pbtxt")
-        params = {key: value.string_value for key, value in config.parameters.items()}
+        params = parameters(config)
         return cls(name, bool(config.model_transaction_policy.decoupled), frozenset(o.name for o in config.output),
                    params.get("exclude_input_in_output", "").lower() in _NVIDIA_TRUE, params)
 
