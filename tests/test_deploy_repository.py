@@ -193,6 +193,14 @@ def test_medusa_choices_parameter_round_trips() -> None:
         parse_choices("{0, x}")
 
 
+def test_a_repository_deployed_before_llm_engine_still_finds_what_its_model_imports() -> None:
+    """Repositories deployed before b32a0e5 hold a tensorrt_llm model.py that imports parse_choices from
+    specbuild.deploy.pbtxt; upgrading specbuild without redeploying must not make that model fail to load."""
+    from specbuild.deploy import pbtxt
+
+    assert pbtxt.parse_choices is parse_choices
+
+
 def test_streamed_chunks_detokenise_to_the_whole_text(deployed: Deployed) -> None:
     from specbuild.python_models.detokenize import decode_chunk, preceding_tokens
     from specbuild.tokenizer import load_tokenizer

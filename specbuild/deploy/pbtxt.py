@@ -18,6 +18,10 @@ from typing import Any
 
 from specbuild.errors import SpecbuildError
 
+# parse_choices lived here until the tensorrt_llm model's engine moved to python_models.llm_engine: the model.py
+# of a repository deployed before then imports it from here, so it stays importable (re-exported).
+from specbuild.medusa.choices import format_choices, parse_choices  # noqa: F401
+
 _PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 
 
