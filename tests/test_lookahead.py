@@ -11,6 +11,7 @@ the tokens per target forward are measured and printed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from specbuild.contracts import lookahead as la
 from specbuild.contracts.lookahead import speculative_resource
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
 from specbuild.runtime.generation import generate
@@ -41,6 +43,7 @@ from specbuild.runtime.lookahead import (
 from specbuild.runtime.lookahead_decoding import generate_lookahead
 from specbuild.runtime.model import CausalLM
 from specbuild.runtime.sampling import SamplingParams
+from specbuild.runtime.schedule import DraftSchedule
 from specbuild.runtime.sequence import StopCriteria
 from specbuild.runtime.serving import EngineRequest, ServingEngine
 from tests.tiny_models import make_model, save_model
@@ -254,6 +257,39 @@ def test_requests_with_their_own_w_n_g_join_a_running_engine(tiny: CausalLM) -> 
         ServingEngine(tiny, max_batch=1, max_seq_len=32, lookahead=LookaheadConfig(0, 3, 1))
     with pytest.raises(ValueError, match="greedy"):
         generate_lookahead(tiny, prompts, LookaheadConfig(2, 2, 1), SamplingParams(temperature=0.5))
+
+
+def test_a_schedule_turns_lookahead_off_under_load_and_on_again_when_it_falls(tiny: CausalLM) -> None:
+    """The reference-only Lookahead schedule (as Medusa's tree schedule): {1: full, 2: 0} runs windows for a
+    sequence alone, none while two are active, and windows again once the second has finished; both outputs still
+    equal plain greedy."""
+    config = LookaheadConfig(2, 2, 4)
+    full = la.max_draft_len(*config)
+    engine = ServingEngine(tiny, max_batch=2, max_seq_len=96, lookahead=config,
+                           schedule=DraftSchedule({1: full, 2: 0}, full))
+    prompts = random_prompts(2, seed=5)
+    drafted_at: list[tuple[int, int]] = []  # (active sequences in the step, the long request's drafts so far)
+    long = EngineRequest(prompts[0], 40, on_update=lambda u: drafted_at.append((len(engine.active), u.draft_tokens)))
+    short = EngineRequest(prompts[1], 8)
+    handles = [engine.submit(long)]
+    for _ in range(3):  # alone: windows
+        engine.step()
+    handles.append(engine.submit(short))
+    engine.run_until_idle()
+    for request, handle in zip((long, short), handles, strict=True):
+        plain = ServingEngine(tiny, max_batch=1, max_seq_len=96)
+        expected = plain.submit(dataclasses.replace(request, on_update=None))
+        plain.run_until_idle()
+        assert handle.wait(0).tokens == expected.wait(0).tokens
+    growth = {1: 0, 2: 0}
+    for (_, before), (active, after) in itertools.pairwise(drafted_at):
+        growth[active] += after - before
+    assert [active for active, _ in drafted_at].count(2) >= 3, "the two requests never shared enough steps"
+    assert growth[2] == 0, "Lookahead drafted while the schedule had it off"
+    first_together = next(i for i, (active, _) in enumerate(drafted_at) if active == 2)
+    assert drafted_at[first_together][1] > 0, "no windows while the long request was alone at first"
+    last_together = max(i for i, (active, _) in enumerate(drafted_at) if active == 2)
+    assert drafted_at[-1][1] > drafted_at[last_together][1], "windows did not resume when the load fell"
 
 
 # -- the trained demo target -----------------------------------------------------------------------------------

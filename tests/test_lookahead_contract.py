@@ -12,6 +12,7 @@ parameters from specbuild.contracts.triton_backend (NVIDIA's tensorrt_llm/config
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -99,11 +100,11 @@ def test_below_the_smallest_meaningful_configuration_is_refused(tmp_path: Path, 
 
 @pytest.mark.parametrize(("speculative", "field", "words"), [
     ({"max_draft_len": 7}, "max_draft_len", "needs exactly 15"),
-    ({"draft_len_schedule": {1: 15}}, "draft_len_schedule", "not used in lookahead mode"),
-    ({"max_concurrency": 4}, "max_concurrency", "not used in lookahead mode"),
+    ({"draft_len_schedule": {1: 15, 8: 7}}, "draft_len_schedule", "on (15, the draft length (W, N, G) gives) or off"),
+    ({"draft_len_schedule": {1: 7, 8: 0}}, "draft_len_schedule", "must draft the full length 15"),
     ({"num_draft_tokens": 3}, "num_draft_tokens", "only used in"),
 ])
-def test_settings_lookahead_does_not_use_are_refused(tmp_path: Path, speculative: dict[str, Any], field: str,
+def test_settings_lookahead_cannot_hold_are_refused(tmp_path: Path, speculative: dict[str, Any], field: str,
                                                      words: str) -> None:
     with pytest.raises(SpecValidationError) as caught:
         spec(tmp_path, **speculative)
@@ -186,6 +187,19 @@ def test_deployed_config_has_the_backends_lookahead_parameters(tmp_path: Path) -
     assert all(name in nvidia for name in la.PARAMETERS)
     inputs = {t.name: t for t in TENSORRT_LLM.inputs}
     assert all(inputs[name].data_type == "TYPE_INT32" and inputs[name].optional for name in la.PARAMETERS)
+
+
+def test_a_lookahead_schedule_reaches_the_reference_model_only(tmp_path: Path) -> None:
+    """draft_len_schedule turns the reference engine's windows on or off by load; NVIDIA's C++ backend has no such
+    parameter for Lookahead, so a repository for it gets none (the README's load-aware table says so)."""
+    loaded = spec(tmp_path, draft_len_schedule={1: 15, 8: 0})
+    assert loaded.speculative.draft_len_schedule == {1: 15, 8: 0}
+    cpp = plan_repository(loaded, {"target": _engine(loaded)}, end_id=2, pad_id=0)
+    [llm] = [model for model in cpp.models if model.template == "tensorrt_llm"]
+    assert "draft_len_schedule" not in llm.parameters
+    reference = plan_repository(loaded, {"target": _engine(loaded, backend="reference")}, end_id=2, pad_id=0)
+    [llm] = [model for model in reference.models if model.template == "tensorrt_llm"]
+    assert json.loads(str(llm.parameters["draft_len_schedule"])) == {"1": 15, "8": 0}
 
 
 def test_deploy_refuses_an_engine_whose_draft_len_is_not_the_executors(tmp_path: Path) -> None:

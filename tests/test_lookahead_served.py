@@ -216,3 +216,28 @@ def test_a_request_beyond_the_servers_window_is_refused(served: Served) -> None:
         llm_generate(served, plain, stream=True, sizes=(5, 3, 4))
     tokens, _ = llm_generate(served, plain, stream=True)
     assert without_end(tokens, served.end_id) == without_end(plain.ids, served.end_id)
+
+
+def test_tune_served_measures_where_the_windows_pay(served: Served) -> None:
+    """`specbuild tune --served` on the Lookahead deployment: one server with the windows off from batch size 2
+    and one with them on (each log says the served model read that schedule), tokens/s of both at every batch
+    size from 2, and a schedule that keeps the windows on alone and holds nothing but on or off."""
+    import json
+
+    from rich.console import Console
+
+    from specbuild.runtime.schedule import SCHEDULE_ENV, fixed_length
+    from specbuild.tune.stage import TuneOptions, run_tune
+
+    quiet = Console(quiet=True)
+    options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=8, write=False)
+    report = run_tune(served.spec.path, options, console=quiet, out=quiet)
+    t, full = report.schedule, served.spec.full_draft_len
+    assert t is not None and t.served and t.full_length == full == la.max_draft_len(*DEFAULT_WINDOW)
+    assert all(sorted(rates) == [0, full] and min(rates.values()) > 0 for rates in t.tokens_per_second.values())
+    assert t.schedule[1] == full and set(t.schedule.values()) <= {0, full}
+    logs = served.spec.deploy.model_repository.parent / "tune-served"  # type: ignore[union-attr]
+    for length in (0, full):
+        log = (logs / f"tritonserver-k{length}.log").read_text(encoding="utf-8", errors="replace")
+        steps = fixed_length(full, length, served.spec.build.max_batch_size)
+        assert f"draft_len_schedule {json.dumps(steps)} from {SCHEDULE_ENV}" in log.replace('\\"', '"')

@@ -72,7 +72,8 @@ def tune(
     build.max_batch_size; with --served, behind tritonserver on the deployed repository). lookahead: every
     (W, N, G) of the --window x --ngram x --verification-set grid that the
     spec's engine limits allow is run, and the one with the most tokens per second by the measured cost of its
-    steps is written into speculative.lookahead. A self-draft (draft.source: target_layers): each L is measured
+    steps is written into speculative.lookahead (with --served, where its windows pay: on or off at each batch
+    size, behind tritonserver). A self-draft (draft.source: target_layers): each L is measured
     for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
     at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the draft_target search. ngram and the
     PyTorch flow on NVIDIA's backend are refused with what to do instead: tune has no n-gram search yet (the

@@ -296,8 +296,8 @@ TENSORRT_LLM = ModelContract(
         end_id | "" | the tokenizer's end id, for requests without end_id | 0
         pad_id | "" | the tokenizer's pad id, for requests without pad_id | 0
         torch_threads | 1 | torch threads of the model's process | 0
-        draft_len_schedule | "" | Medusa tree paths (self-draft: K) by active sequences, JSON | 0
-        max_concurrency | "" | no Medusa tree (self-draft: no drafts) above this many active sequences | 0
+        draft_len_schedule | "" | Medusa tree paths (self-draft: K; Lookahead: 0 is off) by active sequences, JSON | 0
+        max_concurrency | "" | no Medusa tree (self-draft: no drafts; no Lookahead) above this many active sequences | 0
         self_draft_layers | "" | the self-draft's L: the engine drafts with the target's own first L layers | 0
         self_draft_len | "" | the self-draft's K (speculative.num_draft_tokens) | 0
         self_draft_checkpoint | "" | the self-draft checkpoint whose layer L is the adapter | 0

@@ -179,7 +179,7 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
     if reference:
         params.update({"kv_cache_slots": max(8, 2 * (spec.deploy.triton_max_batch_size or 1)),
                        "end_id": end_id, "pad_id": pad_id, "torch_threads": TORCH_THREADS,
-                       **(_schedule(spec) if medusa else {})})
+                       **(_schedule(spec) if medusa or lookahead else {})})
     elif spec.speculative.mode == "draft_target":
         params["kv_cache_free_gpu_mem_fraction"] = 0.45  # target and draft share the GPU's free memory
     return ModelPlan(name, TARGET, values, params, python=reference, engine=directory.resolve(),
@@ -213,7 +213,8 @@ def _lookahead_parameters(spec: PipelineSpec, info: EngineInfo, directory: Path)
 
 
 def _schedule(spec: PipelineSpec) -> dict[str, object]:
-    """The load-aware speculation settings, for whichever model speculates (the BLS, or a Medusa engine)."""
+    """The load-aware speculation settings, for whichever model speculates (the BLS, or a Medusa, Lookahead or
+    self-draft reference engine)."""
     schedule, limit = spec.speculative.draft_len_schedule, spec.speculative.max_concurrency
     return {"draft_len_schedule": json.dumps(schedule, sort_keys=True) if schedule else "",
             "max_concurrency": limit or ""}

@@ -61,9 +61,9 @@ def build_engine(params: Mapping[str, str], model_config: Mapping[str, Any], mod
                      f"{DEFAULT_MEDUSA_CHOICES} choices instead.")
             choices = load_choices(DEFAULT_MEDUSA_CHOICES)
     schedule = None
-    # Only a model that speculates on its own (a Medusa tree, a self-draft) runs a schedule; the BLS's target
-    # and draft engines are plain tensorrt_llm models and leave the BLS's to it.
-    speculates = bool(choices) or bool(params.get("self_draft_layers"))
+    # Only a model that speculates on its own (a Medusa tree, Lookahead, a self-draft) runs a schedule; the BLS's
+    # target and draft engines are plain tensorrt_llm models and leave the BLS's to it.
+    speculates = bool(choices) or config.lookahead or bool(params.get("self_draft_layers"))
     steps = served_steps(params.get("draft_len_schedule"), log_info) if speculates else {}
     if steps or params.get("max_concurrency"):
         schedule = DraftSchedule(steps, len(choices) if choices else info.max_draft_len,

@@ -266,7 +266,7 @@ class _Sequence:
         if self.medusa and tree is not None and self.topk is not None:
             nodes = tree.candidate_tokens(torch.tensor(self.pending[-1:]), self.topk[:, None])[0].tolist()
             return _Block(nodes, (start + tree.depth).tolist(), tree)
-        if self.lookahead is not None and len(self.pending) == 1:
+        if self.lookahead is not None and self.engine.step_lookahead and len(self.pending) == 1:
             plan = self.lookahead.plan(self.pending[0])
             positions = [start + d for d in depths(plan.parents)]
             return _Block(plan.tokens, positions, lookahead=plan, mask=tree_mask(plan.parents))
@@ -460,6 +460,9 @@ class ServingEngine:
     `medusa_choices`, whose order must keep every leading slice a tree: FasterDecoding's presets and `specbuild
     tune` trees do; K = 0: plain steps). `max_draft_len` bounds external draft tokens per request.
 
+    `lookahead` makes it a Lookahead engine (W, N, G the largest a request may ask for); `schedule` then turns
+    its windows off at the loads where its length is 0 (plain steps).
+
     `proposer` makes it a speculative engine of another kind (n-gram, draft model, self-draft, EAGLE-3): each step
     it drafts for every decoding sequence, `schedule` (full length: the proposer's max_draft_len) choosing K by
     load (K = 0: plain steps).
@@ -489,6 +492,7 @@ class ServingEngine:
         self.gate = schedule.gate() if schedule is not None else None  # acceptance switch-off (TensorRT-LLM's)
         self._trees: dict[int, MedusaTree | None] = {0: None}
         self.step_tree: MedusaTree | None = None  # the tree of the step being run
+        self.step_lookahead = lookahead is not None  # whether the step being run runs Lookahead windows
         if tree is not None:
             self._trees[tree.num_nodes] = _on_device(tree, model.device)
         self.accept = accept or accept_rejection_sampling  # draft-target under sampling (tests swap in wrong rules)
@@ -588,6 +592,7 @@ class ServingEngine:
             return False
         self.stats.steps += 1
         self.step_tree = tree = self.tree_for(len(self.active))
+        self.step_lookahead = self.lookahead_on(len(self.active))
         if running and len(self.active) > running:
             self._prefill_first(running)
             if not self.active:
@@ -621,7 +626,7 @@ class ServingEngine:
 
         def speculates(seq: _Sequence) -> bool:
             return ((seq.medusa and self.step_tree is not None) or (seq.drafting and drafts)
-                    or seq.lookahead is not None)
+                    or (seq.lookahead is not None and self.step_lookahead))
 
         prompts = [seq for seq in fresh if len(seq.pending) > 1 or (
             prefix_hits and not seq.state.output and speculates(seq))]
@@ -659,6 +664,14 @@ class ServingEngine:
         if row != index:
             self.active[row], self.active[index] = self.active[index], self.active[row]
             self._swap(row, index)
+
+    def lookahead_on(self, active: int) -> bool:
+        """Whether a step with `active` sequences runs Lookahead windows: in a Lookahead engine, unless its
+        schedule's length at this load is 0. While off, its sequences step plainly (their outputs unchanged) and
+        their windows resume where they were when it is on again."""
+        if self.lookahead is None or (self.gate is not None and self.gate.disabled):
+            return False
+        return self.schedule is None or self.schedule.draft_len(active) > 0
 
     def draft_len(self, active: int) -> int:
         """K for a step with `active` sequences: the schedule's, else the proposer's full length."""

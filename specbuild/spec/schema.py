@@ -363,7 +363,8 @@ class SpeculativeSpec(_Section):
     """Load-aware speculation, as TensorRT-LLM's `draft_len_schedule`: active sequences -> draft length, each
     entry from that many on ({1: 4, 4: 2, 8: 0}: K=4 alone, 2 from 4 sequences, none from 8). Must map 1 to the
     full length (num_draft_tokens; the tree's node count for medusa, whose tree then shrinks to its first K
-    paths). `specbuild tune` measures and writes it. Default: the full length at any load."""
+    paths; for lookahead the draft length (W, N, G) gives, and 0 turns the windows off: reference backend only).
+    `specbuild tune` measures and writes it. Default: the full length at any load."""
     max_concurrency: Annotated[int, Strict(), Field(ge=1)] | None = None
     """Speculation off above this many active sequences (TensorRT-LLM's `max_concurrency`). Default: never off."""
 
@@ -596,18 +597,23 @@ class PipelineSpec(_Section):
 
 
 def _lookahead_issues(speculative: SpeculativeSpec) -> list[Issue]:
-    """Lookahead fixes its own draft length from (W, N, G), and nothing in it reads a schedule or a concurrency
-    limit; writing one would be silently ignored."""
+    """Lookahead fixes its own draft length from (W, N, G). Its load schedule only turns it on or off: a length
+    is that draft length (on) or 0 (off), and, as Medusa's tree schedule, only specbuild's reference models read it
+    (NVIDIA's C++ backend has no such parameter)."""
     issues: list[Issue] = []
     need = speculative.lookahead_config().max_draft_len
     if speculative.max_draft_len is not None and speculative.max_draft_len != need:
         issues.append((("max_draft_len",), f"{speculative.max_draft_len}, but lookahead (W, N, G) needs exactly "
                        f"{need}: TensorRT-LLM's executor requires the engine's max_draft_len to equal the one (W, N, "
                        "G) gives (examples/lookahead/README.md); leave it out", None))
-    for name in ("draft_len_schedule", "max_concurrency"):
-        if getattr(speculative, name) is not None:
-            issues.append(((name,), "not used in lookahead mode (requests choose a smaller (w, n, g) instead); "
-                           "remove it", None))
+    schedule = speculative.draft_len_schedule
+    if schedule is not None:
+        issues += [(("draft_len_schedule",), f"{problem} (the draft length lookahead (W, N, G) gives)", None)
+                   for problem in schedule_problems(schedule, need)]
+        partial = sorted(length for length in set(schedule.values()) - {0, need} if isinstance(length, int))
+        if partial:
+            issues.append((("draft_len_schedule",), f"lengths {partial}: a Lookahead schedule turns the windows "
+                           f"on ({need}, the draft length (W, N, G) gives) or off (0), nothing between", None))
     return issues
 
 

@@ -17,7 +17,8 @@ cost-model tokens/s is its tokens over the summed cost of its steps; plain decod
 forward. Per-step bookkeeping (the pool, the tree mask) is left out, so the figure reads higher than wall-clock,
 which is printed next to it.
 
-Under load: (W, N, G) is fixed per engine (TensorRT-LLM's C++ backend takes no schedule for it), and with many
+Under load: (W, N, G) is fixed per engine (TensorRT-LLM's C++ backend takes no schedule for it; the reference
+backend's on/off schedule is measured served, `tune --served`), and with many
 sequences in flight every one feeds its block to the same forward, so a block that is cheap beside one token alone
 can cost several plain steps beside 15 other sequences' tokens. Each forward is therefore also timed with the
 engine's max batch size of rows (build.max_batch_size), every row feeding the block, and each candidate's cost

@@ -550,9 +550,6 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     refuse_unmeasurable(spec, spec_path)
     mode = spec.speculative.mode
     if options.served:  # before any model is loaded: nothing to serve, or no schedule to measure
-        if mode == "lookahead":
-            raise SpecbuildError("--served measures a draft_len_schedule, and lookahead has none (requests choose "
-                                 "their (w, n, g))", hint="leave out --served")
         deployed_repository(spec)
         return _run_served(spec, options, console, out)
     self_draft = mode == "draft_target" and spec.draft is not None and spec.draft.is_self_draft
@@ -620,7 +617,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                          if chosen is report.tree.tuned else
                          f"{chosen.name}, which decoded more tokens per step than the greedy sparse tree")
                 update.tree_source = f"specbuild tune: {grown} on {calib} ({len(prompts)} prompts)"
-        if options.schedule and mode != "lookahead":  # lookahead has no schedule (requests choose (w, n, g))
+        if options.schedule and mode != "lookahead":  # in-process a response costs nothing: Lookahead's is served
             report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
     return _finish(report, update, options, console, out)
@@ -717,11 +714,13 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
 def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
                      phase: Callable[[str, int], Tick]) -> ScheduleTuning:
     """Plain against the deployed length and half of it at every batch size from 2 up to the engines', behind
-    tritonserver (`specbuild.tune.served`)."""
+    tritonserver (`specbuild.tune.served`); Lookahead, whose schedule only turns its windows on or off, against
+    its full length alone."""
     full = spec.full_draft_len
     sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
-    cells = options.repeats * 3 * len(sizes)
-    return measure_served_schedule(spec, texts, sizes, [max(1, full // 2)], full, options.new_tokens,
+    between = [] if spec.speculative.mode == "lookahead" else [max(1, full // 2)]
+    cells = options.repeats * (2 + len(between)) * len(sizes)
+    return measure_served_schedule(spec, texts, sizes, between, full, options.new_tokens,
                                    options.repeats, phase(f"served schedule at batch {', '.join(map(str, sizes))}",
                                                           cells))
 
