@@ -37,7 +37,8 @@ TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     # the spec's own budget (what demo-medusa.yaml holds), then larger trees to compare, then the served schedule
     "tune-medusa": ("configs/demo-medusa.yaml", [OWN, {"nodes": 24, "schedule": False},
                                                  {"nodes": 63, "schedule": False}, SERVED]),
-    "tune-lookahead": ("configs/demo-lookahead.yaml", [{}]),  # no schedule: requests choose their (w, n, g)
+    # (W, N, G) in-process, then where the windows pay behind tritonserver (on or off by load)
+    "tune-lookahead": ("configs/demo-lookahead.yaml", [{}, SERVED]),
     # the self-draft's adapter fixes L, so K is tuned
     "tune-medusa2": ("configs/demo-medusa2.yaml", [OWN, SERVED]),
     "tune-self-draft": ("configs/demo-self-draft.yaml", [OWN, SERVED]),
@@ -95,7 +96,8 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
     from rich.console import Console
 
     from specbuild.errors import SpecbuildError
-    from specbuild.tune.report import write_report
+    from specbuild.spec import load_spec
+    from specbuild.tune.report import spec_differences, write_report
     from specbuild.tune.stage import TuneOptions, run_tune
 
     problems = []
@@ -113,6 +115,12 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
                     if options.served:
                         from serving_bench import prepare
 
+                        changed = reports and spec_differences(load_spec(ROOT / spec), reports[0].settings)
+                        if changed:  # the deployment would not be what the spec's own tune chose
+                            problems.append(f"{name}: {spec} does not hold what its own tune chose, so its served "
+                                            f"schedule was not measured ({'; '.join(changed)}): update the spec, "
+                                            "then run the tune again")
+                            break
                         prepare(ROOT / spec)
                     reports.append(run_tune(ROOT / spec, options, out=printer))
                 except Exception as err:  # a failed tune must not stop the others

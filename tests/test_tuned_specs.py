@@ -39,7 +39,7 @@ def run_all() -> ModuleType:
     ("configs/demo.yaml", "tune-draft-target.json", {"num_draft_tokens", "draft_len_schedule"}),
     ("configs/demo-medusa.yaml", "tune-medusa.json", {"medusa_choices", "draft_len_schedule"}),
     ("configs/demo-medusa2.yaml", "tune-medusa2.json", {"medusa_choices", "draft_len_schedule"}),
-    ("configs/demo-lookahead.yaml", "tune-lookahead.json", {"lookahead"}),
+    ("configs/demo-lookahead.yaml", "tune-lookahead.json", {"lookahead", "draft_len_schedule"}),
     ("configs/demo-self-draft.yaml", "tune-self-draft.json", {"num_draft_tokens", "draft_len_schedule"}),
     ("configs/demo-eagle3.yaml", "tune-eagle3.json", {"num_draft_tokens", "draft_len_schedule"}),
 ])
