@@ -89,6 +89,7 @@ def served_fixture(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[s
     # TensorRT-LLM's default window, whose limits (16 tokens per step) the refusal below is NVIDIA's text for;
     # the demo's own tuned (W, N, G) is served by bench/serving_bench.py
     data["speculative"]["lookahead"] = dict(zip(la.LookaheadConfig._fields, DEFAULT_WINDOW, strict=True))
+    data["speculative"].pop("draft_len_schedule", None)  # the demo window's schedule: its lengths are not this one's
     spec = write_spec(root / "specs", data)
     convert_and_build(spec)
     deploy_repository(spec)
