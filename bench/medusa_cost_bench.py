@@ -99,7 +99,7 @@ class MedusaModel:
             raise SystemExit(f"{model_dir}: no medusa_choices; this script measures a Medusa model")
         self.threads = int(llm.get("torch_threads") or 0)  # main() sets it: process-wide, so not here
         built = build_engine(llm, model_config, model_dir)
-        self.model, self.choices = built.model, built.choices
+        self.model, self.choices = built.model, built.engine.choices
         plain = ServingEngine(self.model, max_batch=built.info.max_batch_size, max_seq_len=built.info.max_seq_len)
         self.engines = {"plain": plain, "medusa": built.engine}
         tree = self.engines["medusa"].tree_for(1)

@@ -27,9 +27,7 @@ class LlmEngine:
     config: BackendConfig
     info: Any  # the engine directory's EngineInfo
     model: Any  # the CausalLM every engine of the instance shares
-    engine: Any  # the ServingEngine, not started
-    choices: list[list[int]] | None  # the Medusa tree's paths (None: no Medusa)
-    schedule: Any  # the DraftSchedule (None: no load rules)
+    engine: Any  # the ServingEngine, not started (its tree and schedule: `engine.choices`, `engine.schedule`)
 
 
 def build_engine(params: Mapping[str, str], model_config: Mapping[str, Any], model_dir: Path, *,
@@ -87,4 +85,4 @@ def build_engine(params: Mapping[str, str], model_config: Mapping[str, Any], mod
                            max_draft_len=info.max_draft_len, medusa_choices=choices,
                            kv_rows=int(params.get("kv_cache_slots") or 0), schedule=schedule,
                            lookahead=config.lookahead_config, proposer=proposer)
-    return LlmEngine(config, info, model, engine, choices, schedule)
+    return LlmEngine(config, info, model, engine)
