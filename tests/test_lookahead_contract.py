@@ -200,6 +200,10 @@ def test_a_lookahead_schedule_reaches_the_reference_model_only(tmp_path: Path) -
     reference = plan_repository(loaded, {"target": _engine(loaded, backend="reference")}, end_id=2, pad_id=0)
     [llm] = [model for model in reference.models if model.template == "tensorrt_llm"]
     assert json.loads(str(llm.parameters["draft_len_schedule"])) == {"1": 15, "8": 0}
+    limited = spec(tmp_path, max_concurrency=4)  # TensorRT-LLM's simpler cutoff: off above 4 sequences
+    reference = plan_repository(limited, {"target": _engine(limited, backend="reference")}, end_id=2, pad_id=0)
+    [llm] = [model for model in reference.models if model.template == "tensorrt_llm"]
+    assert llm.parameters["max_concurrency"] == 4
 
 
 def test_deploy_refuses_an_engine_whose_draft_len_is_not_the_executors(tmp_path: Path) -> None:

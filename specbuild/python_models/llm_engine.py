@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.python_models.llm_backend import BackendConfig
+from specbuild.python_models.model_paths import parameter_path
 
 
 def _quiet(_: str) -> None:
@@ -42,8 +43,7 @@ def build_engine(params: Mapping[str, str], model_config: Mapping[str, Any], mod
     from specbuild.runtime.schedule import DraftSchedule, served_steps
     from specbuild.runtime.serving import ServingEngine
 
-    engine_dir = Path(params["gpt_model_path"])
-    engine_dir = engine_dir if engine_dir.is_absolute() else (model_dir / engine_dir).resolve()
+    engine_dir = parameter_path(model_dir, params["gpt_model_path"])
     info = read_engine_info(engine_dir)
     config, warnings = BackendConfig.from_model(params, model_config, info)
     for warning in warnings:

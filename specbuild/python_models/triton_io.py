@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from specbuild.python_models.model_paths import parameter_path
 from specbuild.python_models.model_threads import set_threads as set_threads  # re-exported for the models
 
 TRUE = {"1", "true", "yes", "t", "y", "on"}
@@ -41,8 +42,7 @@ def model_dir(args: dict[str, str]) -> Path:
 
 def resolve(args: dict[str, str], value: str) -> Path:
     """A path parameter, relative ones taken from the model's directory (so the repository can move)."""
-    path = Path(value)
-    return path if path.is_absolute() else (model_dir(args) / path).resolve()
+    return parameter_path(model_dir(args), value)
 
 
 def setup_tokenizer_model(args: dict[str, str]) -> tuple[dict[str, str], Any]:
