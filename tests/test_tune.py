@@ -287,14 +287,14 @@ def test_schedule_thresholds_follow_the_fastest_length_and_never_grow() -> None:
 
     tuning = ScheduleTuning(4, {1: {0: 100, 2: 120, 4: 130}, 2: {0: 180, 2: 200, 4: 210},
                                 4: {0: 300, 2: 330, 4: 310}, 8: {0: 500, 2: 450, 4: 400}})
-    assert tuning.schedule == {1: 4, 4: 2, 8: 0}
+    assert tuning.schedule == {1: 4, 3: 2, 5: 0}
     noisy = ScheduleTuning(4, {1: {0: 60, 2: 57, 4: 72}, 4: {0: 126, 2: 130, 4: 120}, 8: {0: 343, 2: 243, 4: 236},
                                16: {0: 478, 2: 414, 4: 657}})
-    assert noisy.best(16) == 4 and noisy.schedule == {1: 4, 4: 2, 8: 0}  # not {..., 16: 4}: 8's loss is clear
+    assert noisy.best(16) == 4 and noisy.schedule == {1: 4, 2: 2, 5: 0}  # not {..., 16: 4}: 8's loss is clear
     # a near tie at 8 (plain 3% ahead) does not turn speculation off at 16, where it wins by 6%
     tie = ScheduleTuning(8, {2: {0: 174, 4: 200, 8: 222}, 4: {0: 247, 4: 289, 8: 273}, 8: {0: 354, 4: 344, 8: 309},
                              16: {0: 411, 4: 434, 8: 351}})
-    assert tie.best(8) == 0 and tie.schedule == {1: 8, 4: 4}
+    assert tie.best(8) == 0 and tie.schedule == {1: 8, 3: 4}
     assert ScheduleTuning(4, {1: {0: 90, 4: 80}, 2: {0: 150, 4: 170}}).schedule == {1: 4}  # batch 1 is the rule's
     assert batch_sizes(4) == [1, 2, 4] and batch_sizes(6) == [1, 2, 4, 6]
     calls: list[tuple[int, int]] = []
@@ -302,6 +302,26 @@ def test_schedule_thresholds_follow_the_fastest_length_and_never_grow() -> None:
                              [2], 4, repeats=2)
     assert sorted(set(calls)) == [(1, 0), (1, 2), (1, 4), (3, 0), (3, 2), (3, 4)] and len(calls) == 12
     assert set(measured.tokens_per_second) == {1, 3}
+
+
+def test_a_schedule_runs_the_longer_length_only_up_to_where_it_was_measured() -> None:
+    """Between two measured batch sizes whose lengths differ, the served engine runs the shorter one: a length runs
+    only at batch sizes up to the largest it was measured (and chosen) at. With 16 clients a server holds 15
+    active sequences between a finished request and the next one's arrival, so a schedule that kept the windows
+    on up to 15 after measuring them lose at 16 would run them where they lose (measured: Lookahead at 0.91x
+    plain). Checked through the served engine's own lookup; the rates are made up, so the rule is what is tested."""
+    from specbuild.runtime.schedule import DraftSchedule
+    from specbuild.tune.schedule import ScheduleTuning
+
+    rates = {2: {0: 175, 4: 185, 8: 199}, 4: {0: 235, 4: 286, 8: 258}, 8: {0: 381, 4: 327, 8: 340},
+             16: {0: 447, 4: 434, 8: 397}}
+    tuning = ScheduleTuning(8, rates)
+    served = DraftSchedule(tuning.schedule, full_draft_len=8)
+    for batch in range(1, 17):
+        measured_up = [b for b in rates if b >= batch]
+        expected = 8 if batch == 1 else tuning.best(min(measured_up))
+        assert served.draft_len(batch) == expected, (batch, tuning.schedule)
+    assert [served.draft_len(b) for b in (2, 3, 4, 5, 7, 8, 15, 16)] == [8, 4, 4, 0, 0, 0, 0, 0]
 
 
 def test_tune_writes_a_schedule_the_spec_accepts_and_its_report(converted: dict[str, Path], tmp_path: Path) -> None:
