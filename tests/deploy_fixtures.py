@@ -66,6 +66,20 @@ def convert_and_build(spec: PipelineSpec) -> None:
     build_pipeline(spec, backend="reference")
 
 
+def deploy_pytorch_flow(root: Path, data: dict[str, Any]) -> Path:
+    """convert -> build -> deploy of a PyTorch-flow spec on the reference backend (pipeline_data sets it): the
+    llmapi repository."""
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.convert.run import convert_spec
+    from specbuild.deploy.llmapi import deploy_llm_api
+
+    data["build"]["flow"] = "pytorch"
+    spec = write_spec(root, data)
+    convert_spec(spec.path)
+    build_llm_api(spec)
+    return deploy_llm_api(spec).repository
+
+
 @dataclass
 class Deployed:
     """The deployed pipelines of a session, by mode: draft_target, medusa, none, and `unary`: draft-target with

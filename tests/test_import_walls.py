@@ -45,7 +45,8 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     # deployed spec behind tritonserver as serve starts it (and its models' thread count), with bench's load
     "tune": {"serve": ("specbuild.serve.server", "specbuild.serve.triton_env"), "bench": ("specbuild.bench.load",)},
     "deploy": {},  # what build wrote, and what a spec asks of an engine, come from contracts/
-    "serve": {"deploy": ("specbuild.deploy.pbtxt",),  # reads back the config.pbtxt deploy wrote
+    "serve": {"deploy": ("specbuild.deploy.pbtxt",  # reads back the config.pbtxt deploy wrote
+                         "specbuild.deploy.model_code"),  # and whether the model code deploy wrote is still ours
               "bench": ("specbuild.bench.client",)},  # asks the served repository its prompts
     "bench": {},
     "demo": {},

@@ -15,29 +15,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.deploy_fixtures import PROMPTS, Deployed, http_post, pipeline_data, write_spec
+from tests.deploy_fixtures import PROMPTS, Deployed, deploy_pytorch_flow, http_post, pipeline_data
 
 pytestmark = pytest.mark.tritonserver
 MAX_TOKENS = 24
 
 
-def _deploy(root: Path, data: dict[str, Any]) -> Path:
-    """convert -> build -> deploy of a PyTorch-flow spec on the reference backend (pipeline_data sets it)."""
-    from specbuild.build.llm_api import build_llm_api
-    from specbuild.convert.run import convert_spec
-    from specbuild.deploy.llmapi import deploy_llm_api
-
-    data["build"]["flow"] = "pytorch"
-    spec = write_spec(root, data)
-    convert_spec(spec.path)
-    build_llm_api(spec)
-    return deploy_llm_api(spec).repository
-
-
 def _llmapi_repository(root: Path, models: dict[str, Path]) -> Path:
     data = pipeline_data("demo-llmapi", models, "draft_target", root / "out")
     data["speculative"]["draft_len_schedule"] = {1: 4, 4: 0}  # as configs/demo-pytorch.yaml
-    return _deploy(root, data)
+    return deploy_pytorch_flow(root, data)
 
 
 def _eagle3_repository(root: Path, models: dict[str, Path], draft: Path) -> Path:
@@ -46,7 +33,7 @@ def _eagle3_repository(root: Path, models: dict[str, Path], draft: Path) -> Path
     data = pipeline_data("demo-eagle3", models, "eagle3", root / "out")
     data["draft"] = {"model": str(draft)}
     data["speculative"]["num_draft_tokens"] = 4
-    return _deploy(root, data)
+    return deploy_pytorch_flow(root, data)
 
 
 def _served(repository: Path, log: Path) -> Iterator[Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,7 @@ from specbuild.contracts.llm_api import (
     serve_command,
 )
 from specbuild.contracts.quant_formats import HF_QUANT_CONFIG
+from specbuild.deploy.model_code import LLMAPI_TEMPLATE, MODEL_VERSION, llmapi_code_file, package_files
 from specbuild.deploy.pbtxt import parse_config
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
@@ -130,13 +130,9 @@ def repository_files(spec: PipelineSpec, args: dict[str, Any]) -> dict[str, str]
         SERVE_SCRIPT: script,
     }
     if reference:
-        files[f"{LLMAPI_MODEL}/1/model.py"] = REFERENCE_MODEL_CODE.read_text(encoding="utf-8")
+        files[llmapi_code_file()] = package_files(LLMAPI_TEMPLATE)[f"{MODEL_VERSION}/model.py"].decode("utf-8")
         files[REFERENCE_FILE] = json.dumps(reference_settings(spec), indent=2, sort_keys=True) + "\n"
     return files
-
-
-REFERENCE_MODEL_CODE = resources.files("specbuild").joinpath("triton_models", "llmapi", "1", "model.py")
-"""specbuild's stand-in for NVIDIA's llmapi model.py (a thin entry over specbuild.python_models.llmapi_model)."""
 
 
 def _reference_inputs(spec: PipelineSpec) -> list[Path]:

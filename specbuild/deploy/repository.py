@@ -10,7 +10,6 @@ rebuild) are refused, naming each setting.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,12 @@ from specbuild.deploy.layout import (
     read_engines,
 )
 from specbuild.deploy.llmapi import REPOSITORY_NAME, LlmApiDeployResult, deploy_llm_api, spec_file
+from specbuild.deploy.model_code import MODEL_VERSION, code_hashes, package_files
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
     HASH,
     Status,
-    bytes_hash,
     fingerprint_files,
     is_fresh,
     output_sizes,
@@ -47,8 +46,6 @@ from specbuild.manifest import (
 )
 from specbuild.spec import PipelineSpec
 from specbuild.tokenizer import TOKENIZER_DIR, TOKENIZER_FILES, copy_tokenizer, load_tokenizer, special_ids
-
-MODEL_VERSION = "1"
 
 
 @dataclass
@@ -76,13 +73,6 @@ def render_config(model: ModelPlan) -> str:
     return text
 
 
-def _package_files(template: str) -> dict[str, bytes]:
-    """The python model code of a packaged model directory (`1/model.py`)."""
-    root = resources.files("specbuild").joinpath("triton_models", template, MODEL_VERSION)
-    return {f"{MODEL_VERSION}/{entry.name}": entry.read_bytes() for entry in root.iterdir()
-            if entry.name.endswith(".py")}
-
-
 def _inputs(spec: PipelineSpec, plan: RepositoryPlan, known: dict[str, Any] | None) -> dict[str, Any]:
     """Hashes of what the repository is made from; files whose stat the last manifest recorded are not re-read."""
     paths = [engine_dir(spec, role) / ENGINE_INFO for role in plan.engines]
@@ -91,8 +81,7 @@ def _inputs(spec: PipelineSpec, plan: RepositoryPlan, known: dict[str, Any] | No
 
 
 def _settings(plan: RepositoryPlan, configs: dict[str, str]) -> dict[str, Any]:
-    code = {f"{m.template}/{name}": bytes_hash(data) for m in plan.models if m.python
-            for name, data in _package_files(m.template).items()}
+    code = code_hashes([m.template for m in plan.models if m.python])
     return {"configs": configs, "code": code, "trust_remote_code": plan.spec.target.trust_remote_code}
 
 
@@ -145,7 +134,7 @@ def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[st
             (directory / MODEL_VERSION).mkdir(parents=True)
             (directory / "config.pbtxt").write_text(configs[model.name], encoding="utf-8")
             if model.python:
-                for name, data in _package_files(model.template).items():
+                for name, data in package_files(model.template).items():
                     (directory / name).write_bytes(data)
         _place_tokenizer(spec, tmp)
         report = check_repository(tmp)
@@ -210,7 +199,7 @@ def plan_table(plan: RepositoryPlan, repository: Path) -> Table:
         table.add_column(column, overflow="fold")
     for model in plan.models:
         backend = str(model.values.get("triton_backend", "ensemble" if model.name == "ensemble" else "python"))
-        files = ["config.pbtxt", *(_package_files(model.template) if model.python else [f"{MODEL_VERSION}/"])]
+        files = ["config.pbtxt", *(package_files(model.template) if model.python else [f"{MODEL_VERSION}/"])]
         source = str(model.engine) if model.engine else str(model.parameters.get("tokenizer_dir", ""))
         table.add_row(model.name, backend, str(model.values.get("decoupled_mode", "-")).lower(), ", ".join(files),
                       source)

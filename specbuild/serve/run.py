@@ -50,11 +50,19 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
         metrics_port=options.metrics_port, log_file=options.log_file, ready_timeout_s=options.ready_timeout_s,
         host=options.host, env=_schedule_env(options.draft_len_schedule),
     )
+    redeploy = redeploy_hint(options.repository)
+    if redeploy:
+        console.print(f"[yellow]warning:[/] {escape(redeploy)}", highlight=False)
     console.print(f"starting tritonserver on {escape(str(server.repository))} (log: {escape(str(server.log_file))})",
                   highlight=False)
     with stopped_on_signal("tritonserver", server.stop, console, kill=server.kill):
         with console.status("waiting until every model is ready…"):
-            server.start()
+            try:
+                server.start()
+            except SpecbuildError as err:
+                if redeploy:  # the likeliest cause: code the installed specbuild no longer has
+                    err.hint = f"{err.hint}; {redeploy}" if err.hint else redeploy
+                raise
         names = sorted(m["name"] for m in server.models())
         out.print(f"ready: {', '.join(names)}", highlight=False)
         out.print(f"  HTTP    http://{server.http_url}\n  gRPC    {server.grpc_url}\n"
@@ -71,6 +79,21 @@ def serve(options: ServeOptions, console: Console, out: Console) -> None:
                 raise
 
         serve_until_stopped(check, console)
+
+
+def redeploy_hint(repository: Path) -> str | None:
+    """What to say when `repository`'s python model code is not the installed specbuild's (None: it is, or the
+    repository is not one specbuild deployed): the files that differ and the deploy that heals them."""
+    from specbuild.deploy.model_code import deployed_code_differences
+    from specbuild.manifest import read_manifest
+
+    differences = deployed_code_differences(repository)
+    if not differences:
+        return None
+    spec = (read_manifest(repository) or {}).get("spec") or "<your spec>"
+    return (f"{repository} was deployed by another specbuild: its model code differs from this one's "
+            f"({'; '.join(differences)}), and tritonserver may fail to load it; redeploy it with "
+            f"`specbuild deploy {spec}` (engines are not rebuilt)")
 
 
 def _schedule_env(steps: dict[int, int] | None) -> dict[str, str]:
