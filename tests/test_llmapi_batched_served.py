@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy_fixtures import PROMPTS, http_post, pipeline_data
-from tests.test_llmapi_served import _deploy
+from tests.deploy_fixtures import PROMPTS, deploy_pytorch_flow, http_post, pipeline_data
 
 pytestmark = pytest.mark.tritonserver
 MAX_TOKENS = 24
@@ -39,7 +38,7 @@ def _repositories(root: Path, models: dict[str, Path], eagle3_draft: Path) -> di
         data["speculative"]["num_draft_tokens"] = 4
         if mode == "eagle3":
             data["draft"] = {"model": str(eagle3_draft)}
-        out[mode] = _deploy(root / f"spec-{mode}", data)
+        out[mode] = deploy_pytorch_flow(root / f"spec-{mode}", data)
     return out
 
 
