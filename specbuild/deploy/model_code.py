@@ -51,15 +51,16 @@ def deployed_code_differences(repository: Path) -> list[str]:
     manifest = read_manifest(repository)
     if not manifest or manifest.get("stage") != "deploy":
         return []
-    settings = manifest.get("settings") or {}
-    if "code" in settings:  # the engine flow: {"<template>/1/<file>": hash}
+    settings = manifest.get("settings")
+    settings = settings if isinstance(settings, dict) else {}
+    if isinstance(settings.get("code"), dict):  # the engine flow: {"<template>/1/<file>": hash}
         recorded: dict[str, str] = settings["code"]
         current = code_hashes({key.split("/", 1)[0] for key in recorded})
     else:  # the pytorch flow: {"<repository path>": hash of its text}; only the reference model's code is ours
-        path = llmapi_code_file()
-        if path not in (settings.get("files") or {}):
+        path, files = llmapi_code_file(), settings.get("files")
+        if not isinstance(files, dict) or path not in files:
             return []
-        recorded = {path: settings["files"][path]}
+        recorded = {path: files[path]}
         current = {path: bytes_hash(package_files(LLMAPI_TEMPLATE)[f"{MODEL_VERSION}/model.py"])}
     return [f"{name}: {'no longer packaged' if name not in current else 'changed'}"
             for name in sorted(recorded) if current.get(name) != recorded[name]]
