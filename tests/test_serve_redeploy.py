@@ -18,12 +18,16 @@ import pytest
 import yaml
 
 from specbuild.deploy.model_code import deployed_code_differences, package_files
-from specbuild.manifest import bytes_hash
+from specbuild.manifest import bytes_hash, read_manifest
 from specbuild.serve.run import redeploy_hint
 from tests.deploy_fixtures import Deployed, deploy_pytorch_flow, pipeline_data, write_spec
 
 OLD_IMPORT = "from specbuild.python_models.llm_engine import build_engine\n"
 GONE_IMPORT = "from specbuild.python_models.llm_engine import build_engine_of_another_release as build_engine\n"
+
+
+def _differences(repository: Path) -> list[str]:
+    return deployed_code_differences(read_manifest(repository))
 
 
 def _as_another_specbuild_deployed_it(repository: Path) -> None:
@@ -45,10 +49,10 @@ def test_serve_names_a_repository_deployed_by_another_specbuild_and_a_redeploy_h
         deployed: Deployed, tmp_path: Path) -> None:
     repository = tmp_path / "model_repository"
     shutil.copytree(deployed.repository("none"), repository)
-    assert deployed_code_differences(repository) == [] and redeploy_hint(repository) is None
+    assert _differences(repository) == [] and redeploy_hint(repository) is None
 
     _as_another_specbuild_deployed_it(repository)
-    assert deployed_code_differences(repository) == ["tensorrt_llm/1/model.py: changed"]
+    assert _differences(repository) == ["tensorrt_llm/1/model.py: changed"]
     spec = deployed.specs["none"]
     done = subprocess.run([sys.executable, "-m", "specbuild.cli", "serve", str(repository), "--log-file",
                            str(tmp_path / "server.log"), "--prompt", "The for statement"],
@@ -68,7 +72,7 @@ def test_serve_names_a_repository_deployed_by_another_specbuild_and_a_redeploy_h
     data["name"] = "demo-plain-copy"
     data["deploy"]["model_repository"] = str(repository)
     deploy_repository(write_spec(tmp_path / "specs", data))
-    assert deployed_code_differences(repository) == [] and redeploy_hint(repository) is None
+    assert _differences(repository) == [] and redeploy_hint(repository) is None
     assert (repository / "tensorrt_llm" / "1" / "model.py").read_bytes() == package_files("tensorrt_llm")["1/model.py"]
 
 
@@ -78,15 +82,18 @@ def test_an_llmapi_repository_deployed_by_another_specbuild_is_named(tmp_path: P
     (its manifest records every file's hash; only that model.py is specbuild's code)."""
     repository = deploy_pytorch_flow(tmp_path, pipeline_data("demo-llmapi", demo_models, "draft_target",
                                                              tmp_path / "out"))
-    assert deployed_code_differences(repository) == []
+    assert _differences(repository) == []
     manifest = json.loads((repository / "manifest.json").read_text())
     manifest["settings"]["files"]["tensorrt_llm/1/model.py"] = bytes_hash(b"# another specbuild's model.py\n")
     (repository / "manifest.json").write_text(json.dumps(manifest))
-    assert deployed_code_differences(repository) == ["tensorrt_llm/1/model.py: changed"]
+    assert _differences(repository) == ["tensorrt_llm/1/model.py: changed"]
     assert "redeploy it with `specbuild deploy " in (redeploy_hint(repository) or "")
 
 
 def test_a_repository_without_a_specbuild_manifest_is_not_judged(tmp_path: Path) -> None:
-    """A repository written by hand or by NVIDIA's tools has no deploy manifest: nothing to compare, no warning."""
+    """A repository written by hand or by NVIDIA's tools has no deploy manifest: nothing to compare, no warning;
+    nor does a manifest of another shape stop serve with a traceback."""
     (tmp_path / "repo" / "tensorrt_llm" / "1").mkdir(parents=True)
-    assert deployed_code_differences(tmp_path / "repo") == [] and redeploy_hint(tmp_path / "repo") is None
+    assert _differences(tmp_path / "repo") == [] and redeploy_hint(tmp_path / "repo") is None
+    for settings in ({"code": ["tensorrt_llm/1/model.py"]}, {"files": "model.py"}, ["code"], None):
+        assert deployed_code_differences({"stage": "deploy", "settings": settings}) == [], settings

@@ -53,7 +53,7 @@ from specbuild.contracts.llm_api import (
     serve_command,
 )
 from specbuild.contracts.quant_formats import HF_QUANT_CONFIG
-from specbuild.deploy.model_code import LLMAPI_TEMPLATE, MODEL_VERSION, llmapi_code_file, package_files
+from specbuild.deploy.model_code import LLMAPI_CODE_FILE, llmapi_reference_code
 from specbuild.deploy.pbtxt import parse_config
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
@@ -130,7 +130,7 @@ def repository_files(spec: PipelineSpec, args: dict[str, Any]) -> dict[str, str]
         SERVE_SCRIPT: script,
     }
     if reference:
-        files[llmapi_code_file()] = package_files(LLMAPI_TEMPLATE)[f"{MODEL_VERSION}/model.py"].decode("utf-8")
+        files[LLMAPI_CODE_FILE] = llmapi_reference_code().decode("utf-8")
         files[REFERENCE_FILE] = json.dumps(reference_settings(spec), indent=2, sort_keys=True) + "\n"
     return files
 

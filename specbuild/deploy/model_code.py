@@ -12,10 +12,10 @@ records with the installed package before it starts tritonserver (`deployed_code
 from __future__ import annotations
 
 from importlib import resources
-from pathlib import Path
+from typing import Any
 
 from specbuild.contracts.llm_api import LLMAPI_MODEL
-from specbuild.manifest import bytes_hash, read_manifest
+from specbuild.manifest import bytes_hash
 
 MODEL_VERSION = "1"
 """The one model version deploy writes (`<model>/1/`)."""
@@ -39,16 +39,19 @@ def code_hashes(templates: set[str] | list[str]) -> dict[str, str]:
             for name, data in package_files(template).items()}
 
 
-def llmapi_code_file() -> str:
-    """The repository path of the reference llmapi model's code (a `build.flow: pytorch` repository)."""
-    return f"{LLMAPI_MODEL}/{MODEL_VERSION}/model.py"
+LLMAPI_CODE_FILE = f"{LLMAPI_MODEL}/{MODEL_VERSION}/model.py"
+"""Where a `build.flow: pytorch` repository on the reference backend holds specbuild's llmapi model code."""
 
 
-def deployed_code_differences(repository: Path) -> list[str]:
-    """The packaged files whose recorded hash in `repository`'s manifest differs from the installed specbuild's:
-    one line each. [] when they all match, or when the repository has no specbuild manifest (nothing to compare:
-    a repository written by hand or by NVIDIA's tools)."""
-    manifest = read_manifest(repository)
+def llmapi_reference_code() -> bytes:
+    """specbuild's llmapi model.py (a thin entry over specbuild.python_models.llmapi_model)."""
+    return package_files(LLMAPI_TEMPLATE)[f"{MODEL_VERSION}/model.py"]
+
+
+def deployed_code_differences(manifest: dict[str, Any] | None) -> list[str]:
+    """The packaged files whose hash in a repository's deploy `manifest` differs from the installed specbuild's:
+    one line each. [] when they all match, or for no specbuild deploy manifest (nothing to compare: a repository
+    written by hand or by NVIDIA's tools)."""
     if not manifest or manifest.get("stage") != "deploy":
         return []
     settings = manifest.get("settings")
@@ -57,10 +60,10 @@ def deployed_code_differences(repository: Path) -> list[str]:
         recorded: dict[str, str] = settings["code"]
         current = code_hashes({key.split("/", 1)[0] for key in recorded})
     else:  # the pytorch flow: {"<repository path>": hash of its text}; only the reference model's code is ours
-        path, files = llmapi_code_file(), settings.get("files")
-        if not isinstance(files, dict) or path not in files:
+        files = settings.get("files")
+        if not isinstance(files, dict) or LLMAPI_CODE_FILE not in files:
             return []
-        recorded = {path: files[path]}
-        current = {path: bytes_hash(package_files(LLMAPI_TEMPLATE)[f"{MODEL_VERSION}/model.py"])}
+        recorded = {LLMAPI_CODE_FILE: files[LLMAPI_CODE_FILE]}
+        current = {LLMAPI_CODE_FILE: bytes_hash(llmapi_reference_code())}
     return [f"{name}: {'no longer packaged' if name not in current else 'changed'}"
             for name in sorted(recorded) if current.get(name) != recorded[name]]

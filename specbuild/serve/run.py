@@ -87,10 +87,11 @@ def redeploy_hint(repository: Path) -> str | None:
     from specbuild.deploy.model_code import deployed_code_differences
     from specbuild.manifest import read_manifest
 
-    differences = deployed_code_differences(repository)
+    manifest = read_manifest(repository)
+    differences = deployed_code_differences(manifest)
     if not differences:
         return None
-    spec = (read_manifest(repository) or {}).get("spec") or "<your spec>"
+    spec = (manifest or {}).get("spec") or "<your spec>"
     return (f"{repository} was deployed by another specbuild: its model code differs from this one's "
             f"({'; '.join(differences)}), and tritonserver may fail to load it; redeploy it with "
             f"`specbuild deploy {spec}` (engines are not rebuilt)")
