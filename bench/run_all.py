@@ -115,13 +115,17 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
                     if options.served:
                         from serving_bench import prepare
 
-                        changed = reports and spec_differences(load_spec(ROOT / spec), reports[0].settings)
-                        if changed:  # the deployment would not be what the spec's own tune chose
+                        from specbuild.tune.served import served_choices
+
+                        repository = prepare(ROOT / spec)
+                        own = {setting: value for setting, value in (reports[0].settings if reports else {}).items()
+                               if setting not in served_choices(repository)}  # the served tune chooses those
+                        changed = spec_differences(load_spec(ROOT / spec), own)
+                        if changed:  # the deployment is not what the spec's own tune chose
                             problems.append(f"{name}: {spec} does not hold what its own tune chose, so its served "
                                             f"schedule was not measured ({'; '.join(changed)}): update the spec, "
                                             "then run the tune again")
                             break
-                        prepare(ROOT / spec)
                     reports.append(run_tune(ROOT / spec, options, out=printer))
                 except Exception as err:  # a failed tune must not stop the others
                     why = err.message if isinstance(err, SpecbuildError) else f"{type(err).__name__}: {err}"

@@ -14,7 +14,15 @@ import pytest
 from rich.console import Console
 
 from specbuild.errors import SpecbuildError
-from specbuild.runtime.schedule import SCHEDULE_ENV, DraftSchedule, fixed_length, served_steps
+from specbuild.runtime.schedule import (
+    DRAFT_LEN_ENV,
+    SCHEDULE_ENV,
+    DraftSchedule,
+    fixed_length,
+    served_draft_len,
+    served_steps,
+)
+from specbuild.spec import load_spec
 from specbuild.tune.stage import TuneOptions, run_tune
 from tests.deploy_fixtures import Deployed
 
@@ -33,6 +41,19 @@ def test_the_override_wins_over_the_configuration_and_is_said(monkeypatch: pytes
     monkeypatch.setenv(SCHEDULE_ENV, "[4, 1]")
     with pytest.raises(ValueError, match="must map batch sizes"):
         served_steps(None)
+
+
+def test_the_k_override_wins_within_the_engines_max_draft_len(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[str] = []
+    monkeypatch.delenv(DRAFT_LEN_ENV, raising=False)
+    assert served_draft_len(3, 8, said.append) == 3 and said == []
+    monkeypatch.setenv(DRAFT_LEN_ENV, "6")
+    assert served_draft_len(3, 8, said.append) == 6
+    assert said == [f"num_draft_tokens 6 from {DRAFT_LEN_ENV}, not the configuration's 3"]
+    for wrong in ("9", "0", "five"):  # the engine cannot verify more than max_draft_len drafts
+        monkeypatch.setenv(DRAFT_LEN_ENV, wrong)
+        with pytest.raises(ValueError, match=r"an integer in 1\.\.8 \(the target engine's max_draft_len\)"):
+            served_draft_len(3, 8)
 
 
 @pytest.mark.parametrize("lookup", ["from", "up_to"])
@@ -83,6 +104,35 @@ def test_the_schedule_is_measured_on_the_deployed_repository_at_each_length(depl
         log = log.replace('\\"', '"')  # the server log escapes the quotes of python models' lines
         assert f"draft_len_schedule {json.dumps(fixed_length(8, length, 4))} from {SCHEDULE_ENV}" in log
     assert spec.path.read_text(encoding="utf-8") == text  # a dry run writes nothing
+
+
+@pytest.mark.tritonserver
+def test_the_bls_k_is_measured_served_at_batch_one_and_written_with_the_schedule(deployed: Deployed,
+                                                                                 tmp_path: Path) -> None:
+    """The draft-target BLS (K 4, so its engine verifies up to 4): served, a round is a draft call and a target
+    call, whose cost a longer K spreads over more tokens, so `tune --served` measures every K up to the engine's
+    max_draft_len at batch size 1 (one client asking it with NVIDIA's num_draft_tokens input, on a server whose
+    BLS takes the full length from the override and says so) and makes the fastest the spec's K; the loaded sizes
+    are measured with that K, plain and half of it. Written, the spec holds both and keeps the engine's
+    max_draft_len where the K is smaller, so the repository's engines still fit it."""
+    spec = deployed.specs["draft_target"]
+    written = tmp_path / "tuned.yaml"
+    options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=8, output=written)
+    report = run_tune(spec.path, options, console=QUIET, out=QUIET)
+    t = report.schedule
+    assert t is not None and t.served and t.measured_full_length
+    assert sorted(t.tokens_per_second[1]) == [1, 2, 3, 4] and min(t.tokens_per_second[1].values()) > 0
+    k = t.best(1)
+    assert t.full_length == k and t.schedule[1] == k
+    assert sorted(t.tokens_per_second) == [1, 2, 4]
+    assert all(sorted(t.tokens_per_second[size]) == sorted({0, k, max(1, k // 2)}) for size in (2, 4))
+    assert report.settings == {"num_draft_tokens": k, "draft_len_schedule": t.schedule}
+    logs = spec.deploy.model_repository.parent / "tune-served"  # type: ignore[union-attr]
+    log = (logs / "tritonserver-batch1.log").read_text(encoding="utf-8", errors="replace").replace('\\"', '"')
+    assert f"num_draft_tokens 4 from {DRAFT_LEN_ENV}, not the configuration's 4" in log
+    tuned = load_spec(written)
+    assert tuned.speculative.num_draft_tokens == k and tuned.speculative.draft_len_schedule == t.schedule
+    assert tuned.speculative.max_draft_len == (None if k == 4 else 4)
 
 
 @pytest.mark.tritonserver

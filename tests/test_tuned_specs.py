@@ -77,8 +77,8 @@ def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: 
     measured = served["schedule"]["tokens_per_second_by_batch"]
     assert [(int(cells[0]), int(cells[-1])) for cells in shown] == [(row["batch"], row["best"]) for row in measured]
     for cells, row in zip(shown, measured, strict=True):  # the table's whole tokens/s, the report's to 0.1
-        rates = list(row["tokens_per_second"].values())
-        assert all(abs(float(c) - r) <= 0.55 for c, r in zip(cells[1:-1], rates, strict=True))
+        rates = list(row["tokens_per_second"].values())  # "–": a length not measured at that batch size
+        assert all(abs(float(c) - r) <= 0.55 for c, r in zip([c for c in cells[1:-1] if c != "–"], rates, strict=True))
     if "num_draft_tokens" in data["settings"]:
         assert f"tune chose: speculative.num_draft_tokens {data['settings']['num_draft_tokens']}\n" in tables
 

@@ -43,6 +43,31 @@ set in the server's environment: `specbuild tune --served` serves one deployed r
 another without redeploying it, and `specbuild serve --draft-len-schedule` tries a schedule the same way."""
 
 
+DRAFT_LEN_ENV = "SPECBUILD_NUM_DRAFT_TOKENS"
+"""The full draft length K (the one at batch size 1, and a request's K when it sends no num_draft_tokens) that the
+draft-target BLS runs instead of its repository's num_draft_tokens, when set in the server's environment; at most the
+target engine's max_draft_len. `specbuild tune --served` sets it to max_draft_len, so that every K a request may ask
+for (NVIDIA's `num_draft_tokens` input) can be measured on one deployed repository."""
+
+
+def served_draft_len(configured: int, max_draft_len: int, log: Callable[[str], None] | None = None) -> int:
+    """The full draft length the BLS runs: DRAFT_LEN_ENV's where the server was started with it (said to `log`),
+    else its configuration's; ValueError when the override is not a K in 1..max_draft_len."""
+    override = os.environ.get(DRAFT_LEN_ENV)
+    if not override:
+        return configured
+    try:
+        k = int(override)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= max_draft_len:
+        raise ValueError(f"{DRAFT_LEN_ENV}={override!r}: the full draft length must be an integer in "
+                         f"1..{max_draft_len} (the target engine's max_draft_len)")
+    if log is not None:
+        log(f"num_draft_tokens {k} from {DRAFT_LEN_ENV}, not the configuration's {configured}")
+    return k
+
+
 def served_steps(configured: Mapping[str, object] | Mapping[int, object] | str | None,
                  log: Callable[[str], None] | None = None) -> dict[int, int]:
     """The draft_len_schedule a served model runs: SCHEDULE_ENV's where the server was started with it (said to

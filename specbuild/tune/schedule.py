@@ -46,6 +46,12 @@ class ScheduleTuning:
         return max(rates, key=lambda k: rates[k])
 
     @property
+    def measured_full_length(self) -> bool:
+        """Whether the full length itself was measured, at batch size 1 (served, the BLS's K): then it is the
+        fastest there, and a choice of its own."""
+        return 1 in self.tokens_per_second
+
+    @property
     def schedule(self) -> dict[int, int]:
         """{1: full length, then each batch size where the length changes}: of the lengths that never grow, those
         with the highest sum of tokens/s over each batch size's fastest; a change takes effect right after the last
@@ -75,6 +81,11 @@ def _over_fastest(rates: dict[int, float]) -> dict[int, float]:
     """Each length's tokens/s over the fastest's at the same batch size (1.0: the fastest)."""
     fastest = max(max(rates.values()), 1e-9)
     return {k: rate / fastest for k, rate in rates.items()}
+
+
+def halfway(full_length: int) -> list[int]:
+    """The length measured between plain and the full one at every batch size: half of it (at least 1)."""
+    return [max(1, full_length // 2)]
 
 
 def batch_sizes(max_batch: int) -> list[int]:

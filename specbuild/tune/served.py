@@ -7,7 +7,10 @@ schedule measured in-process turns speculation off where the server would gain f
 repository is served by tritonserver once per candidate length, that length fixed at every batch size from 2 up
 (`specbuild.runtime.schedule.fixed_length`, passed in SCHEDULE_ENV, so nothing is redeployed), and driven with
 `specbuild bench`'s closed-loop load at each batch size: `batch` streaming clients sending the calibration prompts.
-Batch size 1 is not measured: every TensorRT-LLM line drafts the full length there.
+Every TensorRT-LLM line drafts the full length at batch size 1, so there only K itself is measured, and only for
+the BLS's draft-target (`bls_draft_limit`): every K up to the target engine's max_draft_len, one streaming client
+asking it with NVIDIA's `num_draft_tokens` input, and the fastest becomes the spec's K (bench/results/
+tune-draft-target.txt shows the served optimum above the in-process one, whose rounds pay no Triton call).
 
 Measured on this machine, with the reference backend tritonserver runs here; on another machine or backend the
 balance differs, so tune where the deployment will serve.
@@ -33,46 +36,86 @@ def deployed_repository(spec: PipelineSpec) -> Path:
     return repository
 
 
-def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Sequence[int], lengths: Sequence[int],
-                            full_length: int, new_tokens: int, repeats: int, tick: Callable[[], None],
-                            log_dir: Path | None = None) -> ScheduleTuning:
-    """Output tokens/s of the deployment at each batch size in `sizes` (1 left out) and each length (0, `lengths`
-    and the full one), the fastest of `repeats` passes; one server per length and pass."""
+def bls_draft_limit(repository: Path) -> int | None:
+    """The target engine's max_draft_len where the repository drafts through the BLS's draft model (the engine
+    flow's draft-target), else None. Only there is a round two Triton calls, a cost a longer K spreads over more
+    tokens (the 1.2 target also makes K + 1 tokens a round whatever it accepts), so the K the in-process tune
+    chose for one engine need not be the served optimum: K at batch size 1 is measured served too."""
+    from specbuild.deploy.layout import BLS
+    from specbuild.deploy.pbtxt import parameters, read_config
+
+    config = repository / BLS / "config.pbtxt"
+    if not config.is_file():
+        return None
+    params = parameters(read_config(config))
+    if not params.get("tensorrt_llm_draft_model_name"):
+        return None
+    return int(params.get("max_draft_len") or 0) or None
+
+
+def served_choices(repository: Path) -> set[str]:
+    """The spec settings `tune --served` chooses on this deployed repository (TuneReport.settings' names): the
+    schedule, and K where the BLS drafts (bls_draft_limit)."""
+    return {"draft_len_schedule"} | ({"num_draft_tokens"} if bls_draft_limit(repository) else set())
+
+
+def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Sequence[int],
+                            lengths: Callable[[int], Sequence[int]], full_length: int, new_tokens: int, repeats: int,
+                            tick: Callable[[], None], log_dir: Path | None = None) -> ScheduleTuning:
+    """Output tokens/s of the deployment at each batch size in `sizes` (1 left out) and each length (0, the full
+    one and `lengths(full)`), the fastest of `repeats` passes; one server per length and pass. Where the BLS drafts
+    (bls_draft_limit), first every K up to max_draft_len at batch size 1 (one client sending NVIDIA's
+    `num_draft_tokens` input), and the fastest is the full length the loaded sizes are measured with."""
     from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, run_load
-    from specbuild.runtime.schedule import SCHEDULE_ENV, fixed_length
+    from specbuild.runtime.schedule import DRAFT_LEN_ENV, SCHEDULE_ENV, fixed_length
     from specbuild.serve.server import TritonServer
 
     repository = deployed_repository(spec)
     counter = TokenCounter(Path(spec.target.model)) if Path(spec.target.model).is_dir() else TokenCounter()
     tuning = ScheduleTuning(full_length, served=True)
-    loaded = [size for size in sizes if size > 1]
     most = max(sizes)
     log_dir = log_dir or repository.parent / "tune-served"
+    limit = bls_draft_limit(repository)
+
+    def measure(name: str, length: int, cells: Sequence[tuple[int, int]], k: Callable[[int], int | None]) -> None:
+        """One server whose models run `length` from batch size 2 on; (batch size, key) cells measured on it,
+        a request asking K `k(key)` (None: the repository's)."""
+        env = {SCHEDULE_ENV: json.dumps(fixed_length(limit or tuning.full_length, length, most))}
+        if limit:  # every K a request may ask for is within the full length (served_draft_len)
+            env[DRAFT_LEN_ENV] = str(limit)
+        log = log_dir / f"tritonserver-{name}.log"
+        server = TritonServer(repository, env=env, log_file=log)
+        with server:
+            for size, key in cells:
+                load = Load(prompts=list(texts), max_tokens=new_tokens, concurrency=size,
+                            per_client=STEADY_PER_CLIENT, num_draft_tokens=k(key))
+                rate = run_load(server.grpc_url, load, counter=counter).output_tokens_per_s
+                cell = tuning.tokens_per_second.setdefault(size, {})
+                cell[key] = max(cell.get(key, 0.0), rate)
+                tick()
+        _check_read(server.log_text(), log, repository, DRAFT_LEN_ENV if limit else None)  # stopped: all written
+
+    if limit:
+        for _ in range(repeats):
+            measure("batch1", 0, [(1, k) for k in range(1, limit + 1)], lambda k: k)
+        tuning.full_length = tuning.best(1)
+    full = tuning.full_length
     for _ in range(repeats):
-        for length in sorted({0, full_length, *lengths}):
-            env = {SCHEDULE_ENV: json.dumps(fixed_length(full_length, length, most))}
-            log = log_dir / f"tritonserver-k{length}.log"
-            server = TritonServer(repository, env=env, log_file=log)
-            with server:
-                for size in loaded:
-                    load = Load(prompts=list(texts), max_tokens=new_tokens, concurrency=size,
-                                per_client=STEADY_PER_CLIENT)
-                    rate = run_load(server.grpc_url, load, counter=counter).output_tokens_per_s
-                    cell = tuning.tokens_per_second.setdefault(size, {})
-                    cell[length] = max(cell.get(length, 0.0), rate)
-                    tick()
-            _check_read(server.log_text(), log, repository)  # stopped: the whole log is written
+        for length in sorted({0, full, *lengths(full)}):
+            measure(f"k{length}", length, [(size, length) for size in sizes if size > 1],
+                    lambda _: full if limit else None)
     return tuning
 
 
-def _check_read(logged: str, log: Path, repository: Path) -> None:
-    """The served models said they run the fixed length (`served_steps` logs it), or nothing here is measured:
-    NVIDIA's C++ tensorrtllm backend and its llmapi model do not read SCHEDULE_ENV, and would serve their own
-    schedule at every length."""
+def _check_read(logged: str, log: Path, repository: Path, also: str | None = None) -> None:
+    """The served models said they run the fixed length (`served_steps` logs it) and, where `also` names it, the
+    full length K (`served_draft_len`), or nothing here is measured: NVIDIA's C++ tensorrtllm backend and its llmapi
+    model do not read SCHEDULE_ENV, and would serve their own schedule at every length."""
     from specbuild.runtime.schedule import SCHEDULE_ENV
 
-    if SCHEDULE_ENV not in logged:
-        raise SpecbuildError(f"the models of {repository} did not read {SCHEDULE_ENV} (see {log}), so every length "
-                             "would serve their own schedule",
-                             hint="--served measures repositories whose speculation runs in specbuild's models "
-                                  "(build.backend: reference) or in the BLS")
+    for name in (SCHEDULE_ENV, also):
+        if name and name not in logged:
+            raise SpecbuildError(f"the models of {repository} did not read {name} (see {log}), so every length "
+                                 "would serve their own schedule",
+                                 hint="--served measures repositories whose speculation runs in specbuild's models "
+                                      "(build.backend: reference) or in the BLS")

@@ -67,9 +67,9 @@ from specbuild.tune.measure import (
     one_engine,
     sweep_draft_lengths,
 )
-from specbuild.tune.schedule import ScheduleTuning, batch_sizes, tune_schedule
+from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halfway, tune_schedule
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
-from specbuild.tune.served import deployed_repository, measure_served_schedule
+from specbuild.tune.served import bls_draft_limit, deployed_repository, measure_served_schedule
 from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 
 REFERENCE_TREE = "mc_sim_7b_63"
@@ -367,6 +367,7 @@ class SpecUpdate:
     schedule."""
 
     num_draft_tokens: int | None = None
+    max_draft_len: int | None = None  # kept where a served K is written below it (the engine then stays as built)
     choices: list[list[int]] | None = None
     tree_source: str = ""
     draft_len_schedule: dict[int, int] | None = None
@@ -390,6 +391,9 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     if update.num_draft_tokens is not None:
         edits.append(tune_yaml.set_value(text, root, ("speculative", "num_draft_tokens"),
                                          tune_yaml.scalar(update.num_draft_tokens)))
+    if update.max_draft_len is not None:
+        edits.append(tune_yaml.set_value(text, root, ("speculative", "max_draft_len"),
+                                         tune_yaml.scalar(update.max_draft_len)))
     if update.lookahead is not None:
         edits += _lookahead_edits(text, root, update.lookahead)
     if update.draft_layers is not None:
@@ -510,6 +514,8 @@ class TuneReport:
             chosen["medusa_choices"] = self.tree.chosen.choices
         if self.lookahead is not None:
             chosen["lookahead"] = self.lookahead.chosen._asdict()
+        if self.schedule is not None and self.schedule.measured_full_length:
+            chosen["num_draft_tokens"] = self.schedule.full_length  # served: the BLS's K at batch size 1
         if self.schedule is not None:
             chosen["draft_len_schedule"] = self.schedule.schedule
         return chosen
@@ -677,7 +683,15 @@ def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out:
               highlight=False)
     with _progress(console) as phase:
         report.schedule = _served_schedule(spec, [tokenizer.decode(p) for p in prompts], options, phase)
-    return _finish(report, SpecUpdate(draft_len_schedule=report.schedule.schedule), options, console, out)
+    settings = report.settings
+    k = settings.get("num_draft_tokens")
+    # The engine verifies up to the K the spec had (its max_draft_len): kept, so a smaller K needs no rebuild and
+    # the next served tune measures the same Ks.
+    engine = spec.speculative.max_draft_len or spec.speculative.num_draft_tokens
+    update = SpecUpdate(num_draft_tokens=k, draft_len_schedule=settings["draft_len_schedule"],
+                        max_draft_len=engine if k is not None and k != engine and
+                        spec.speculative.max_draft_len is None else None)
+    return _finish(report, update, options, console, out)
 
 
 def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter | None, tree: TreeTuning | None,
@@ -707,22 +721,22 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
             return result.stats.generated_tokens
 
     sizes = batch_sizes(spec.build.max_batch_size)
-    return tune_schedule(run, prompts, sizes, [max(1, full // 2)], full, options.repeats,
+    return tune_schedule(run, prompts, sizes, halfway(full), full, options.repeats,
                          tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
 
 
 def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
                      phase: Callable[[str, int], Tick]) -> ScheduleTuning:
     """Plain against the deployed length and half of it at every batch size from 2 up to the engines', behind
-    tritonserver (`specbuild.tune.served`); Lookahead, whose schedule only turns its windows on or off, against
-    its full length alone."""
-    full = spec.full_draft_len
+    tritonserver (`specbuild.tune.served`), after K itself at batch size 1 where the BLS drafts; Lookahead, whose
+    schedule only turns its windows on or off, against its full length alone."""
     sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
-    between = [] if spec.speculative.mode == "lookahead" else [max(1, full // 2)]
-    cells = options.repeats * (2 + len(between)) * len(sizes)
-    return measure_served_schedule(spec, texts, sizes, between, full, options.new_tokens,
-                                   options.repeats, phase(f"served schedule at batch {', '.join(map(str, sizes))}",
-                                                          cells))
+    lookahead = spec.speculative.mode == "lookahead"
+    limit = bls_draft_limit(deployed_repository(spec)) or 0
+    cells = options.repeats * (limit + (2 if lookahead else 3) * len(sizes))
+    label = f"served {'K at batch 1, then the ' if limit else ''}schedule at batch {', '.join(map(str, sizes))}"
+    return measure_served_schedule(spec, texts, sizes, (lambda full: []) if lookahead else halfway,
+                                   spec.full_draft_len, options.new_tokens, options.repeats, phase(label, cells))
 
 
 def _tree_name(spec: PipelineSpec) -> str:
@@ -777,13 +791,16 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
         table.add_column(f"{unit} {k}", justify="right")
     table.add_column("best", justify="right")
     for batch, rates in sorted(t.tokens_per_second.items()):
-        table.add_row(str(batch), *(f"{rates[k]:.0f}" for k in lengths), str(t.best(batch)))
+        table.add_row(str(batch), *(f"{rates[k]:.0f}" if k in rates else "–" for k in lengths), str(t.best(batch)))
     where = ("served: output tokens/s of the deployment behind tritonserver, that many streaming clients"
              if t.served else "in-process: the serving engine's tokens/s with that many sequences")
+    full = (f"the full length {t.full_length} at batch 1 (TensorRT-LLM's rule), the fastest K there (one client "
+            "asking it with num_draft_tokens)" if t.measured_full_length else
+            "the full length at batch 1 (TensorRT-LLM's rule)")
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
                  table,
-                 Text(f"draft_len_schedule {t.schedule}: the full length at batch 1 (TensorRT-LLM's rule), then "
-                      "lengths that never grow with load, closest to each batch size's fastest together"))
+                 Text(f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to "
+                      "each batch size's fastest together"))
 
 
 def tree_table(t: TreeTuning) -> Table:

@@ -253,14 +253,17 @@ class TritonPythonModel:
         # A draft engine built without gather_generation_logits refuses return_generation_logits (executor:
         # "To return generation logits, gather_generation_logits must be enabled"): propose without logits then.
         self.draft_logits_possible = draft_engine is None or bool(draft_engine.gather_generation_logits)
-        self.default_k = int(_param(params, "num_draft_tokens", "0")) if self.draft else 0
         self.max_draft_len = int(_param(params, "max_draft_len", "0"))
+        from specbuild.runtime.schedule import DraftSchedule, served_draft_len, served_steps
+
+        self.default_k = 0
+        if self.draft:
+            self.default_k = served_draft_len(int(_param(params, "num_draft_tokens", "0")), self.max_draft_len,
+                                              io.log_info)
         self.use_draft_logits = _param(params, "use_draft_logits", "").lower() in io.TRUE
         self._lock = threading.Lock()
         self.in_flight = 0
         self.schedule = None
-        from specbuild.runtime.schedule import DraftSchedule, served_steps
-
         steps = served_steps(params.get("draft_len_schedule"), io.log_info) if self.draft is not None else {}
         if self.draft is not None and (steps or params.get("max_concurrency")):
             limit = params.get("max_concurrency")
