@@ -36,6 +36,12 @@ def deployed_repository(spec: PipelineSpec) -> Path:
     return repository
 
 
+ONE_CLIENT_PASSES = 3
+"""Passes of every K at batch size 1 on each of the `repeats` servers (the fastest kept, as for every cell): one
+client's pass takes a few seconds, and the Ks' rates lie within a few percent of each other, within one pass's noise
+on a shared machine."""
+
+
 def bls_draft_limit(repository: Path) -> int | None:
     """The target engine's max_draft_len where the repository drafts through the BLS's draft model (the engine
     flow's draft-target), else None. Only there is a round two Triton calls, a cost a longer K spreads over more
@@ -95,9 +101,9 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
                 tick()
         _check_read(server.log_text(), log, repository, DRAFT_LEN_ENV if limit else None)  # stopped: all written
 
-    if limit:
+    if limit:  # a pass of one client is short, and neighbouring Ks lie close: more passes, interleaved
         for _ in range(repeats):
-            measure("batch1", 0, [(1, k) for k in range(1, limit + 1)], lambda k: k)
+            measure("batch1", 0, [(1, k) for _ in range(ONE_CLIENT_PASSES) for k in range(1, limit + 1)], lambda k: k)
         tuning.full_length = tuning.best(1)
     full = tuning.full_length
     for _ in range(repeats):

@@ -69,7 +69,12 @@ from specbuild.tune.measure import (
 )
 from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halfway, tune_schedule
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
-from specbuild.tune.served import bls_draft_limit, deployed_repository, measure_served_schedule
+from specbuild.tune.served import (
+    ONE_CLIENT_PASSES,
+    bls_draft_limit,
+    deployed_repository,
+    measure_served_schedule,
+)
 from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
 
 REFERENCE_TREE = "mc_sim_7b_63"
@@ -733,7 +738,7 @@ def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
     sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
     lookahead = spec.speculative.mode == "lookahead"
     limit = bls_draft_limit(deployed_repository(spec)) or 0
-    cells = options.repeats * (limit + (2 if lookahead else 3) * len(sizes))
+    cells = options.repeats * (limit * ONE_CLIENT_PASSES + (2 if lookahead else 3) * len(sizes))
     label = f"served {'K at batch 1, then the ' if limit else ''}schedule at batch {', '.join(map(str, sizes))}"
     return measure_served_schedule(spec, texts, sizes, (lambda full: []) if lookahead else halfway,
                                    spec.full_draft_len, options.new_tokens, options.repeats, phase(label, cells))
