@@ -18,7 +18,11 @@ what one serving-engine step costs at 1, 8 and 16 active sequences.
    the 1.2 flow caps the BLS): the same requests, in-process and interleaved with the rounds above, decoded plainly
    by the target alone and by one serving engine with the same draft as its proposer and the same K (as the llmapi
    repository serves Draft_Target). It holds when the flow's rounds stay below 1.3x plain while one engine reaches
-   it: the speculation pays, the flow's two requests per round and its continuations after a rejection eat it.
+   it: the speculation pays, the flow's two requests per round and its continuations after a rejection eat it. The
+   flow is also run in-process at every K up to the target engine's max_draft_len (beside plain decoding's own
+   passes), and must stay below 1.3x plain at each: the K served is chosen behind the server (`tune --served`),
+   where a round's Triton calls favour a longer K, so the account must not hold merely because that K is a poor one
+   in-process.
 4. One engine step of the demo target at 1, 8 and 16 active sequences (decode steps only, prefill excluded): ms
    per step, tokens/s and the ratio to 1 sequence; and tokens/s of whole generations (prefill included).
 
@@ -375,18 +379,20 @@ def judged(report: Mapping[str, Any]) -> list[Target]:
 
 def account_claim(acc: Mapping[str, Any]) -> str:
     """The account's claim, as round-cost.md states it and serving_bench cites it."""
-    return (f"the 1.2 flow caps the BLS below {acc['floor']}x plain at one request (in-process: its rounds < "
-            f"{acc['floor']}x <= one engine with the same models and K)")
+    return (f"the 1.2 flow caps the BLS below {acc['floor']}x plain at one request (in-process: its rounds at every "
+            f"K < {acc['floor']}x <= one engine with the same models and K)")
 
 
-def summary(x: Mapping[str, float]) -> str:
+def summary(x: Mapping[str, float], by_k: Mapping[int, float] | None = None) -> str:
     """The account's figures in a line, as serving_bench cites them beside the ratio they judge."""
-    return f"in-process, the 1.2 flow's rounds {x['flow']:.2f}x plain, one engine with the same models and K " \
-           f"{x['one engine']:.2f}x"
+    best = f" (at its best K, {max(by_k, key=by_k.__getitem__)}: {max(by_k.values()):.2f}x)" if by_k else ""
+    return f"in-process, the 1.2 flow's rounds {x['flow']:.2f}x plain{best}, one engine with the same models and " \
+           f"K {x['one engine']:.2f}x"
 
 
 def account_figures(acc: Mapping[str, Any]) -> str:
-    return f"{'holds' if acc['holds'] else 'does not hold'}: {summary(acc['x_plain'])}"
+    by_k = {int(k): x for k, x in acc.get("flow_x_plain_by_k", {}).items()}
+    return f"{'holds' if acc['holds'] else 'does not hold'}: {summary(acc['x_plain'], by_k)}"
 
 
 def _ms(value: float | None, digits: int = 2) -> str:
@@ -423,6 +429,10 @@ def account_markdown(acc: Mapping[str, Any], local: Mapping[str, Any]) -> list[s
         f"{_ms(acc['plain_ms_for_a_rounds_tokens'])} ms. One engine makes {acc['one_engine_tokens_per_forward']:.2f} "
         "tokens per target forward with no request per round and no continuation.",
         "",
+        *(["The flow's rounds at every K the target engine verifies (the same requests, in-process, each at its "
+           "fastest pass, beside plain decoding's own passes): "
+           + ", ".join(f"K {k}: {x:.2f}x" for k, x in acc["flow_x_plain_by_k"].items()) + " plain.", ""]
+          if acc.get("flow_x_plain_by_k") else []),
         f"**{account_claim(acc)}: {account_figures(acc)}.** `bench/serving_bench.py` judges the served BLS at "
         f"concurrency 1 by {acc['floor']}x plain, or by this account where it holds on the same commit and machine.",
     ]
@@ -615,16 +625,18 @@ class LocalBls:
         prompt, budget = self.row_limits(request, pre)
         return prompt, budget, pre.end_id(0)
 
-    def request(self, fields: Mapping[str, Any]) -> RequestTiming:
-        """One request as the served BLS serves it, every part timed; then the loop replayed without models."""
+    def request(self, fields: Mapping[str, Any], k: int | None = None) -> RequestTiming:
+        """One request as the served BLS serves it, every part timed; then the loop replayed without models. With
+        `k`, every round drafts k (alone on a server whose full length is at least k)."""
         from specbuild.python_models.bls_calls import BlsRequest, RowCalls, acceptance, loop_outputs
         from specbuild.python_models.bls_loop import Chunk, Proposal, Row, Verdict, speculate
         from specbuild.python_models.detokenize import StreamedText
 
         start = time.perf_counter()
         request = BlsRequest({name: _array(value) for name, value in fields.items()})
-        k = request.validate(draft_model="tensorrt_llm_draft", default_k=self.default_k,
-                             max_draft_len=self.max_draft_len, decoupled=True)
+        asked = request.validate(draft_model="tensorrt_llm_draft", default_k=self.default_k,
+                                 max_draft_len=self.max_draft_len, decoupled=True)
+        draft_len = self.k if k is None else (lambda: k)
         pre = self.preprocess(request)
         preprocessing_s = time.perf_counter() - start
         use_logits = request.flag("use_draft_logits", 0, self.use_draft_logits)
@@ -676,7 +688,7 @@ class LocalBls:
                                          prompt_len=len(row.prompt), include_prompt=False, request=request, row=0))
                 part.update(acceptance(row.accepted, row.drafted))
 
-            if k <= 0 or not speculate(row, self.k, propose, verify, on_chunk=on_chunk):
+            if asked <= 0 or not speculate(row, draft_len, propose, verify, on_chunk=on_chunk):
                 raise RuntimeError("the in-process request did not speculate to its end")
             return row, replies
 
@@ -737,14 +749,23 @@ class LocalEngines:
             engine.stop()
 
 
+def flow_by_k(sweep: Mapping[int, Sequence[RequestTiming]], plain: Sequence[EngineTiming]) -> dict[int, float]:
+    """The 1.2 flow's rounds at each K over plain decoding of the same requests, in-process (the sweep's own plain
+    passes, interleaved with it)."""
+    plain_s = sum(t.total_s for t in plain)
+    return {k: plain_s / sum(t.serve_s - t.preprocessing_s for t in timings) for k, timings in sorted(sweep.items())}
+
+
 def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineTiming]], in_process: Mapping[str, Any],
-            k: int) -> dict[str, Any]:
+            k: int, by_k: Mapping[int, float] | None = None, sweep_same: bool = True) -> dict[str, Any]:
     """Why the BLS's rounds make plain decoding only so much faster at one request, in-process (no Triton): the same
     requests decoded plainly, by one engine drafting and verifying in its step, and by the 1.2 flow's rounds (a
     draft request and a target request each, the target decoding on after a rejection); each request at its
     fastest pass. The flow caps the BLS when its rounds stay below serving_bench's SPEEDUP_MIN times plain while
     one engine with the same models and K reaches it: the speculation pays, the flow's requests and continuations
-    eat it."""
+    eat it. `by_k` (flow_by_k: the flow at every K the engine verifies) must stay below it too, so that a K chosen
+    for the served flow cannot make the account hold by being a poor K in-process; `sweep_same`: those rounds made
+    the plain tokens."""
     plain, one = engines["plain"], engines["one engine"]
     tokens = sum(len(t.tokens) for t in plain)
     seconds = {"plain": sum(t.total_s for t in plain), "one engine": sum(t.total_s for t in one),
@@ -763,8 +784,10 @@ def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineT
         "flow_tokens_per_round": tokens / rounds,
         "plain_ms_for_a_rounds_tokens": plain_token_ms * tokens / rounds,
         "continuation_forwards_per_round": in_process["forwards_per_call"]["tensorrt_llm"] - 1,
-        "holds": bool(same == len(plain) and x["flow"] < SPEEDUP_MIN <= x["one engine"]),
-        "summary": summary(x),
+        "flow_x_plain_by_k": {str(size): ratio for size, ratio in (by_k or {}).items()},
+        "holds": bool(same == len(plain) and sweep_same and max([x["flow"], *(by_k or {}).values()]) < SPEEDUP_MIN
+                      <= x["one engine"]),
+        "summary": summary(x, by_k),
     }
 
 
@@ -841,14 +864,22 @@ def fastest(passes: Sequence[Sequence[RequestTiming]]) -> list[RequestTiming]:
 
 def assemble(settings: Mapping[str, Any], served_passes: Sequence[list[RequestTiming]], delta: Mapping[str, ModelStats],
              local_passes: Sequence[list[RequestTiming]], engine_passes: Mapping[str, Sequence[list[EngineTiming]]],
-             runs: Mapping[int, Sequence[StepRun]], machine: Mapping[str, Any]) -> dict[str, Any]:
+             runs: Mapping[int, Sequence[StepRun]], machine: Mapping[str, Any],
+             sweep: Mapping[int, Sequence[list[RequestTiming]]] | None = None,
+             sweep_plain: Sequence[list[EngineTiming]] | None = None) -> dict[str, Any]:
     """The report (without its targets): each side's requests, each at its fastest pass, split into the parts;
     Triton's statistics over all measured passes (`delta`), checked against every served request; the account
     (the same requests decoded plainly and by one engine, in-process); the engine's table."""
     served_timings, local_timings = fastest(served_passes), fastest(local_passes)
     served, in_process = split(served_timings), split(local_timings)
-    engine_timings = {name: [min(column, key=lambda t: t.total_s) for column in zip(*passes, strict=True)]
-                      for name, passes in engine_passes.items()}
+    engine_timings = {name: _fastest_engine(passes) for name, passes in engine_passes.items()}
+    by_k, sweep_same = None, True
+    if sweep and sweep_plain:  # the flow at every K, each request at its fastest pass, over the sweep's plain
+        plain = _fastest_engine(sweep_plain)
+        flows = {k: fastest(passes) for k, passes in sweep.items()}
+        by_k = flow_by_k(flows, plain)
+        sweep_same = all(t.tokens == p.tokens for timings in flows.values()
+                         for t, p in zip(timings, plain, strict=True))
     return {
         "what": "one draft-target round served by tritonserver (instrumented BLS, Triton statistics) and in-process; "
                 "one serving-engine step at several batch sizes",
@@ -860,13 +891,18 @@ def assemble(settings: Mapping[str, Any], served_passes: Sequence[list[RequestTi
         "triton_statistics": {name: asdict(stats) for name, stats in delta.items()},
         "triton_counts": counts_agree(delta, [t for p in served_passes for t in p]),
         "same_rounds": same_rounds(served_timings, local_timings),
-        "account": account(local_timings, engine_timings, in_process, settings["k"]),
+        "account": account(local_timings, engine_timings, in_process, settings["k"], by_k, sweep_same),
         "passes": {"served_round_ms": [round(split(p)["round_ms"], 3) for p in served_passes],
                    "in_process_round_ms": [round(split(p)["round_ms"], 3) for p in local_passes]},
         "requests": {"served": [asdict(t) for t in served_timings], "in_process": [asdict(t) for t in local_timings]},
         "engine": engine_table(runs),
         "machine": dict(machine),
     }
+
+
+def _fastest_engine(passes: Sequence[Sequence[EngineTiming]]) -> list[EngineTiming]:
+    """Per request its fastest pass (as `fastest`, for the account's engines)."""
+    return [min(column, key=lambda t: t.total_s) for column in zip(*passes, strict=True)]
 
 
 def same_rounds(served: Sequence[RequestTiming], local: Sequence[RequestTiming]) -> dict[str, Any]:
@@ -885,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-tokens", type=int, default=48, help="engine step: new tokens per sequence")
     parser.add_argument("--engine-rounds", type=int, default=5,
                         help="engine step: rounds per batch size (interleaved); the fastest is kept")
+    parser.add_argument("--sweep-passes", type=int, default=3,
+                        help="passes of the in-process flow at every K up to max_draft_len (the account's sweep)")
     parser.add_argument("--no-prepare", action="store_true", help="serve demo/build as it is (no convert/build/deploy)")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     args = parser.parse_args(argv)
@@ -939,6 +977,14 @@ def main(argv: list[str] | None = None) -> int:
                     passes[-1].append(engines.request(name, *row))
         delta = stats_delta(before, parse_statistics(stats_client.get_inference_statistics(as_json=True)))
         stats_client.close()
+    ks = list(range(1, local.max_draft_len + 1))
+    sweep: dict[int, list[list[RequestTiming]]] = {k: [] for k in ks}
+    sweep_plain: list[list[EngineTiming]] = []
+    for index in range(args.sweep_passes):  # in-process only: the flow at every K, beside plain decoding
+        print(f"the flow at K {ks[0]}-{ks[-1]}, pass {index + 1}/{args.sweep_passes}", flush=True)
+        sweep_plain.append([engines.request("plain", *row) for row in rows])
+        for k in ks:
+            sweep[k].append([local.request(f, k) for f in fields])
     local.stop()
     engines.stop()
 
@@ -968,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           "specbuild/runtime")
     machine = machine_info(["nvidia-pytriton", "tritonclient", "transformers"], torch_threads=threads,
                            loadavg_start=load_start)
-    report = assemble(settings, served_passes, delta, local_passes, engine_passes, runs, machine)
+    report = assemble(settings, served_passes, delta, local_passes, engine_passes, runs, machine, sweep, sweep_plain)
     targets = judged(report)
     report["targets"] = [{"target": t.name, "met": t.met, "measured": t.measured} for t in targets]
     report["bench_runtime_s"] = round(time.perf_counter() - bench_start, 1)

@@ -155,10 +155,25 @@ def test_the_account_holds_when_the_flow_stays_below_the_floor_that_one_engine_r
     assert not rc.account(bls, engines(rc, plain_s=0.060, one_s=0.030), in_process, k=3)["holds"]
     # one engine below the floor too: the speculation itself does not pay, the flow is not what caps it
     assert not rc.account(bls, engines(rc, plain_s=0.0516, one_s=0.045), in_process, k=3)["holds"]
+    # the flow reaching the floor at another K in-process: the repository's K does not show what caps the flow
+    swept = rc.account(bls, engines(rc, plain_s=0.0516, one_s=0.030), in_process, k=3, by_k={1: 1.1, 3: 1.2})
+    assert swept["holds"] and "(at its best K, 3: 1.20x)" in swept["summary"]
+    assert not rc.account(bls, engines(rc, plain_s=0.0516, one_s=0.030), in_process, k=3,
+                          by_k={1: 1.1, 3: 1.2, 5: 1.31})["holds"]
+    assert not rc.account(bls, engines(rc, plain_s=0.0516, one_s=0.030), in_process, k=3, by_k={3: 1.2},
+                          sweep_same=False)["holds"]  # a K whose rounds made other tokens
     # a path that decodes other tokens is no account at all
     other = rc.account(bls, engines(rc, plain_s=0.0516, one_s=0.030, one_tokens=[5, 6, 7, 8, 9, 10, 11, 99]),
                        in_process, k=3)
     assert not other["holds"] and other["same_tokens"] == {"requests": 2, "same": 0, "all": False}
+
+
+def test_the_flow_at_each_k_is_its_rounds_over_plain_decoding_of_the_same_requests(rc: ModuleType) -> None:
+    plain = engines(rc, plain_s=0.060, one_s=0.030)["plain"]  # 2 requests, 120 ms in all
+    sweep = {2: [served(rc, serve_s=0.052, tokens=TOKENS)] * 2,  # 50 ms of rounds each (2 of preprocessing)
+             1: [served(rc, serve_s=0.082, tokens=TOKENS)] * 2}
+    assert rc.flow_by_k(sweep, plain) == {1: pytest.approx(120 / 160), 2: pytest.approx(120 / 100)}
+    assert list(rc.flow_by_k(sweep, plain)) == [1, 2]
 
 
 def report(rc: ModuleType, *, local_loop_s: float = 0.027, engine_step_8: float = 4.0) -> dict[str, Any]:
