@@ -526,3 +526,17 @@ def test_a_longer_verification_never_counts_as_cheaper_than_a_shorter_one() -> N
         return max(range(1, 7), key=lambda k: expected_speedup(0.767, k, c.cost_ratio, c.verify_cost(k)))
 
     assert best(costs) == best(ForwardCosts(64, {**noisy, 6: clean[6]}, 1.9))
+
+
+def test_the_full_length_is_the_shortest_within_the_runs_own_noise_of_the_fastest() -> None:
+    """The served BLS's K at one client: a longer K costs time to the first response and work under load, so it
+    must win by more than the spread of the passes measured in the same run (made-up rates)."""
+    from specbuild.tune.schedule import shortest_within_noise
+
+    close = {1: [100.0, 95.0], 2: [150.0, 140.0], 3: [160.0, 150.0], 4: [165.0, 150.0]}  # spreads 5-9 %
+    k, noise = shortest_within_noise(close)
+    assert noise == pytest.approx((1 / 15 + 10 / 160) / 2)  # the median spread
+    assert k == 3  # 160 lies within that of 165; 150 (K 2) does not
+    assert shortest_within_noise({1: [100.0, 99.0], 2: [200.0, 198.0]}) == (2, pytest.approx(0.01))  # a clear win
+    with pytest.raises(ValueError, match="no passes"):
+        shortest_within_noise({})

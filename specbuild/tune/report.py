@@ -19,6 +19,7 @@ from typing import Any
 
 from specbuild.atomic import stage_text
 from specbuild.spec import PipelineSpec
+from specbuild.tune.schedule import shortest_within_noise
 from specbuild.tune.stage import SETTING_FIELDS, DraftLengthTuning, TreeTuning, TuneReport
 from specbuild.tune.tree import nodes_per_depth
 
@@ -122,6 +123,10 @@ def _run(report: TuneReport) -> dict[str, Any]:
                  "best": s.best(batch)} for batch, rates in sorted(s.tokens_per_second.items())],
             "schedule": {str(k): v for k, v in s.schedule.items()},
         }
+        if s.one_client:  # the BLS's K, served at batch size 1: every pass, and the noise K was chosen within
+            record["schedule"]["one_client_passes"] = {str(k): [_r(r, 1) for r in rates]
+                                                       for k, rates in sorted(s.one_client.items())}
+            record["schedule"]["one_client_noise"] = _r(shortest_within_noise(s.one_client)[1])
     return record
 
 

@@ -23,8 +23,9 @@ behind tritonserver: Lookahead's {1: 2, 16: 0} made 0.91x plain with 16 streamin
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise, product
 
@@ -39,6 +40,12 @@ class ScheduleTuning:
     full_length: int
     tokens_per_second: dict[int, dict[int, float]] = field(default_factory=dict)
     served: bool = False  # measured behind tritonserver on the deployment (specbuild.tune.served), not in-process
+    one_client: dict[int, list[float]] = field(default_factory=dict)
+    """Served, the BLS's K at batch size 1: every pass's tokens/s by K (`tokens_per_second[1]` keeps the fastest)."""
+
+    def choose_full_length(self) -> None:
+        """The full length from the batch-size-1 passes (shortest_within_noise)."""
+        self.full_length = shortest_within_noise(self.one_client)[0]
 
     def best(self, batch: int) -> int:
         """The fastest length measured at `batch` (the schedule may keep another: see the module docstring)."""
@@ -47,9 +54,9 @@ class ScheduleTuning:
 
     @property
     def measured_full_length(self) -> bool:
-        """Whether the full length itself was measured, at batch size 1 (served, the BLS's K): then it is the
-        fastest there, and a choice of its own."""
-        return 1 in self.tokens_per_second
+        """Whether the full length itself was measured, at batch size 1 (served, the BLS's K): then it is a choice
+        of its own (shortest_within_noise)."""
+        return bool(self.one_client)
 
     @property
     def schedule(self) -> dict[int, int]:
@@ -75,6 +82,21 @@ class ScheduleTuning:
         choices = [c for c in product(*(sorted(s) for s in share))
                    if all(a >= b for a, b in pairwise((self.full_length, *c)))]
         return list(max(choices, key=lambda c: (sum(s[k] for s, k in zip(share, c, strict=True)), c), default=()))
+
+
+def shortest_within_noise(passes: Mapping[int, Sequence[float]]) -> tuple[int, float]:
+    """(the shortest length whose fastest pass lies within the noise of the fastest length's, that noise). The
+    noise is measured in the same run: the median over lengths of (fastest pass - slowest pass) / fastest pass.
+    A longer length has to win by more than that, because it costs where tokens/s at one client does not show it:
+    in the 1.2 flow the first response waits for the whole first round (K + 1 tokens), and under load each round
+    does more work. Neighbouring lengths often lie within a few percent of each other, inside one pass's noise on a
+    shared machine, so the fastest alone would be chosen by that noise."""
+    best = {length: max(rates) for length, rates in passes.items() if rates}
+    if not best:
+        raise ValueError("no passes to choose a length from")
+    noise = statistics.median((max(rates) - min(rates)) / max(rates) for rates in passes.values() if max(rates) > 0)
+    top = max(best.values())
+    return min(length for length, rate in best.items() if rate >= top * (1 - noise)), noise
 
 
 def _over_fastest(rates: dict[int, float]) -> dict[int, float]:

@@ -9,8 +9,8 @@ repository is served by tritonserver once per candidate length, that length fixe
 `specbuild bench`'s closed-loop load at each batch size: `batch` streaming clients sending the calibration prompts.
 Every TensorRT-LLM line drafts the full length at batch size 1, so there only K itself is measured, and only for
 the BLS's draft-target (`bls_draft_limit`): every K up to the target engine's max_draft_len, one streaming client
-asking it with NVIDIA's `num_draft_tokens` input, and the fastest becomes the spec's K (bench/results/
-tune-draft-target.txt shows the served optimum above the in-process one, whose rounds pay no Triton call).
+asking it with NVIDIA's `num_draft_tokens` input; the spec's K is the shortest one within this run's noise of
+the fastest (`specbuild.tune.schedule.shortest_within_noise`).
 
 Measured on this machine, with the reference backend tritonserver runs here; on another machine or backend the
 balance differs, so tune where the deployment will serve.
@@ -71,7 +71,8 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
     """Output tokens/s of the deployment at each batch size in `sizes` (1 left out) and each length (0, the full
     one and `lengths(full)`), the fastest of `repeats` passes; one server per length and pass. Where the BLS drafts
     (bls_draft_limit), first every K up to max_draft_len at batch size 1 (one client sending NVIDIA's
-    `num_draft_tokens` input), and the fastest is the full length the loaded sizes are measured with."""
+    `num_draft_tokens` input), and the shortest K within the passes' noise of the fastest is the full length the
+    loaded sizes are measured with."""
     from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, run_load
     from specbuild.runtime.schedule import DRAFT_LEN_ENV, SCHEDULE_ENV, fixed_length
     from specbuild.serve.server import TritonServer
@@ -98,13 +99,15 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
                 rate = run_load(server.grpc_url, load, counter=counter).output_tokens_per_s
                 cell = tuning.tokens_per_second.setdefault(size, {})
                 cell[key] = max(cell.get(key, 0.0), rate)
+                if size == 1:
+                    tuning.one_client.setdefault(key, []).append(rate)
                 tick()
         _check_read(server.log_text(), log, repository, DRAFT_LEN_ENV if limit else None)  # stopped: all written
 
     if limit:  # a pass of one client is short, and neighbouring Ks lie close: more passes, interleaved
         for _ in range(repeats):
             measure("batch1", 0, [(1, k) for _ in range(ONE_CLIENT_PASSES) for k in range(1, limit + 1)], lambda k: k)
-        tuning.full_length = tuning.best(1)
+        tuning.choose_full_length()
     full = tuning.full_length
     for _ in range(repeats):
         for length in sorted({0, full, *lengths(full)}):
