@@ -37,9 +37,8 @@ def deployed_repository(spec: PipelineSpec) -> Path:
 
 
 ONE_CLIENT_PASSES = 3
-"""Passes of every K at batch size 1 on each of the `repeats` servers (the fastest kept, as for every cell): one
-client's pass takes a few seconds, and the Ks' rates lie within a few percent of each other, within one pass's noise
-on a shared machine."""
+"""Passes of every K at batch size 1 on each of the `repeats` servers, interleaved: one client's pass takes a few
+seconds, and K is chosen within the spread of those passes (shortest_within_noise), which needs several of them."""
 
 
 def bls_draft_limit(repository: Path) -> int | None:
