@@ -19,9 +19,9 @@ in the same run: plain at concurrency 8 >= 3x its own tokens/s at concurrency 1 
 (BLS), Medusa, and EAGLE-3 and Draft_Target through the llmapi repository (configs/demo-eagle3.yaml,
 configs/demo-pytorch.yaml) >= 1.3x plain at concurrency 1 (where the BLS or Medusa misses, by a measured account
 instead, on the same commit and machine, so run those scripts first: bench/round_cost_bench.py's, its rounds stay
-below 1.3x plain in-process at every K the engine verifies while one engine with the same models and K reaches it; bench/medusa_cost_bench.py's,
-Medusa stays below 1.3x plain in-process while its steps with the tree's forward at a one-token forward's cost
-reach it); and every speculative
+below 1.3x plain in-process at every K the engine verifies while one engine with the same models and K reaches
+it; bench/medusa_cost_bench.py's, Medusa stays below 1.3x plain in-process while its steps with the tree's forward
+at a one-token forward's cost reach it); and every speculative
 deployment, at every higher concurrency, >= 1.0x its baseline's tokens/s **and** TTFT p50 <= 1.5x its baseline's
 (speculation never makes a loaded server slower, and never trades streaming away: an answer sent whole at the end
 has TTFT = latency). The other deployments' concurrency-1 ratios are reported, not judged, and so are

@@ -115,8 +115,9 @@ def test_the_bls_k_is_measured_served_at_batch_one_and_written_with_the_schedule
     call, whose cost a longer K spreads over more tokens, so `tune --served` measures every K up to the engine's
     max_draft_len at batch size 1 (one client asking it with NVIDIA's num_draft_tokens input, on a server whose
     BLS takes the full length from the override and says so) and makes the shortest K within the run's noise of
-    the fastest the spec's K; the loaded sizes are measured with that K, plain and half of it. Written, the spec holds both and keeps the engine's
-    max_draft_len where the K is smaller, so the repository's engines still fit it."""
+    the fastest the spec's K; the loaded sizes are measured with that K, plain and half of it. Written, the spec
+    holds both and keeps the engine's max_draft_len where the K is smaller, so the repository's engines still fit
+    it."""
     spec = deployed.specs["draft_target"]
     written = tmp_path / "tuned.yaml"
     options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=8, output=written)
