@@ -192,6 +192,11 @@ class RequestTiming:
     text: str = ""
     tokens: list[int] = field(default_factory=list)  # in-process: the row's generated tokens
 
+    @property
+    def rounds_s(self) -> float:
+        """The request's rounds: the BLS's time for it less preprocessing's."""
+        return self.serve_s - self.preprocessing_s
+
     @classmethod
     def from_bls(cls, record: Mapping[str, float], total_s: float, *, draft: str = "tensorrt_llm_draft",
                  target: str = "tensorrt_llm", preprocessing: str = "preprocessing", text: str = "",
@@ -753,7 +758,7 @@ def flow_by_k(sweep: Mapping[int, Sequence[RequestTiming]], plain: Sequence[Engi
     """The 1.2 flow's rounds at each K over plain decoding of the same requests, in-process (the sweep's own plain
     passes, interleaved with it)."""
     plain_s = sum(t.total_s for t in plain)
-    return {k: plain_s / sum(t.serve_s - t.preprocessing_s for t in timings) for k, timings in sorted(sweep.items())}
+    return {k: plain_s / sum(t.rounds_s for t in timings) for k, timings in sorted(sweep.items())}
 
 
 def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineTiming]], in_process: Mapping[str, Any],
@@ -769,7 +774,7 @@ def account(bls: Sequence[RequestTiming], engines: Mapping[str, Sequence[EngineT
     plain, one = engines["plain"], engines["one engine"]
     tokens = sum(len(t.tokens) for t in plain)
     seconds = {"plain": sum(t.total_s for t in plain), "one engine": sum(t.total_s for t in one),
-               "flow": sum(t.serve_s - t.preprocessing_s for t in bls)}
+               "flow": sum(t.rounds_s for t in bls)}
     same = sum(a.tokens == b.tokens == c.tokens for a, b, c in zip(plain, one, bls, strict=True))
     x = {name: seconds["plain"] / s for name, s in seconds.items()}
     plain_token_ms = 1e3 * seconds["plain"] / tokens
@@ -859,7 +864,7 @@ def engine_run(model: Any, info: Any, prompts: Sequence[list[int]], batch: int, 
 def fastest(passes: Sequence[Sequence[RequestTiming]]) -> list[RequestTiming]:
     """Per request (position in a pass) its fastest pass by round time (the BLS's request less preprocessing):
     damps bursts of other work on a shared machine, as runtime_bench keeps each call's fastest round."""
-    return [min(column, key=lambda t: t.serve_s - t.preprocessing_s) for column in zip(*passes, strict=True)]
+    return [min(column, key=lambda t: t.rounds_s) for column in zip(*passes, strict=True)]
 
 
 def assemble(settings: Mapping[str, Any], served_passes: Sequence[list[RequestTiming]], delta: Mapping[str, ModelStats],

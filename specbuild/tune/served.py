@@ -66,12 +66,12 @@ def served_choices(repository: Path) -> set[str]:
 
 def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Sequence[int],
                             lengths: Callable[[int], Sequence[int]], full_length: int, new_tokens: int, repeats: int,
-                            tick: Callable[[], None], log_dir: Path | None = None) -> ScheduleTuning:
+                            tick: Callable[[], None], limit: int | None, log_dir: Path | None = None) -> ScheduleTuning:
     """Output tokens/s of the deployment at each batch size in `sizes` (1 left out) and each length (0, the full
     one and `lengths(full)`), the fastest of `repeats` passes; one server per length and pass. Where the BLS drafts
-    (bls_draft_limit), first every K up to max_draft_len at batch size 1 (one client sending NVIDIA's
-    `num_draft_tokens` input), and the shortest K within the passes' noise of the fastest is the full length the
-    loaded sizes are measured with."""
+    (`limit`: bls_draft_limit of the deployed repository), first every K up to that max_draft_len at batch size 1
+    (one client sending NVIDIA's `num_draft_tokens` input), and the shortest K within the passes' noise of the
+    fastest is the full length the loaded sizes are measured with."""
     from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, run_load
     from specbuild.runtime.schedule import DRAFT_LEN_ENV, SCHEDULE_ENV, fixed_length
     from specbuild.serve.server import TritonServer
@@ -81,7 +81,6 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
     tuning = ScheduleTuning(full_length, served=True)
     most = max(sizes)
     log_dir = log_dir or repository.parent / "tune-served"
-    limit = bls_draft_limit(repository)
 
     def measure(name: str, length: int, cells: Sequence[tuple[int, int]], k: Callable[[int], int | None]) -> None:
         """One server whose models run `length` from batch size 2 on; (batch size, key) cells measured on it,

@@ -737,11 +737,12 @@ def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
     schedule only turns its windows on or off, against its full length alone."""
     sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
     lookahead = spec.speculative.mode == "lookahead"
-    limit = bls_draft_limit(deployed_repository(spec)) or 0
-    cells = options.repeats * (limit * ONE_CLIENT_PASSES + (2 if lookahead else 3) * len(sizes))
+    limit = bls_draft_limit(deployed_repository(spec))
+    cells = options.repeats * ((limit or 0) * ONE_CLIENT_PASSES + (2 if lookahead else 3) * len(sizes))
     label = f"served {'K at batch 1, then the ' if limit else ''}schedule at batch {', '.join(map(str, sizes))}"
     return measure_served_schedule(spec, texts, sizes, (lambda full: []) if lookahead else halfway,
-                                   spec.full_draft_len, options.new_tokens, options.repeats, phase(label, cells))
+                                   spec.full_draft_len, options.new_tokens, options.repeats, phase(label, cells),
+                                   limit)
 
 
 def _tree_name(spec: PipelineSpec) -> str:
