@@ -9,9 +9,10 @@ EAGLE-3 and Draft_Target (configs/demo-eagle3.yaml, configs/demo-pytorch.yaml: t
 on the reference backend) — serves them all at once with the tritonserver bundled in nvidia-pytriton (or the one on
 PATH), and drives each entry model over gRPC streaming with `specbuild bench`'s load generator (the llmapi model
 through its own input names). Rounds interleave the deployments (so a busy neighbour on a shared machine slows all
-of them alike) and the median round by tokens/s is kept; a run sends every prompt once and at least 4 requests per
-client (specbuild.bench.load.STEADY_PER_CLIENT), so the burst at its start and the tail at its end are not most of
-it. Output tokens are counted with the deployment's own tokenizer (re-encoding each answer), the same for every
+of them alike), each round in another order (specbuild.bench.load.rotations: no deployment always runs first), and
+the median round by tokens/s is kept; a run sends every prompt once and at least 4 requests per client
+(specbuild.bench.load.STEADY_PER_CLIENT), so the burst at its start and the tail at its end are not most of it.
+Output tokens are counted with the deployment's own tokenizer (re-encoding each answer), the same for every
 deployment.
 
 Every deployment is measured at every --concurrency (default 1, 8, 16). Targets, each a ratio measured side by side
@@ -64,6 +65,7 @@ from specbuild.bench.load import (  # noqa: E402
     Summary,
     TokenCounter,
     median_round,
+    rotations,
     run_load,
 )
 from specbuild.bench.report import plot, speedup, table  # noqa: E402
@@ -246,8 +248,8 @@ def main() -> int:
                         requests=args.requests, per_client=STEADY_PER_CLIENT)
             measured = names
             rounds: dict[str, list[Summary]] = {name: [] for name in measured}
-            for index in range(args.rounds):
-                for name in measured:
+            for index, order in enumerate(rotations(measured, args.rounds)):
+                for name in order:
                     with console.status(f"round {index + 1}/{args.rounds}: {name}, concurrency {concurrency}…"):
                         try:
                             rounds[name].append(run_load(servers[name].grpc_url, load, counter=counter))
@@ -463,7 +465,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['what']}. Tokens counted by {report['load']['tokens_counted_by']}; "
         f"{report['load']['max_tokens']} new tokens per request over {len(report['load']['prompts'])} prompts, "
         f"{_requests(report['load'])} a run; "
-        f"median of {report['load']['rounds']} interleaved rounds. ITL = (latency − TTFT) / (tokens − 1). "
+        f"median of {report['load']['rounds']} interleaved rounds, each in another order (the first starting at the "
+        "first deployment listed, each next one further down the list). ITL = (latency − TTFT) / (tokens − 1). "
         "Acceptance = total_accepted_draft_tokens / total_draft_tokens from the model outputs (– : none reported).",
         "",
         "| deployment | entry model | concurrency | output tok/s | × baseline | TTFT p50 ms | TTFT p99 ms "

@@ -72,7 +72,7 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
     (`limit`: bls_draft_limit of the deployed repository), first every K up to that max_draft_len at batch size 1
     (one client sending NVIDIA's `num_draft_tokens` input), and the shortest K within the passes' noise of the
     fastest is the full length the loaded sizes are measured with."""
-    from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, run_load
+    from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, rotations, run_load
     from specbuild.runtime.schedule import DRAFT_LEN_ENV, SCHEDULE_ENV, fixed_length
     from specbuild.serve.server import TritonServer
 
@@ -103,8 +103,10 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
         _check_read(server.log_text(), log, repository, DRAFT_LEN_ENV if limit else None)  # stopped: all written
 
     if limit:  # a pass of one client is short, and neighbouring Ks lie close: more passes, interleaved
-        for _ in range(repeats):
-            measure("batch1", 0, [(1, k) for _ in range(ONE_CLIENT_PASSES) for k in range(1, limit + 1)], lambda k: k)
+        orders = rotations(range(1, limit + 1), repeats * ONE_CLIENT_PASSES)  # no K always first in its pass
+        for server in range(repeats):
+            passes = orders[server * ONE_CLIENT_PASSES : (server + 1) * ONE_CLIENT_PASSES]
+            measure("batch1", 0, [(1, k) for order in passes for k in order], lambda k: k)
         tuning.choose_full_length()
     full = tuning.full_length
     for _ in range(repeats):
