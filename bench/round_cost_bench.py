@@ -9,7 +9,9 @@ what one serving-engine step costs at 1, 8 and 16 active sequences.
    `tensorrt_llm` models (like the C++ backend) return from execute() once the request is queued and answer from
    the engine's thread. So the script serves a copy of the repository (bench/work/round-cost/) whose
    `tensorrt_llm_bls/1/model.py` is the deployed file unchanged (loaded as `served_model.py`) with timers around
-   its calls, its detokenisation and its responses; the BLS's own work is its request's time minus those.
+   its calls, its detokenisation and its responses; the BLS's own work is its request's time minus those. Of what
+   serving adds to a call, Triton's own share is measured apart (bench/triton_floor.py): the warm-up's recorded
+   calls replayed to models with the deployed configs that answer at once; the rest is the served model's.
 2. The same round in-process, without Triton: the same loop (`bls_loop.speculate`) with the same call tensors
    (`bls_calls.RowCalls`) handed to the same backend (`llm_backend.Backend`) over the same engines
    (`runtime.serving.ServingEngine`), and the loop replayed once more with the recorded answers in place of the
@@ -56,6 +58,7 @@ from machine_info import machine_info, uncommitted
 from results_files import write_results
 from serving_bench import SPEEDUP_MIN, existing, prepare
 from targets import Target, finish
+from triton_floor import Call, measure_floor
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -475,21 +478,30 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"drafts per round {served['accepted_per_round']:.2f}.",
         "",
         "| called model | served call, ms (as the BLS waits) | Triton's statistics per execution: queue / execute ms "
-        "| in-process call, ms | engine forwards per call | Triton round trip, ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| in-process call, ms | engine forwards per call | served less in-process, ms | Triton's floor, ms "
+        "| beyond the floor, ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    floor = report.get("triton_floor_ms", {})
     for model in LLM_MODELS:
         a, b = served["per_call_ms"][model], local["per_call_ms"][model]
         t = report["triton_per_execution_ms"].get(model, {})
+        extra = None if a is None or b is None else a - b
+        least = floor.get(model)
         lines.append(f"| {model} | {_ms(a)} | {_ms(t.get('queue'), 3)} / {_ms(t.get('execute'), 3)} | {_ms(b)} | "
-                     f"{_ms(local['forwards_per_call'][model])} | "
-                     f"{_ms(None if a is None or b is None else a - b)} |")
+                     f"{_ms(local['forwards_per_call'][model])} | {_ms(extra)} | {_ms(least)} | "
+                     f"{_ms(None if extra is None or least is None else extra - least)} |")
     lines += [
         "",
         "Triton's statistics account to `tensorrt_llm` / `tensorrt_llm_draft` only their execute(), which queues "
         "the request and returns (the engine's thread answers through the response sender, as the C++ backend "
-        "does), so the model-side time of a call is the in-process call's; the Triton round trip is the served "
-        "call less that.",
+        "does), so the model-side time of a call is the in-process call's, and the served call less that is what "
+        "serving adds. Triton's floor is Triton's own share of it (bench/triton_floor.py): the warm-up's calls, "
+        "the very tensors the BLS sent, replayed from a python model with the BLS's exec() to models with the "
+        "deployed config.pbtxt that answer at once from a worker thread (the fastest of its passes, each call's mean). "
+        "Beyond the floor is what the served reference model adds on top of its in-process call: its stub reading "
+        "the request and writing the response, the engine thread's wake-up, and sharing this machine's cores with "
+        "the other processes of the server.",
         "",
         "| per request | served, ms | in-process, ms |",
         "|---|---:|---:|",
@@ -595,6 +607,7 @@ class LocalBls:
         self.skip_special_tokens = pre.nvidia_flag(post.get("skip_special_tokens"))
         self.add_special_tokens = pre.nvidia_flag(prep.get("add_special_tokens"))
         self.pre_tokenizer = load_tokenizer(repository / "preprocessing" / prep.get("tokenizer_dir", "tokenizer"))
+        self.recorded: list[Call] | None = None  # a list: every call the requests make is kept (triton_floor)
 
     def k(self) -> int:
         """This round's K at one request in flight (the BLS's draft_len)."""
@@ -664,6 +677,8 @@ class LocalBls:
                 begin = time.perf_counter()
                 answer, forwards = self.draft.call(inputs, calls.draft_outputs)
                 timing.draft_s += time.perf_counter() - begin
+                if self.recorded is not None:
+                    self.recorded.append(Call(LLM_MODELS[0], inputs, calls.draft_outputs, answer))
                 timing.draft_calls += 1
                 timing.draft_forwards += forwards
                 answers["draft"].append(answer)
@@ -676,6 +691,8 @@ class LocalBls:
                 begin = time.perf_counter()
                 answer, forwards = self.target.call(inputs, calls.target_outputs)
                 timing.target_s += time.perf_counter() - begin
+                if self.recorded is not None:
+                    self.recorded.append(Call(LLM_MODELS[1], inputs, calls.target_outputs, answer))
                 timing.target_calls += 1
                 timing.target_forwards += forwards
                 answers["target"].append(answer)
@@ -871,10 +888,12 @@ def assemble(settings: Mapping[str, Any], served_passes: Sequence[list[RequestTi
              local_passes: Sequence[list[RequestTiming]], engine_passes: Mapping[str, Sequence[list[EngineTiming]]],
              runs: Mapping[int, Sequence[StepRun]], machine: Mapping[str, Any],
              sweep: Mapping[int, Sequence[list[RequestTiming]]] | None = None,
-             sweep_plain: Sequence[list[EngineTiming]] | None = None) -> dict[str, Any]:
+             sweep_plain: Sequence[list[EngineTiming]] | None = None,
+             floor: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The report (without its targets): each side's requests, each at its fastest pass, split into the parts;
-    Triton's statistics over all measured passes (`delta`), checked against every served request; the account
-    (the same requests decoded plainly and by one engine, in-process); the engine's table."""
+    Triton's statistics over all measured passes (`delta`), checked against every served request; Triton's floor
+    per call (triton_floor.measure_floor); the account (the same requests decoded plainly and by one engine,
+    in-process); the engine's table."""
     served_timings, local_timings = fastest(served_passes), fastest(local_passes)
     served, in_process = split(served_timings), split(local_timings)
     engine_timings = {name: _fastest_engine(passes) for name, passes in engine_passes.items()}
@@ -893,6 +912,7 @@ def assemble(settings: Mapping[str, Any], served_passes: Sequence[list[RequestTi
         "in_process": in_process,
         "served_over_in_process": served["round_ms"] / in_process["round_ms"],
         "triton_per_execution_ms": {name: stats.per_execution_ms() for name, stats in delta.items()},
+        "triton_floor_ms": dict(floor or {}),
         "triton_statistics": {name: asdict(stats) for name, stats in delta.items()},
         "triton_counts": counts_agree(delta, [t for p in served_passes for t in p]),
         "same_rounds": same_rounds(served_timings, local_timings),
@@ -960,11 +980,13 @@ def main(argv: list[str] | None = None) -> int:
         stats_client = grpcclient.InferenceServerClient(server.grpc_url)
         fields = [client.request_fields(p, args.max_tokens, True, None) for p in prompts]
         rows = [local.row(f) for f in fields]
+        local.recorded = []
         for f, row in zip(fields, rows, strict=True):  # warm-up, every side
             client.generate(f["text_input"], args.max_tokens, stream=True)
             local.request(f)
             for name in LocalEngines.NAMES:
                 engines.request(name, *row)
+        recorded, local.recorded = local.recorded, None
         _record(log, len(fields) - 1)
         log.unlink()
         before = parse_statistics(stats_client.get_inference_statistics(as_json=True))
@@ -982,6 +1004,8 @@ def main(argv: list[str] | None = None) -> int:
                     passes[-1].append(engines.request(name, *row))
         delta = stats_delta(before, parse_statistics(stats_client.get_inference_statistics(as_json=True)))
         stats_client.close()
+    print("Triton's floor: the warm-up's calls replayed to models that answer at once", flush=True)
+    floor = measure_floor(copy, recorded, {m: _decoupled(copy / m) for m in LLM_MODELS}, WORK)
     ks = list(range(1, local.max_draft_len + 1))
     sweep: dict[int, list[list[RequestTiming]]] = {k: [] for k in ks}
     sweep_plain: list[list[EngineTiming]] = []
@@ -1019,7 +1043,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           "specbuild/runtime")
     machine = machine_info(["nvidia-pytriton", "tritonclient", "transformers"], torch_threads=threads,
                            loadavg_start=load_start)
-    report = assemble(settings, served_passes, delta, local_passes, engine_passes, runs, machine, sweep, sweep_plain)
+    report = assemble(settings, served_passes, delta, local_passes, engine_passes, runs, machine, sweep, sweep_plain,
+                      floor)
     targets = judged(report)
     report["targets"] = [{"target": t.name, "met": t.met, "measured": t.measured} for t in targets]
     report["bench_runtime_s"] = round(time.perf_counter() - bench_start, 1)
@@ -1029,6 +1054,12 @@ def main(argv: list[str] | None = None) -> int:
     for t in targets:
         print(f"{'REPORTED' if t.met is None else 'PASS' if t.met else 'FAIL'}: {t.name} ({t.measured})", flush=True)
     return finish("round_cost_bench", targets)
+
+
+def _decoupled(model_dir: Path) -> bool:
+    from specbuild.deploy.pbtxt import read_config
+
+    return bool(read_config(model_dir / "config.pbtxt").model_transaction_policy.decoupled)
 
 
 def _param(model_dir: Path, key: str) -> str:
