@@ -47,8 +47,9 @@ one of each client's two requests is in the burst and the other in the tail, so 
 def rotations(items: Sequence[T], passes: int) -> list[list[T]]:
     """`passes` orders of `items` for interleaved runs, pass i starting `len(items) * i // passes` items on, so that
     no item always runs first or last. On the 2-core machine where this was written, the first of eleven servers in
-    each serving-bench round was slower than the last one with the same repository in 8 of 9 rounds (1.03-1.12x at
-    1/8/16 clients): a fixed order turns such a position effect into a difference between deployments."""
+    each serving-bench round was slower than the last one with the same repository in 7 of 9 rounds (medians
+    1.03-1.12x apart at 1/8/16 clients): a fixed order turns such a position effect into a difference between
+    deployments."""
     ordered = list(items)
     if not ordered:
         return [[] for _ in range(passes)]
