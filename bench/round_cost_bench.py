@@ -1005,7 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
         delta = stats_delta(before, parse_statistics(stats_client.get_inference_statistics(as_json=True)))
         stats_client.close()
     print("Triton's floor: the warm-up's calls replayed to models that answer at once", flush=True)
-    floor = measure_floor(copy, recorded, {m: _decoupled(copy / m) for m in LLM_MODELS}, WORK)
+    decoupled = {m: bool(_config(copy / m).model_transaction_policy.decoupled) for m in LLM_MODELS}
+    floor = measure_floor(copy, recorded, decoupled, WORK)
     ks = list(range(1, local.max_draft_len + 1))
     sweep: dict[int, list[list[RequestTiming]]] = {k: [] for k in ks}
     sweep_plain: list[list[EngineTiming]] = []
@@ -1023,7 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
     from specbuild.runtime.model import CausalLM
     from specbuild.tokenizer import load_tokenizer
 
-    engine_dir = Path(_param(copy / "tensorrt_llm", "gpt_model_path"))
+    engine_dir = Path(_config(copy / "tensorrt_llm").parameters["gpt_model_path"].string_value)
     info = read_engine_info(engine_dir)
     model = CausalLM.from_checkpoint(reference_checkpoint(engine_dir), dtype=torch_dtype(info.dtype))
     tokenizer = load_tokenizer(copy / "preprocessing" / "tokenizer")
@@ -1056,16 +1057,11 @@ def main(argv: list[str] | None = None) -> int:
     return finish("round_cost_bench", targets)
 
 
-def _decoupled(model_dir: Path) -> bool:
+def _config(model_dir: Path) -> Any:
+    """The model's config.pbtxt as Triton reads it (ModelConfig)."""
     from specbuild.deploy.pbtxt import read_config
 
-    return bool(read_config(model_dir / "config.pbtxt").model_transaction_policy.decoupled)
-
-
-def _param(model_dir: Path, key: str) -> str:
-    from specbuild.deploy.pbtxt import read_config
-
-    return read_config(model_dir / "config.pbtxt").parameters[key].string_value
+    return read_config(model_dir / "config.pbtxt")
 
 
 if __name__ == "__main__":
