@@ -540,3 +540,5 @@ def test_the_full_length_is_the_shortest_within_the_runs_own_noise_of_the_fastes
     assert shortest_within_noise({1: [100.0, 99.0], 2: [200.0, 198.0]}) == (2, pytest.approx(0.01))  # a clear win
     with pytest.raises(ValueError, match="no passes"):
         shortest_within_noise({})
+    with pytest.raises(ValueError, match="no passes"):  # a K with no pass, or none that made a token
+        shortest_within_noise({1: [], 2: [0.0]})

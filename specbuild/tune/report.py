@@ -19,7 +19,6 @@ from typing import Any
 
 from specbuild.atomic import stage_text
 from specbuild.spec import PipelineSpec
-from specbuild.tune.schedule import shortest_within_noise
 from specbuild.tune.stage import SETTING_FIELDS, DraftLengthTuning, TreeTuning, TuneReport
 from specbuild.tune.tree import nodes_per_depth
 
@@ -126,7 +125,7 @@ def _run(report: TuneReport) -> dict[str, Any]:
         if s.one_client:  # the BLS's K, served at batch size 1: every pass, and the noise K was chosen within
             record["schedule"]["one_client_passes"] = {str(k): [_r(r, 1) for r in rates]
                                                        for k, rates in sorted(s.one_client.items())}
-            record["schedule"]["one_client_noise"] = _r(shortest_within_noise(s.one_client)[1])
+            record["schedule"]["one_client_noise"] = _r(s.one_client_noise)
     return record
 
 

@@ -47,6 +47,11 @@ class ScheduleTuning:
         """The full length from the batch-size-1 passes (shortest_within_noise)."""
         self.full_length = shortest_within_noise(self.one_client)[0]
 
+    @property
+    def one_client_noise(self) -> float | None:
+        """The noise the full length was chosen within (None: it was not measured, see measured_full_length)."""
+        return shortest_within_noise(self.one_client)[1] if self.one_client else None
+
     def best(self, batch: int) -> int:
         """The fastest length measured at `batch` (the schedule may keep another: see the module docstring)."""
         rates = self.tokens_per_second[batch]
@@ -91,10 +96,10 @@ def shortest_within_noise(passes: Mapping[int, Sequence[float]]) -> tuple[int, f
     in the 1.2 flow the first response waits for the whole first round (K + 1 tokens), and under load each round
     does more work. Neighbouring lengths often lie within a few percent of each other, inside one pass's noise on a
     shared machine, so the fastest alone would be chosen by that noise."""
-    best = {length: max(rates) for length, rates in passes.items() if rates}
+    best = {length: max(rates) for length, rates in passes.items() if rates and max(rates) > 0}
     if not best:
         raise ValueError("no passes to choose a length from")
-    noise = statistics.median((max(rates) - min(rates)) / max(rates) for rates in passes.values() if max(rates) > 0)
+    noise = statistics.median((best[length] - min(passes[length])) / best[length] for length in best)
     top = max(best.values())
     return min(length for length, rate in best.items() if rate >= top * (1 - noise)), noise
 

@@ -67,7 +67,7 @@ from specbuild.tune.measure import (
     one_engine,
     sweep_draft_lengths,
 )
-from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halfway, shortest_within_noise, tune_schedule
+from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halfway, tune_schedule
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
 from specbuild.tune.served import (
     ONE_CLIENT_PASSES,
@@ -801,11 +801,10 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
     where = ("served: output tokens/s of the deployment behind tritonserver, that many streaming clients"
              if t.served else "in-process: the serving engine's tokens/s with that many sequences")
     full = "the full length at batch 1 (TensorRT-LLM's rule)"
-    if t.measured_full_length:
-        noise = shortest_within_noise(t.one_client)[1]
+    if t.one_client_noise is not None:
         full = (f"the full length {t.full_length} at batch 1 (TensorRT-LLM's rule): of the Ks one client asked with "
-                f"num_draft_tokens, the shortest within this run's noise ({noise:.1%}: the median spread of each K's "
-                f"passes) of the fastest, K {t.best(1)}")
+                f"num_draft_tokens, the shortest within this run's noise ({t.one_client_noise:.1%}: the median spread "
+                f"of each K's passes) of the fastest, K {t.best(1)}")
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
                  table,
                  Text(f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to "
