@@ -5,28 +5,23 @@ script that crashed before judging as a failure, never as a pass. Judged on the 
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_scripts import BENCH, bench_module
+
 RESULTS = BENCH / "results"
 
 
 @pytest.fixture(scope="module")
 def bench() -> dict[str, ModuleType]:
     """bench/*.py imported as the scripts import each other (bench/ first on sys.path)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return {name: importlib.import_module(name) for name in
-                ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench", "round_cost_bench",
-                 "medusa_cost_bench")}
-    finally:
-        sys.path.remove(str(BENCH))
+    return {name: bench_module(name) for name in
+            ("targets", "run_all", "convert_bench", "runtime_bench", "serving_bench", "round_cost_bench",
+             "medusa_cost_bench")}
 
 
 def test_a_missed_target_exits_1_and_is_named(bench: dict[str, ModuleType]) -> None:

@@ -3,23 +3,16 @@ of the deployed Medusa repository's model as its Triton adapter builds it, in-pr
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_scripts import bench_module
 
 
 @pytest.fixture(scope="module")
 def mc() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("medusa_cost_bench")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("medusa_cost_bench")
 
 
 def runs(mc: ModuleType, *, plain_s: float, medusa_s: float, medusa_forward_s: float,

@@ -14,17 +14,13 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_scripts import bench_module
 
 
 @pytest.fixture(scope="module")
 def rc() -> ModuleType:
     """The script imported as the bench scripts import each other (bench/ first on sys.path)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("round_cost_bench")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("round_cost_bench")
 
 
 def served(rc: ModuleType, **changes: Any) -> Any:

@@ -3,15 +3,13 @@ their config.pbtxt and answer at once, each call answered with the outputs the r
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_scripts import bench_module
 
 LLM_CONFIG = """name: "{name}"
 backend: "python"
@@ -29,11 +27,7 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 @pytest.fixture(scope="module")
 def floor() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("triton_floor")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("triton_floor")
 
 
 def llm_call(floor: ModuleType, model: str, length: int) -> object:

@@ -10,9 +10,7 @@ weights or another CPU tune other values, and then the spec must follow the new 
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +18,7 @@ import pytest
 
 from specbuild.spec import load_spec
 from specbuild.tune.report import read_report, spec_differences
+from tests.bench_scripts import bench_module
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -28,11 +27,7 @@ RESULTS = REPO / "bench" / "results"
 @pytest.fixture(scope="module")
 def run_all() -> ModuleType:
     """bench/run_all.py imported as `make bench` runs it (bench/ first on sys.path)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        return importlib.import_module("run_all")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    return bench_module("run_all")
 
 
 @pytest.mark.parametrize(("spec", "report", "settings"), [
