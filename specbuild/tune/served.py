@@ -9,8 +9,8 @@ repository is served by tritonserver once per candidate length, that length fixe
 `specbuild bench`'s closed-loop load at each batch size: `batch` streaming clients sending the calibration prompts.
 Every TensorRT-LLM line drafts the full length at batch size 1, so there only K itself is measured, and only for
 the BLS's draft-target (`bls_draft_limit`): every K up to the target engine's max_draft_len, one streaming client
-asking it with NVIDIA's `num_draft_tokens` input; the spec's K is the shortest one within this run's noise of
-the fastest (`specbuild.tune.schedule.shortest_within_noise`).
+asking it with NVIDIA's `num_draft_tokens` input; the spec's K is the shortest one whose median pass lies within
+this run's noise of the best K's (`specbuild.tune.schedule.shortest_within_noise`).
 
 Measured on this machine, with the reference backend tritonserver runs here; on another machine or backend the
 balance differs, so tune where the deployment will serve.
@@ -70,8 +70,8 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
     """Output tokens/s of the deployment at each batch size in `sizes` (1 left out) and each length (0, the full
     one and `lengths(full)`), the fastest of `repeats` passes; one server per length and pass. Where the BLS drafts
     (`limit`: bls_draft_limit of the deployed repository), first every K up to that max_draft_len at batch size 1
-    (one client sending NVIDIA's `num_draft_tokens` input), and the shortest K within the passes' noise of the
-    fastest is the full length the loaded sizes are measured with."""
+    (one client sending NVIDIA's `num_draft_tokens` input), and the shortest K whose median pass lies within the passes'
+    noise of the best K's is the full length the loaded sizes are measured with."""
     from specbuild.bench.load import STEADY_PER_CLIENT, Load, TokenCounter, rotations, run_load
     from specbuild.runtime.schedule import DRAFT_LEN_ENV, SCHEDULE_ENV, fixed_length
     from specbuild.serve.server import TritonServer

@@ -803,8 +803,9 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
     full = "the full length at batch 1 (TensorRT-LLM's rule)"
     if t.one_client_noise is not None:
         full = (f"the full length {t.full_length} at batch 1 (TensorRT-LLM's rule): of the Ks one client asked with "
-                f"num_draft_tokens, the shortest within this run's noise ({t.one_client_noise:.1%}: the median spread "
-                f"of each K's passes) of the fastest, K {t.best(1)}")
+                f"num_draft_tokens, the shortest whose median pass lies within this run's noise "
+                f"({t.one_client_noise:.1%}: the median spread of each K's passes) of the best median, K "
+                f"{t.one_client_best}")
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
                  table,
                  Text(f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to "
