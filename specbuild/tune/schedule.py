@@ -104,9 +104,10 @@ def shortest_within_noise(passes: Mapping[int, Sequence[float]]) -> tuple[int, f
     not show it: in the 1.2 flow the first response waits for the whole first round (K + 1 tokens), and under load
     each round does more work. Neighbouring lengths often lie within a few percent of each other, inside one pass's
     noise on a shared machine, so the fastest alone would be chosen by that noise. Each length is judged by its
-    median pass, not its fastest: the fastest of six passes is one pass, and one quick pass of K 2 (181 tok/s
-    against its other five's 152-171) made K 2 the choice of a re-run whose K 3 was faster in every other way
-    (stop 38's closing note); the median is not moved by one pass either way. Passes without a token are left out."""
+    median pass, not its fastest: the fastest of six passes is one pass, and in one measured re-run a single quick
+    pass of K 2 (181 tok/s, its other five 152-171) made K 2 the choice although K 3's median was 185 tok/s against
+    K 2's 161 (tests/test_tune.py holds those passes); one pass does not move a median far. Passes without a token
+    are left out."""
     kept = _made_tokens(passes)
     noise = statistics.median((max(rates) - min(rates)) / max(rates) for rates in kept.values())
     typical = median_passes(passes)
