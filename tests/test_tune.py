@@ -564,6 +564,25 @@ def test_the_full_length_is_judged_by_each_lengths_median_pass_not_one_quick_pas
     tuning = ScheduleTuning(full_length=0, one_client=stop_38)
     tuning.choose_full_length()
     assert (tuning.full_length, tuning.one_client_best) == (3, 5)  # the report names K 5's median as the bar
+    assert tuning.one_client_medians[3] == pytest.approx(184.75)
     quick = {length: list(rates) for length, rates in stop_38.items()}
     quick[2][3] = 400.0  # one absurdly quick pass of K 2 moves K 2's median by one place only
     assert shortest_within_noise(quick)[0] == 3
+
+
+def test_the_schedule_table_names_the_medians_the_full_length_was_chosen_by() -> None:
+    """The tune's text says which medians decided K (its batch-1 row shows each K's fastest pass, which did not
+    decide), so a reader can check the choice from the file alone (made-up passes)."""
+    from rich.console import Console
+
+    from specbuild.tune.schedule import ScheduleTuning
+    from specbuild.tune.stage import schedule_table
+
+    tuning = ScheduleTuning(full_length=0, served=True,
+                            one_client={1: [100.0, 90.0], 2: [150.0, 140.0], 3: [160.0, 150.0]})
+    tuning.choose_full_length()
+    tuning.tokens_per_second = {1: {1: 100.0, 2: 150.0, 3: 160.0}, 2: {0: 200.0, 2: 210.0}}
+    console = Console(width=400, record=True)
+    console.print(schedule_table(tuning, "K"))
+    text = console.export_text()
+    assert tuning.full_length == 2 and "K 2 145 tok/s, K 3 155" in text and "6.7%" in text

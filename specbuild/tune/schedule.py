@@ -53,12 +53,15 @@ class ScheduleTuning:
         return shortest_within_noise(self.one_client)[1] if self.one_client else None
 
     @property
+    def one_client_medians(self) -> dict[int, float]:
+        """Each length's median pass at one client, what the full length was chosen by ({}: not measured)."""
+        return median_passes(self.one_client) if self.one_client else {}
+
+    @property
     def one_client_best(self) -> int | None:
         """The length with the best median pass at one client, which the full length was judged against."""
-        if not self.one_client:
-            return None
-        typical = median_passes(self.one_client)
-        return max(typical, key=lambda k: typical[k])
+        medians = self.one_client_medians
+        return max(medians, key=lambda k: medians[k]) if medians else None
 
     def best(self, batch: int) -> int:
         """The fastest length measured at `batch` (the schedule may keep another: see the module docstring)."""

@@ -802,10 +802,12 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
              if t.served else "in-process: the serving engine's tokens/s with that many sequences")
     full = "the full length at batch 1 (TensorRT-LLM's rule)"
     if t.one_client_noise is not None:
+        medians = t.one_client_medians
         full = (f"the full length {t.full_length} at batch 1 (TensorRT-LLM's rule): of the Ks one client asked with "
                 f"num_draft_tokens, the shortest whose median pass lies within this run's noise "
-                f"({t.one_client_noise:.1%}: the median spread of each K's passes) of the best median, K "
-                f"{t.one_client_best}")
+                f"({t.one_client_noise:.1%}: the median spread of each K's passes) of the best median (K "
+                f"{t.full_length} {medians[t.full_length]:.0f} tok/s, K {t.one_client_best} "
+                f"{medians[t.one_client_best]:.0f}; the batch-1 row shows each K's fastest pass)")
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
                  table,
                  Text(f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to "
