@@ -113,7 +113,7 @@ def shortest_within_noise(passes: Mapping[int, Sequence[float]]) -> tuple[int, f
     are left out."""
     kept = _made_tokens(passes)
     noise = statistics.median((max(rates) - min(rates)) / max(rates) for rates in kept.values())
-    typical = median_passes(passes)
+    typical = median_passes(kept)
     top = max(typical.values())
     return min(length for length, rate in typical.items() if rate >= top * (1 - noise)), noise
 
