@@ -589,7 +589,7 @@ class LocalBls:
     def __init__(self, repository: Path) -> None:
         from specbuild.deploy.pbtxt import parameters, read_config
         from specbuild.python_models import preprocess as pre
-        from specbuild.runtime.schedule import DraftSchedule
+        from specbuild.runtime.schedule import bls_schedule
         from specbuild.tokenizer import load_tokenizer
 
         def params(name: str) -> dict[str, str]:
@@ -600,9 +600,7 @@ class LocalBls:
         self.default_k = int(bls.get("num_draft_tokens") or 0)
         self.max_draft_len = int(bls.get("max_draft_len") or 0)
         self.use_draft_logits = (bls.get("use_draft_logits") or "").lower() in ("1", "true", "yes", "t", "y", "on")
-        steps = {int(a): int(b) for a, b in json.loads(bls.get("draft_len_schedule") or "{}").items()}
-        self.schedule = DraftSchedule(steps, self.default_k, int(bls["max_concurrency"])
-                                      if bls.get("max_concurrency") else None) if steps else None
+        self.schedule = bls_schedule(bls, self.default_k)
         self.tokenizer = load_tokenizer(repository / "postprocessing" / post.get("tokenizer_dir", "tokenizer"))
         self.skip_special_tokens = pre.nvidia_flag(post.get("skip_special_tokens"))
         self.add_special_tokens = pre.nvidia_flag(prep.get("add_special_tokens"))
@@ -611,7 +609,9 @@ class LocalBls:
 
     def k(self) -> int:
         """This round's K at one request in flight (the BLS's draft_len)."""
-        return self.default_k if self.schedule is None else min(self.default_k, self.schedule.draft_len(1))
+        from specbuild.runtime.schedule import scheduled_draft_len
+
+        return scheduled_draft_len(self.default_k, self.schedule, 1)
 
     def preprocess(self, request: Any) -> Any:
         """preprocessing's outputs for a text-only request without word lists (triton_models/preprocessing)."""

@@ -10,6 +10,7 @@ config does not declare. The loop's rules are those of NVIDIA's `_spec_generate`
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,12 +27,14 @@ from specbuild.python_models.bls_calls import (
     created_outputs,
 )
 from specbuild.python_models.bls_loop import (
+    PLAIN_ROUND_MAX_TOKENS,
     PLAIN_ROUND_TOKENS,
     Chunk,
     DraftUnavailable,
     Proposal,
     Row,
     Verdict,
+    plain_round_len,
     speculate,
     stop_word_prefix,
 )
@@ -112,18 +115,19 @@ def test_acceptance_bookkeeping_and_the_text_is_the_targets() -> None:
 
 def test_k_is_limited_by_the_remaining_budget() -> None:
     """n = min(K, prompt + max_tokens - current - 1) (decode.py @4db68284 `_spec_generate`): the draft never
-    proposes past max_tokens, and the last token is the target's own (request_output_len 1, no drafts)."""
+    proposes past max_tokens, and the last token is the target's own (request_output_len 1, no drafts). The first
+    round is the target alone for one token."""
     fakes = Fakes(draft=target_next)  # a perfect draft: every round accepts all
-    row = Row(PROMPT, max_tokens=7)
+    row = Row(PROMPT, max_tokens=8)
     assert speculate(row, 4, fakes.propose, fakes.verify)
     assert fakes.proposed == [4, 1]
-    assert [out_len for _, out_len in fakes.verified] == [5, 2]
-    assert row.generated == greedy(target_next, PROMPT, 7)
+    assert [out_len for _, out_len in fakes.verified] == [1, 5, 2]
+    assert row.generated == greedy(target_next, PROMPT, 8)
     fakes = Fakes(draft=target_next)
-    row = Row(PROMPT, max_tokens=6)
+    row = Row(PROMPT, max_tokens=7)
     assert speculate(row, 4, fakes.propose, fakes.verify)
     assert fakes.proposed == [4] and fakes.verified[-1] == ([], 1)
-    assert len(row.generated) == 6
+    assert len(row.generated) == 7
 
 
 def test_max_tokens_reached_mid_round() -> None:
@@ -154,8 +158,8 @@ def test_a_draft_returning_fewer_tokens_and_one_returning_none() -> None:
 
     row = Row(PROMPT, max_tokens=6)
     assert speculate(row, 4, short_propose, verify)
-    assert seen[0] == ([], 1)
-    assert all(len(d) == 1 and out_len == 2 for d, out_len in seen[1:-1])
+    assert seen[:2] == [([], 1), ([], 1)]  # the first round (the target alone), then the empty proposal's
+    assert all(len(d) == 1 and out_len == 2 for d, out_len in seen[2:-1])
     assert row.generated == greedy(target_next, PROMPT, 6)
 
 
@@ -175,11 +179,35 @@ def test_a_draft_that_refuses_leaves_the_target_to_finish_alone() -> None:
     assert speculate(row, 4, refusing, fakes.verify)
     assert row.generated == greedy(target_next, PROMPT, 20)
     assert "exceeds" in row.draft_error and calls["n"] == 2
-    first_round = len(verify_greedy(list(PROMPT), *fakes.verified[0]))
-    plain = fakes.verified[1:]  # then the target alone, PLAIN_ROUND_TOKENS at a time, never drafted again
-    assert all(drafts == [] and out_len <= PLAIN_ROUND_TOKENS for drafts, out_len in plain)
-    assert sum(out_len for _, out_len in plain) == 20 - first_round
-    assert len(plain) == -(-(20 - first_round) // PLAIN_ROUND_TOKENS)
+    assert fakes.verified[0] == ([], 1) and fakes.verified[1][0]  # the first round, then the one that drafted
+    made = 1 + len(verify_greedy(list(PROMPT[:]) + row.generated[:1], *fakes.verified[1]))
+    plain = fakes.verified[2:]  # then the target alone in growing plain rounds, never drafted again
+    assert all(drafts == [] for drafts, _ in plain)
+    assert [out_len for _, out_len in plain] == _plain_rounds(20 - made)
+
+
+def _plain_rounds(tokens: int) -> list[int]:
+    """The plain rounds that make `tokens` after a speculative round: PLAIN_ROUND_TOKENS, doubling up to
+    PLAIN_ROUND_MAX_TOKENS, the last cut by the budget."""
+    rounds: list[int] = []
+    size = PLAIN_ROUND_TOKENS
+    while tokens > 0:
+        rounds.append(min(size, tokens))
+        tokens -= rounds[-1]
+        size = min(2 * size, PLAIN_ROUND_MAX_TOKENS)
+    return rounds
+
+
+def test_plain_rounds_grow_from_one_token_to_the_most() -> None:
+    """A row's first round asks one token; a run of plain rounds asks PLAIN_ROUND_TOKENS, then twice as many each
+    round, never more than PLAIN_ROUND_MAX_TOKENS (a long run: no overflow)."""
+    assert plain_round_len(0, 0) == 1 and plain_round_len(0, 5) == 1
+    sizes = [plain_round_len(3, run) for run in range(200)]
+    assert sizes[0] == PLAIN_ROUND_TOKENS and sizes == sorted(sizes) and sizes[-1] == PLAIN_ROUND_MAX_TOKENS
+    assert all(b in (a, min(2 * a, PLAIN_ROUND_MAX_TOKENS)) for a, b in itertools.pairwise(sizes))
+    assert [plain_round_len(1, run, first=2, most=5) for run in range(4)] == [2, 4, 5, 5]
+    with pytest.raises(ValueError, match="plain_tokens"):
+        speculate(Row(PROMPT, max_tokens=4), 0, Fakes().propose, Fakes().verify, plain_tokens=9)
 
 
 def _switching_schedule(ks: Sequence[int]) -> tuple[Callable[[], int], list[int]]:
@@ -194,35 +222,39 @@ def _switching_schedule(ks: Sequence[int]) -> tuple[Callable[[], int], list[int]
 
 
 def test_a_streaming_row_streams_and_speculates_again_when_the_schedule_turns_k_back_on() -> None:
-    """Speculation switched off after round 1 (the load rose) and on again from round 4 (it fell): the row keeps
+    """Speculation switched off after round 2 (the load rose) and on again from round 5 (it fell): the row keeps
     streaming in plain rounds of the target alone (more than one response before its last), the draft is asked
     again as soon as K is back, and the text is the target's greedy text (issue 22: K = 0 used to be the whole rest
-    of the answer in one non-streaming call, and the row never speculated again)."""
+    of the answer in one non-streaming call, and the row never speculated again). The next run of plain rounds
+    starts short again."""
     fakes = Fakes()
     chunks: list[Chunk] = []
-    draft_len, asked = _switching_schedule([4, 0, 0, 4])
-    row = Row(PROMPT, max_tokens=30)
+    draft_len, asked = _switching_schedule([4, 0, 0, 4, 0, 4])
+    row = Row(PROMPT, max_tokens=40)
     assert speculate(row, draft_len, fakes.propose, fakes.verify, on_chunk=chunks.append)
-    assert row.generated == greedy(target_next, PROMPT, 30)
-    assert len(asked) == len(fakes.verified) == row.rounds  # K asked every round
+    assert row.generated == greedy(target_next, PROMPT, 40)
+    assert len(asked) == len(fakes.verified) - 1 == row.rounds - 1  # K asked every round after the first
     kinds = ["draft" if drafts else "plain" for drafts, _ in fakes.verified]
-    assert kinds[:4] == ["draft", "plain", "plain", "draft"] and set(kinds[3:]) == {"draft"}
-    assert all(out_len <= PLAIN_ROUND_TOKENS for drafts, out_len in fakes.verified if not drafts)
+    assert kinds[:7] == ["plain", "draft", "plain", "plain", "draft", "plain", "draft"]
+    assert set(kinds[6:]) == {"draft"}
+    plain = [out_len for drafts, out_len in fakes.verified[1:] if not drafts]
+    assert plain == [PLAIN_ROUND_TOKENS, 2 * PLAIN_ROUND_TOKENS, PLAIN_ROUND_TOKENS]
     assert len([c for c in chunks if not c.final]) > 1
     assert [t for c in chunks for t in c.tokens] == row.generated
 
 
 def test_k_zero_from_the_start_streams_its_first_token_alone() -> None:
     """Without speculation at all the first round asks the target for one token (the first response comes as soon
-    as plain decoding's), later ones PLAIN_ROUND_TOKENS; every chunk but the last is handed on before the end."""
+    as plain decoding's), later ones grow from PLAIN_ROUND_TOKENS; every chunk but the last is handed on before
+    the end."""
     fakes = Fakes()
     chunks: list[Chunk] = []
-    row = Row(PROMPT, max_tokens=10)
+    row = Row(PROMPT, max_tokens=30)
     assert speculate(row, 0, fakes.propose, fakes.verify, on_chunk=chunks.append)
-    assert [out_len for _, out_len in fakes.verified] == [1, *([PLAIN_ROUND_TOKENS] * 2), 1]
+    assert [out_len for _, out_len in fakes.verified] == [1, *_plain_rounds(29)]
     assert fakes.proposed == []
     assert [len(c.tokens) for c in chunks if not c.final][:1] == [1]
-    assert row.generated == greedy(target_next, PROMPT, 10)
+    assert row.generated == greedy(target_next, PROMPT, 30)
 
 
 def test_end_id_and_a_target_that_stops_early() -> None:
@@ -235,11 +267,13 @@ def test_end_id_and_a_target_that_stops_early() -> None:
     assert row.generated == full[: full.index(end)] and row.finish == "end_id"
 
     def stopping(sequence: np.ndarray, drafts: list[int], logits: Any, out_len: int) -> Verdict:
+        if not drafts:  # the first round: the target's own token
+            return Verdict(greedy(target_next, sequence.tolist(), out_len))
         return Verdict(list(drafts[:2]))
 
     row = Row(PROMPT, max_tokens=20)
     assert speculate(row, 4, Fakes(draft=target_next).propose, stopping)
-    assert row.finish == "stopped" and row.rounds == 1 and len(row.generated) == 2
+    assert row.finish == "stopped" and row.rounds == 2 and len(row.generated) == 3  # 1 + two accepted drafts
 
 
 def _stream(row: Row, k: int, fakes: Fakes) -> list[Chunk]:
@@ -253,11 +287,11 @@ def test_a_stop_word_spanning_rounds_ends_the_row_with_the_word() -> None:
     word (including)"), and the loop does the same for a word the LLM could not see whole: its first token ends
     one round, its second starts the next (each target call sees only its own tokens)."""
     full = greedy(target_next, PROMPT, 30)
-    word = (full[5], full[6])  # rounds of K + 1 = 3 tokens with a perfect draft: the word spans 6 | 7
+    word = (full[3], full[4])  # rounds of 1, then K + 1 = 3 tokens with a perfect draft: the word spans 4 | 5
     row = Row(PROMPT, max_tokens=30, stop_words=(word,))
     chunks = _stream(row, 2, Fakes(draft=target_next))
-    assert row.generated == full[:7] and row.finish == "stop_word" and row.rounds == 3
-    assert [t for c in chunks for t in c.tokens] == full[:7] and chunks[-1].final
+    assert row.generated == full[:5] and row.finish == "stop_word" and row.rounds == 3
+    assert [t for c in chunks for t in c.tokens] == full[:5] and chunks[-1].final
 
 
 def test_a_dropped_stop_word_spanning_rounds_was_never_streamed() -> None:
@@ -265,11 +299,11 @@ def test_a_dropped_stop_word_spanning_rounds_was_never_streamed() -> None:
     whose second starts the next: the first part is held back when its round is streamed, and dropped when the
     next round completes the word."""
     full = greedy(target_next, PROMPT, 30)
-    word = (full[5], full[6])
+    word = (full[3], full[4])
     row = Row(PROMPT, max_tokens=30, stop_words=(word,), keep_stop_words=False)
     chunks = _stream(row, 2, Fakes(draft=target_next))
     cut = next(i for i in range(len(full) - 1) if (full[i], full[i + 1]) == word)
-    assert cut == 5  # the word's first occurrence is the one across the round boundary
+    assert cut == 3  # the word's first occurrence is the one across the round boundary
     assert row.generated == full[:cut] and row.finish == "stop_word"
     assert [t for c in chunks for t in c.tokens] == full[:cut]
     assert chunks[-1].final and not any(c.final for c in chunks[:-1])
@@ -279,11 +313,11 @@ def test_a_dropped_stop_word_spanning_rounds_was_never_streamed() -> None:
 def test_a_held_back_stop_word_beginning_is_streamed_once_the_word_does_not_follow() -> None:
     """Held-back tokens that turn out not to begin the stop word are streamed with the next round."""
     full = greedy(target_next, PROMPT, 12)
-    word = (full[2], (full[3] + 1) % VOCAB)  # begins at the end of round 1 (3 tokens), never completed
+    word = (full[3], (full[4] + 1) % VOCAB)  # begins at the end of round 2 (1 + 3 tokens), never completed
     row = Row(PROMPT, max_tokens=12, stop_words=(word,), keep_stop_words=False)
     chunks = _stream(row, 2, Fakes(draft=target_next))
-    assert chunks[0].tokens == full[:2]  # full[2] held back
-    assert chunks[1].start == 2 and chunks[1].tokens[0] == full[2]
+    assert chunks[0].tokens == full[:1] and chunks[1].tokens == full[1:3]  # full[3] held back
+    assert chunks[2].start == 3 and chunks[2].tokens[0] == full[3]
     assert [t for c in chunks for t in c.tokens] == full
     assert stop_word_prefix([1, 2, 3], ((3, 4), (9,))) == 1 and stop_word_prefix([1, 2], ((2, 3, 4), (1, 2, 5))) == 2
 

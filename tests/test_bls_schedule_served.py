@@ -5,9 +5,8 @@ off as soon as two requests are in flight, as the demo's schedule turns it off f
 requests still get their answers in many responses, and their text is the target's greedy text. Before issue 22
 the BLS asked the target for the whole rest of the answer in one non-streaming call once K was 0: one response at
 the end. The loop-level tests in
-tests/test_bls_loop.py switch the schedule off and on again inside one request. And a request that arrives while
-another is in flight gets its first token from the target alone, as an engine makes it, not after a speculative
-round.
+tests/test_bls_loop.py switch the schedule off and on again inside one request. And every request gets its first
+token from the target alone, as an engine makes it, not after a speculative round.
 """
 
 from __future__ import annotations
@@ -56,13 +55,13 @@ def test_concurrent_streams_stream_when_the_schedule_turns_speculation_off(
         assert _streamed(chunks) > 2, f"{prompt!r}: {len(chunks)} responses: not streamed"
 
 
-def test_a_request_arriving_under_load_gets_its_first_token_from_the_target_alone(dt_server: Any) -> None:
-    """The demo's BLS (its own schedule): a request alone on the server drafts in its first round (its first response
-    already counts drafts); one that arrives while another streams gets its first token from the target alone (no
-    draft counted yet), as an engine makes a new request's first token, and drafts from its second round. Both
-    texts are the target's greedy text (the ensemble's, on the same server). NVIDIA's loop drafts first at every load,
-    so under load the first token waited for a draft request and a verification (bench/serving_bench.py's TTFT
-    targets judge the difference)."""
+def test_a_request_gets_its_first_token_from_the_target_alone_and_drafts_from_its_second_round(
+        dt_server: Any) -> None:
+    """The demo's BLS (its own schedule), a request alone on the server and one that arrives while it streams: each
+    first response counts no draft (the target alone made it, one token, as an engine makes a request's first
+    token), and each request drafts from its second round. Both texts are the target's greedy text (the ensemble's,
+    on the same server). NVIDIA's loop drafts first: the first response then waits for a draft request and a
+    verification (bench/serving_bench.py reports TTFT against plain decoding's)."""
     alone_prompt, late_prompt = PROMPTS[0], PROMPTS[1]
     arrived: dict[str, list[float]] = {"alone": [], "late": []}
     first = threading.Event()
@@ -85,11 +84,10 @@ def test_a_request_arriving_under_load_gets_its_first_token_from_the_target_alon
         alone = alone_future.result(timeout=120)
     assert arrived["alone"][-1] > arrived["late"][0], \
         "the first request ended before the second one's first response: no load to test under"
-    assert alone[0][1] > 0, "alone on the server, the first round drafts"
-    assert late[0][1] == 0, "under load, the first token comes from the target alone"
     for prompt, responses, max_tokens in ((alone_prompt, alone, 60), (late_prompt, late, 20)):
+        assert responses[0][1] == 0, f"{prompt!r}: the first token comes from the target alone"
+        if len(responses) > 1:  # other weights could end the answer at its first token (the end id)
+            assert responses[1][1] > 0, f"{prompt!r}: the request drafts from its second round on"
         plain = grpc_generate(dt_server.grpc_url, "ensemble", [prompt], max_tokens, stream=False,
                               exclude_input_in_output=np.array([[True]]))[0][0]
         assert "".join(text for text, _ in responses) == "".join(plain), prompt
-    if len(late) > 1:  # other weights could end the answer at its first token (the end id): no second round then
-        assert late[-1][1] > 0, "and the request drafts from its second round on"

@@ -144,30 +144,51 @@ def stop_word_prefix(generated: Sequence[int], words: tuple[tuple[int, ...], ...
 
 
 PLAIN_ROUND_TOKENS = 4
-"""Tokens the target generates per round while K is 0 (no speculation this round): rounds, not the rest of the
-answer in one call, so a streaming row still streams and K is asked again after each of them (a request speculates
-again once the load falls). Four keep the per-call overhead of a round small against its decode steps; a row's
-first plain round asks one token, so its first response comes as soon as plain decoding's would."""
+"""Tokens the target generates in the first plain round after a speculative one (K 0 this round: the load-aware
+schedule turned speculation off, or the draft refused): rounds, not the rest of the answer in one call, so a
+streaming row still streams and K is asked again after each of them (a request speculates again once the load
+falls)."""
+
+PLAIN_ROUND_MAX_TOKENS = 8
+"""Each further plain round in a row doubles, up to this many tokens. A round is one call to the target, and between
+two calls the row is out of the target's running batch until the next one arrives (about one engine step), so a
+round of n tokens makes at most n tokens per n + 1 steps; longer rounds lose less of plain decoding's rate but hand
+on coarser chunks and ask K less often (docs/methods/draft-target.md has what each made on the demo deployment)."""
+
+
+def plain_round_len(rounds: int, plain_run: int, first: int = PLAIN_ROUND_TOKENS,
+                    most: int = PLAIN_ROUND_MAX_TOKENS) -> int:
+    """Tokens a plain round asks of the target: one in a row's first round (`rounds` 0: its prefill, so the first
+    response comes as soon as plain decoding's), else `first` doubled for each of the `plain_run` plain rounds just
+    before it, at most `most`."""
+    if rounds == 0:
+        return 1
+    return min(first << min(plain_run, most.bit_length()), most)
 
 
 def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Verify, *,
               on_chunk: Callable[[Chunk], None] | None = None,
-              cancelled: Callable[[], bool] | None = None, plain_tokens: int = PLAIN_ROUND_TOKENS) -> bool:
+              cancelled: Callable[[], bool] | None = None, plain_tokens: int = PLAIN_ROUND_TOKENS,
+              plain_tokens_max: int = PLAIN_ROUND_MAX_TOKENS) -> bool:
     """Run rounds until the row is finished (True) or `cancelled()` says the client went away (False: nothing
-    final was handed on). `k` is the draft length, or a callable asked every round (load-aware speculation,
-    `specbuild.runtime.schedule`); a round with k = 0 (or after the draft refused) is the target alone for
-    `plain_tokens` tokens (one in the row's first round), handed on like any round."""
-    if plain_tokens < 1:
-        raise ValueError(f"plain_tokens must be >= 1 (got {plain_tokens})")
+    final was handed on). `k` is the draft length, or a callable asked every round but the first (load-aware
+    speculation, `specbuild.runtime.schedule`). The first round is the target alone for one token, as an engine
+    makes a request's first token (NVIDIA's loop drafts first: the first response then waits for a draft call and
+    a verification); a later round with k = 0 (or after the draft refused) is the target alone for
+    `plain_round_len` tokens, handed on like any round."""
+    if not 1 <= plain_tokens <= plain_tokens_max:
+        raise ValueError(f"plain rounds need 1 <= plain_tokens <= plain_tokens_max (got {plain_tokens}, "
+                         f"{plain_tokens_max})")
     if row.max_tokens <= 0:
         row.finish = "length"
         _hand_on(row, on_chunk, final=True)
         return True
-    draft_len = k if callable(k) else (lambda: k)
+    draft_len = k if callable(k) else (lambda fixed=k: fixed)
     refused = False
+    plain_run = 0  # plain rounds since the last speculative one
     while True:
         remaining = row.max_tokens - len(row.generated)
-        k = 0 if refused else draft_len()
+        k = 0 if refused or row.rounds == 0 else draft_len()
         n = min(k, remaining - 1)
         drafts: list[int] = []
         logits = None
@@ -184,8 +205,12 @@ def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Ve
                 if logits is not None and len(logits) > len(drafts):
                     logits = logits[len(logits) - len(drafts) :]  # the rows of the kept drafts (decode.py: last n)
         # With speculation one round verifies the drafts (+1: the target's own token); without, the target
-        # generates a plain round (PLAIN_ROUND_TOKENS), and K is asked again after it.
-        out_len = len(drafts) + 1 if k > 0 else min(remaining, 1 if row.rounds == 0 else plain_tokens)
+        # generates a plain round, and K is asked again after it.
+        if k > 0:
+            out_len, plain_run = len(drafts) + 1, 0
+        else:
+            out_len = min(remaining, plain_round_len(row.rounds, plain_run, plain_tokens, plain_tokens_max))
+            plain_run += int(row.rounds > 0)
         verdict = verify(row.sequence(), drafts, logits if drafts else None, out_len)
         raw = [int(t) for t in verdict.tokens[:out_len]]
         accepted = accepted_prefix(raw, drafts) if verdict.accepted is None else min(verdict.accepted, len(drafts))

@@ -178,6 +178,22 @@ class DraftSchedule:
         return SpeculationGate(self.acceptance_window, self.acceptance_threshold)
 
 
+def bls_schedule(params: Mapping[str, str], full_draft_len: int,
+                 log: Callable[[str], None] | None = None) -> DraftSchedule | None:
+    """The load-aware schedule of a draft-target BLS, from its repository parameters: draft_len_schedule
+    (`served_steps`: SCHEDULE_ENV's where set) and max_concurrency; None when it has neither."""
+    steps = served_steps(params.get("draft_len_schedule"), log)
+    limit = params.get("max_concurrency")
+    if not steps and not limit:
+        return None
+    return DraftSchedule(steps, full_draft_len, int(limit) if limit else None)
+
+
+def scheduled_draft_len(k: int, schedule: DraftSchedule | None, active: int) -> int:
+    """A request's K cut by the schedule for `active` requests in flight: what the BLS drafts in a round."""
+    return k if schedule is None else min(k, schedule.draft_len(active))
+
+
 class SpeculationGate:
     """TensorRT-LLM's rolling acceptance gate: each completed request records its acceptance length (its
     decoded tokens per iteration - 1, at least 0); from the `window`-th completion on, a mean over the last

@@ -7,9 +7,10 @@ unchanged when `tensorrt_llm` is the C++ `tensorrtllm` backend.
   decoupled LLM gets one `exec(decoupled=True)` call with the whole batch (a stream when the client asked for
   one), a non-decoupled one an `exec()` per row (the C++ backend takes batch > 1 only when decoupled).
 - With num_draft_tokens (the repository's default K where it has a draft): draft-target speculation, the loop
-  in specbuild.python_models.bls_loop, row by row; unlike NVIDIA's it also streams (each round's decided tokens) and
-  serves batch > 1. Its text is detokenised here with postprocessing's own tokenizer and settings (read from
-  its config.pbtxt), which is what postprocessing would answer, without a Triton call per round.
+  in specbuild.python_models.bls_loop, row by row; unlike NVIDIA's it also streams (each round's decided tokens),
+  makes a row's first token with the target alone (NVIDIA's drafts first) and serves batch > 1. Its text is
+  detokenised here with postprocessing's own tokenizer and settings (read from its config.pbtxt), which is what
+  postprocessing would answer, without a Triton call per round.
 
 Cancellation: a client's cancellation (asked of Triton every cancellation_check_period_ms of the target's config,
 `bls_calls.CancelWatch`) ends the request between responses and rounds, and stops the LLM calls it has in flight.
@@ -254,7 +255,7 @@ class TritonPythonModel:
         # "To return generation logits, gather_generation_logits must be enabled"): propose without logits then.
         self.draft_logits_possible = draft_engine is None or bool(draft_engine.gather_generation_logits)
         self.max_draft_len = int(_param(params, "max_draft_len", "0"))
-        from specbuild.runtime.schedule import DraftSchedule, served_draft_len, served_steps
+        from specbuild.runtime.schedule import bls_schedule, served_draft_len
 
         self.default_k = 0
         if self.draft:
@@ -263,11 +264,7 @@ class TritonPythonModel:
         self.use_draft_logits = _param(params, "use_draft_logits", "").lower() in io.TRUE
         self._lock = threading.Lock()
         self.in_flight = 0
-        self.schedule = None
-        steps = served_steps(params.get("draft_len_schedule"), io.log_info) if self.draft is not None else {}
-        if self.draft is not None and (steps or params.get("max_concurrency")):
-            limit = params.get("max_concurrency")
-            self.schedule = DraftSchedule(steps, self.default_k, int(limit) if limit else None)
+        self.schedule = bls_schedule(params, self.default_k, io.log_info) if self.draft is not None else None
         self.tokenizer = None
         if self.draft is not None:  # the speculation loop detokenises here, as postprocessing would
             from specbuild.tokenizer import load_tokenizer
@@ -301,18 +298,12 @@ class TritonPythonModel:
             with self._lock:
                 self.in_flight -= 1
 
-    def draft_len(self, k: int, *, first: bool = False) -> int:
-        """This round's K: the request's, cut by the load-aware schedule for the requests now in flight. A request's
-        `first` round while others are in flight is the target alone (K 0: one token, its prefill), as an engine
-        makes a new request's first token, so that it comes without waiting for a draft request and a verification
-        on a loaded server (NVIDIA's loop drafts first at every load; bench/serving_bench.py's TTFT targets judge
-        this). Alone on the server a request drafts at once: there the speculative first round is faster overall
-        and delays nobody."""
-        if first and self.in_flight > 1:
-            return 0
-        if self.schedule is None:
-            return k
-        return min(k, self.schedule.draft_len(self.in_flight))
+    def draft_len(self, k: int) -> int:
+        """This round's K: the request's, cut by the load-aware schedule for the requests now in flight. (A row's
+        first round is the target alone at every load, bls_loop.speculate: K is not asked for it.)"""
+        from specbuild.runtime.schedule import scheduled_draft_len
+
+        return scheduled_draft_len(k, self.schedule, self.in_flight)
 
     @staticmethod
     def _streams(request: Any) -> bool:
@@ -555,7 +546,7 @@ class TritonPythonModel:
                                            counted=len(chunk.tokens), include_prompt=False)
                     reply.send(part, chunk.final and b == last)
 
-            if not speculate(row, lambda k=k, row=row: self.draft_len(k, first=not row.rounds), propose, verify,
+            if not speculate(row, lambda k=k: self.draft_len(k), propose, verify,
                              on_chunk=on_chunk,
                              cancelled=lambda: cancellation.is_set):
                 raise Cancelled
