@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -458,6 +459,11 @@ def _requests(load: dict[str, Any]) -> str:
     return f"every prompt once and at least {load.get('requests_per_client') or 2} requests per client"
 
 
+def _figure(value: float | None, spec: str) -> str:
+    """A figure of the table, or – where the run has none (older results, or no second response)."""
+    return "–" if value is None or math.isnan(value) else format(value, spec)
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Serving benchmark: demo deployments on tritonserver",
@@ -467,11 +473,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"{_requests(report['load'])} a run; "
         f"median of {report['load']['rounds']} interleaved rounds, each in another order (the first starting at the "
         "first deployment listed, each next one further down the list). ITL = (latency − TTFT) / (tokens − 1). "
+        "Tokens per response: output tokens / responses that carried text (1: every token streamed alone); longest "
+        "gap: each request's longest wait between two such responses, the median over requests. "
         "Acceptance = total_accepted_draft_tokens / total_draft_tokens from the model outputs (– : none reported).",
         "",
         "| deployment | entry model | concurrency | output tok/s | × baseline | TTFT p50 ms | TTFT p99 ms "
-        "| ITL mean ms | latency mean ms | acceptance | tok/s of each round |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| ITL mean ms | tokens per response | longest gap p50 ms | latency mean ms | acceptance "
+        "| tok/s of each round |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, by_c in report["results"].items():
         for c, s in by_c.items():
@@ -482,7 +491,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {name} | {report['deployments'][name]['entry_model']} | {c} | {s['output_tokens_per_s']:.1f} | "
                 f"{f'{ratio:.2f}× {baseline}' if ratio else '–'} | {s['ttft_ms']['p50']:.1f} | "
                 f"{s['ttft_ms']['p99']:.1f} | "
-                f"{s['itl_ms']['mean']:.2f} | "
+                f"{s['itl_ms']['mean']:.2f} | {_figure(s.get('tokens_per_response'), '.1f')} | "
+                f"{_figure(s.get('longest_gap_ms', {}).get('p50'), '.0f')} | "
                 f"{s['latency_ms']['mean']:.0f} | {f'{acc:.3f}' if acc is not None else '–'} | "
                 f"{', '.join(f'{x:.0f}' for x in s['extra'].get('rounds_tokens_per_s', []))} |"
             )

@@ -1,8 +1,14 @@
-"""The order of interleaved served runs (specbuild.bench.load.rotations): no deployment or K always runs first."""
+"""The order of interleaved served runs (specbuild.bench.load.rotations): no deployment or K always runs first; and
+what a run's summary says of how finely an answer streamed."""
 
 from __future__ import annotations
 
-from specbuild.bench.load import rotations
+import math
+
+import pytest
+
+from specbuild.bench.client import Generation
+from specbuild.bench.load import Load, TokenCounter, rotations, summarise
 
 
 def test_every_pass_runs_every_item_once_and_no_item_is_always_first() -> None:
@@ -24,3 +30,17 @@ def test_more_passes_than_items_and_no_items() -> None:
     passes = rotations([1, 2], 4)
     assert [p[0] for p in passes] == [1, 1, 2, 2]
     assert rotations([], 2) == [[], []]
+
+
+def test_the_summary_says_how_coarsely_each_answer_streamed() -> None:
+    """Tokens per response and each request's longest wait between responses: a stream of 8-token chunks and one
+    of single tokens make the same tokens/s and ITL, and only these two figures tell them apart."""
+    fine = Generation(text=" ".join(["w"] * 8), response_times=[0.1 + 0.01 * i for i in range(8)], latency_s=0.17)
+    coarse = Generation(text=" ".join(["w"] * 8), response_times=[0.1, 0.13, 0.17], latency_s=0.17)
+    whole = Generation(text=" ".join(["w"] * 8), response_times=[0.17], latency_s=0.17)
+    summary = summarise("u", "m", "grpc", Load(), [(fine, None), (coarse, None), (whole, None)], 1.0,
+                        TokenCounter())
+    assert summary.tokens_per_response == pytest.approx(24 / 12)
+    assert summary.longest_gap_ms["p50"] == pytest.approx(25.0)  # 10 ms (fine) and 40 ms (coarse): one answer
+    alone = summarise("u", "m", "grpc", Load(), [(whole, None)], 1.0, TokenCounter())
+    assert alone.tokens_per_response == 8 and math.isnan(alone.longest_gap_ms["p50"])  # no second response

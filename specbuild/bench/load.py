@@ -10,6 +10,7 @@ model's `num_output_tokens` outputs, else as whitespace-separated words; the rep
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -134,6 +135,11 @@ class Summary:
     tokens_counted_by: str
     first_error: str | None = None
     sample_answer: str = ""
+    tokens_per_response: float | None = None
+    """Output tokens per response that carried text: 1 when every token streams alone, the whole answer when
+    nothing streams (so a coarser stream shows, which tokens/s and ITL do not)."""
+    longest_gap_ms: dict[str, float] = field(default_factory=dict)
+    """Each request's longest wait between two responses that carried text: its stream's coarsest step."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -240,6 +246,9 @@ def summarise(
     accepted = sum(g.accepted_draft_tokens or 0 for g in done)
     drafted = sum(g.draft_tokens or 0 for g in done)
     rates = [g.acceptance_rate for g in done if g.acceptance_rate is not None and g.draft_tokens]
+    responses = sum(len(g.response_times) for g in done)
+    gaps = [max(b - a for a, b in itertools.pairwise(g.response_times)) * 1e3
+            for g in done if len(g.response_times) > 1]
     return Summary(
         url=url, model=model, protocol=protocol, concurrency=load.concurrency, requests=len(done),
         errors=len(errors), wall_s=wall_s, output_tokens=sum(tokens),
@@ -253,6 +262,8 @@ def summarise(
         accepted_draft_tokens=accepted, draft_tokens=drafted,
         tokens_counted_by=counter.source if counter.source.startswith("tokenizer") else ", ".join(sources),
         first_error=errors[0] if errors else None, sample_answer=done[0].text,
+        tokens_per_response=sum(tokens) / responses if responses else None,
+        longest_gap_ms=_stats(gaps),
         extra={"stream": load.stream, "max_tokens": load.max_tokens, "num_draft_tokens": load.num_draft_tokens},
     )
 
