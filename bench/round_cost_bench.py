@@ -1010,10 +1010,14 @@ def main(argv: list[str] | None = None) -> int:
     ks = list(range(1, local.max_draft_len + 1))
     sweep: dict[int, list[list[RequestTiming]]] = {k: [] for k in ks}
     sweep_plain: list[list[EngineTiming]] = []
-    for index in range(args.sweep_passes):  # in-process only: the flow at every K, beside plain decoding
+    from specbuild.bench.load import rotations
+
+    # in-process only: the flow at every K, beside plain decoding; each pass in another order, so that no K always
+    # runs first or last (a drift over a pass would otherwise favour one end of the Ks)
+    for index, order in enumerate(rotations(ks, args.sweep_passes)):
         print(f"the flow at K {ks[0]}-{ks[-1]}, pass {index + 1}/{args.sweep_passes}", flush=True)
         sweep_plain.append([engines.request("plain", *row) for row in rows])
-        for k in ks:
+        for k in order:
             sweep[k].append([local.request(f, k) for f in fields])
     local.stop()
     engines.stop()
