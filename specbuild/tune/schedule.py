@@ -105,12 +105,12 @@ def shortest_within_noise(passes: Mapping[int, Sequence[float]]) -> tuple[int, f
     noise). The noise is measured in the same run: the median over lengths of (fastest pass - slowest pass) /
     fastest pass. A longer length has to win by more than that, because it costs where tokens/s at one client does
     not show it: in the 1.2 flow a round's tokens come in one response, so a longer K streams in coarser chunks,
-    and under load each round does more work. Neighbouring lengths often lie within a few percent of each other, inside one pass's
-    noise on a shared machine, so the fastest alone would be chosen by that noise. Each length is judged by its
-    median pass, not its fastest: the fastest of six passes is one pass, and in one measured re-run a single quick
-    pass of K 2 (181 tok/s, its other five 152-171) made K 2 the choice although K 3's median was 185 tok/s against
-    K 2's 161 (tests/test_tune.py holds those passes); one pass does not move a median far. Passes without a token
-    are left out."""
+    and under load each round does more work. Neighbouring lengths often lie within a few percent of each other,
+    inside one pass's noise on a shared machine, so the fastest alone would be chosen by that noise. Each length
+    is judged by its median pass, not its fastest: the fastest of six passes is one pass, and in one measured re-run
+    a single quick pass of K 2 (181 tok/s, its other five 152-171) made K 2 the choice although K 3's median was
+    185 tok/s against K 2's 161 (tests/test_tune.py holds those passes); one pass does not move a median far.
+    Passes without a token are left out."""
     kept = _made_tokens(passes)
     noise = statistics.median((max(rates) - min(rates)) / max(rates) for rates in kept.values())
     typical = median_passes(kept)
