@@ -200,6 +200,7 @@ def test_bench_counts_with_the_repository_tokenizer_and_labels_the_unit(
     unit = "tokens" if with_repository else "words"
     assert report["unit"] == unit
     assert f"output {unit}/s" in table.stdout and f"output {unit} " in table.stdout
+    assert f"{unit} per response" in table.stdout and "longest gap" in table.stdout  # how coarsely it streamed
     if not with_repository:
         assert "tokens/s" not in table.stdout and "counting words, not tokens" in table.output
 

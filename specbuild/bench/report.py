@@ -23,6 +23,8 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
     ("TTFT mean (ms)", "ttft_ms.mean", True),
     ("TTFT p90 (ms)", "ttft_ms.p90", True),
     ("ITL mean (ms)", "itl_ms.mean", True),
+    ("{unit} per response", "tokens_per_response", False),
+    ("longest gap p50 (ms)", "longest_gap_ms.p50", True),
     ("latency mean (ms)", "latency_ms.mean", True),
     ("latency p90 (ms)", "latency_ms.p90", True),
     ("acceptance rate", "acceptance_rate", False),
