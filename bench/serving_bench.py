@@ -127,6 +127,7 @@ SPEEDUP_MIN = 1.3  # each judged speculative deployment's tokens/s vs plain at c
 LOADED_MIN = 1.0  # every speculative deployment's tokens/s vs its baseline at every higher concurrency ...
 TTFT_MAX = 1.5  # ... with its TTFT p50 at most this times its baseline's (a non-streamed answer fails it)
 BATCHING_MIN = 3.0  # plain at concurrency 8 vs plain at concurrency 1
+COARSER_STREAM = 1.5  # tokens per response over the baseline's from which a tokens/s figure says it streamed coarser
 console = Console(stderr=True)
 
 
@@ -297,6 +298,10 @@ def measured_text(target: dict[str, Any]) -> str:
     if target.get("speculation_off"):
         text += (" (speculation off at this load: the schedule's length is 0 at this many sequences, so a full batch"
                  " decodes plainly and this is mostly plain decoding's figure)")
+    if target.get("streamed"):
+        mine, base, theirs = target["streamed"]
+        text += (f" (streamed in coarser chunks: {mine:.1f} tokens per response, {base} {theirs:.1f}; fewer responses"
+                 " cost the server less, and the client waits longer between them)")
     return f"{text} ({target['accounted']})" if target.get("accounted") else text
 
 
@@ -432,6 +437,9 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
             if acc is not None and measured is not None and not target["met"]:
                 target.update(target=f"{target['target']}, or the measured account ({acc['file']}) holds",
                               met=bool(acc["holds"]), accounted=f"{acc['file']}: {acc['summary']}")
+            coarser = _coarser_stream(results[name].get(c), results.get(base, {}).get(c))
+            if coarser is not None:
+                target["streamed"] = (coarser[0], base, coarser[1])
             off = c > 1 and c in (speculation_off or {}).get(name, ())
             out.append({**target, "speculation_off": True} if off else target)
             if c > 1:
@@ -441,6 +449,14 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
                             "met": ttft is not None and ttft <= TTFT_MAX,
                             **({"speculation_off": True} if off else {})})
     return out
+
+
+def _coarser_stream(mine: Summary | None, theirs: Summary | None) -> tuple[float, float] | None:
+    """(tokens per response, the baseline's) where a deployment streamed in chunks COARSER_STREAM times its
+    baseline's or more: part of its tokens/s is then fewer responses, which its verdict says (not a target)."""
+    a = getattr(mine, "tokens_per_response", None)
+    b = getattr(theirs, "tokens_per_response", None)
+    return (a, b) if a and b and a >= COARSER_STREAM * b else None
 
 
 def reported(ratios: dict[str, Any]) -> list[dict[str, Any]]:

@@ -208,3 +208,24 @@ def test_the_a_a_control_is_reported_at_every_load_and_never_judged(bench: dict[
     assert judged and not [t for t in judged if "plain-again" in t["target"]]
     assert [f["figure"] for f in s.reported(ratios)] == [
         f"plain-again tokens/s vs plain at concurrency {c}" for c in (1, 8, 16)]
+
+
+def test_a_tokens_per_second_figure_says_when_the_deployment_streamed_in_coarser_chunks(
+        bench: dict[str, ModuleType]) -> None:
+    """Fewer, larger responses cost a server less: a deployment that sent 1.5x its baseline's tokens per response or
+    more has its tokens/s verdict say so next to the figure (the verdict itself unchanged), also when read back
+    from the report's JSON; one that streamed about as finely says nothing."""
+    from types import SimpleNamespace
+
+    s = bench["serving_bench"]
+    run = {c: SimpleNamespace(output_tokens_per_s=100.0 * c, tokens_per_response=1.0) for c in (1, 8, 16)}
+    coarse = {c: SimpleNamespace(output_tokens_per_s=110.0 * c, tokens_per_response=6.0) for c in (1, 8, 16)}
+    fine = {c: SimpleNamespace(output_tokens_per_s=110.0 * c, tokens_per_response=1.2) for c in (1, 8, 16)}
+    ratios = {name: {str(c): {"output_tokens_per_s": 1.1, "ttft_p50": 1.0} for c in (1, 8, 16)}
+              for name in ("draft-target", "lookahead")}
+    judged = {t["target"]: t for t in json.loads(json.dumps(
+        s.targets({"plain": run, "draft-target": coarse, "lookahead": fine}, ratios)))}
+    at_8 = judged["draft-target >= 1.0x plain tokens/s at concurrency 8"]
+    assert at_8["met"] and "coarser chunks: 6.0 tokens per response, plain 1.0" in s.measured_text(at_8)
+    assert "coarser" not in s.measured_text(judged["draft-target TTFT p50 <= 1.5x plain's at concurrency 8"])
+    assert s.measured_text(judged["lookahead >= 1.0x plain tokens/s at concurrency 8"]) == "1.1"
