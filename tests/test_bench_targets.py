@@ -48,8 +48,7 @@ def test_finish_stores_the_verdict_and_returns_the_status(bench: dict[str, Modul
 
 def test_the_scripts_judge_their_committed_figures(bench: dict[str, ModuleType]) -> None:
     """Each script's own `judged` on its figures in bench/results: it misses exactly what the report marks as
-    failed (serving.md records three misses when this was written), and a crash or an undeployed deployment is a
-    miss too."""
+    failed (whatever serving.md records), and a crash or an undeployed deployment is a miss too."""
     t = bench["targets"]
     convert = json.loads((RESULTS / "convert.json").read_text())
     judged = bench["convert_bench"].judged(convert)

@@ -180,7 +180,7 @@ def test_a_draft_that_refuses_leaves_the_target_to_finish_alone() -> None:
     assert row.generated == greedy(target_next, PROMPT, 20)
     assert "exceeds" in row.draft_error and calls["n"] == 2
     assert fakes.verified[0] == ([], 1) and fakes.verified[1][0]  # the first round, then the one that drafted
-    made = 1 + len(verify_greedy(list(PROMPT[:]) + row.generated[:1], *fakes.verified[1]))
+    made = 1 + len(verify_greedy([*PROMPT, *row.generated[:1]], *fakes.verified[1]))
     plain = fakes.verified[2:]  # then the target alone in growing plain rounds, never drafted again
     assert all(drafts == [] for drafts, _ in plain)
     assert [out_len for _, out_len in plain] == _plain_rounds(20 - made)

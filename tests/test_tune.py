@@ -528,8 +528,8 @@ def test_a_longer_verification_never_counts_as_cheaper_than_a_shorter_one() -> N
     assert best(costs) == best(ForwardCosts(64, {**noisy, 6: clean[6]}, 1.9))
 
 
-def test_the_full_length_is_the_shortest_within_the_runs_own_noise_of_the_fastest() -> None:
-    """The served BLS's K at one client: a longer K costs time to the first response and work under load, so it
+def test_the_full_length_is_the_shortest_within_the_runs_own_noise_of_the_best() -> None:
+    """The served BLS's K at one client: a longer K streams in coarser chunks and does more work under load, so it
     must win by more than the spread of the passes measured in the same run (made-up rates)."""
     from specbuild.tune.schedule import shortest_within_noise
 

@@ -61,6 +61,7 @@ from specbuild.python_models.bls_calls import (
 from specbuild.python_models.bls_loop import Chunk, DraftUnavailable, Proposal, Row, Verdict, speculate
 from specbuild.python_models.detokenize import StreamedText, decode_chunk, preceding_tokens
 from specbuild.python_models.preprocess import nvidia_flag
+from specbuild.runtime.schedule import bls_schedule, scheduled_draft_len, served_draft_len
 
 _NVIDIA_TRUE = ("true", "yes", "1", "t")
 
@@ -255,8 +256,6 @@ class TritonPythonModel:
         # "To return generation logits, gather_generation_logits must be enabled"): propose without logits then.
         self.draft_logits_possible = draft_engine is None or bool(draft_engine.gather_generation_logits)
         self.max_draft_len = int(_param(params, "max_draft_len", "0"))
-        from specbuild.runtime.schedule import bls_schedule, served_draft_len
-
         self.default_k = 0
         if self.draft:
             self.default_k = served_draft_len(int(_param(params, "num_draft_tokens", "0")), self.max_draft_len,
@@ -301,8 +300,6 @@ class TritonPythonModel:
     def draft_len(self, k: int) -> int:
         """This round's K: the request's, cut by the load-aware schedule for the requests now in flight. (A row's
         first round is the target alone at every load, bls_loop.speculate: K is not asked for it.)"""
-        from specbuild.runtime.schedule import scheduled_draft_len
-
         return scheduled_draft_len(k, self.schedule, self.in_flight)
 
     @staticmethod
