@@ -589,6 +589,7 @@ class LocalBls:
     def __init__(self, repository: Path) -> None:
         from specbuild.deploy.pbtxt import parameters, read_config
         from specbuild.python_models import preprocess as pre
+        from specbuild.python_models.bls_loop import PLAIN_ROUND_PARAMETER, plain_round_most
         from specbuild.runtime.schedule import bls_schedule
         from specbuild.tokenizer import load_tokenizer
 
@@ -601,6 +602,7 @@ class LocalBls:
         self.max_draft_len = int(bls.get("max_draft_len") or 0)
         self.use_draft_logits = (bls.get("use_draft_logits") or "").lower() in ("1", "true", "yes", "t", "y", "on")
         self.schedule = bls_schedule(bls, self.default_k)
+        self.plain_round_max = plain_round_most(bls.get(PLAIN_ROUND_PARAMETER))
         self.tokenizer = load_tokenizer(repository / "postprocessing" / post.get("tokenizer_dir", "tokenizer"))
         self.skip_special_tokens = pre.nvidia_flag(post.get("skip_special_tokens"))
         self.add_special_tokens = pre.nvidia_flag(prep.get("add_special_tokens"))
@@ -710,7 +712,8 @@ class LocalBls:
                                          prompt_len=len(row.prompt), include_prompt=False, request=request, row=0))
                 part.update(acceptance(row.accepted, row.drafted))
 
-            if asked <= 0 or not speculate(row, draft_len, propose, verify, on_chunk=on_chunk):
+            if asked <= 0 or not speculate(row, draft_len, propose, verify, on_chunk=on_chunk,
+                                           plain_round_max=self.plain_round_max):
                 raise RuntimeError("the in-process request did not speculate to its end")
             return row, replies
 

@@ -35,6 +35,7 @@ from specbuild.python_models.bls_loop import (
     Row,
     Verdict,
     plain_round_len,
+    plain_round_most,
     speculate,
     stop_word_prefix,
 )
@@ -205,9 +206,31 @@ def test_plain_rounds_grow_from_one_token_to_the_most() -> None:
     sizes = [plain_round_len(3, run) for run in range(200)]
     assert sizes[0] == PLAIN_ROUND_TOKENS and sizes == sorted(sizes) and sizes[-1] == PLAIN_ROUND_MAX_TOKENS
     assert all(b in (a, min(2 * a, PLAIN_ROUND_MAX_TOKENS)) for a, b in itertools.pairwise(sizes))
-    assert [plain_round_len(1, run, first=2, most=5) for run in range(4)] == [2, 4, 5, 5]
-    with pytest.raises(ValueError, match="plain_tokens"):
-        speculate(Row(PROMPT, max_tokens=4), 0, Fakes().propose, Fakes().verify, plain_tokens=9)
+    assert [plain_round_len(1, run, most=6) for run in range(4)] == [PLAIN_ROUND_TOKENS, 6, 6, 6]
+    assert [plain_round_len(1, run, most=2) for run in range(3)] == [2, 2, 2]  # fewer than PLAIN_ROUND_TOKENS
+    assert [plain_round_len(1, run, most=1) for run in range(3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="plain_round_max"):
+        speculate(Row(PROMPT, max_tokens=4), 0, Fakes().propose, Fakes().verify, plain_round_max=0)
+
+
+def test_the_most_tokens_of_a_plain_round_is_set_per_deployment() -> None:
+    """`plain_round_max` caps every plain round (1: every token its own round and response, as plain decoding
+    streams) and the text stays the target's greedy text; the BLS reads it from its `plain_round_tokens`
+    parameter, whose unset value is PLAIN_ROUND_MAX_TOKENS and whose bad values name it."""
+    for most in (1, 2, 16):
+        fakes = Fakes()
+        chunks: list[Chunk] = []
+        row = Row(PROMPT, max_tokens=30)
+        assert speculate(row, 0, fakes.propose, fakes.verify, on_chunk=chunks.append, plain_round_max=most)
+        assert row.generated == greedy(target_next, PROMPT, 30)
+        sizes = [out_len for _, out_len in fakes.verified]
+        assert sizes[0] == 1 and max(sizes) == most and sum(sizes) == 30, (most, sizes)
+        assert [len(c.tokens) for c in chunks if not c.final] == sizes[:len(sizes) - 1]
+    assert plain_round_most(None) == plain_round_most("") == PLAIN_ROUND_MAX_TOKENS
+    assert plain_round_most("1") == 1 and plain_round_most(" 12 ") == 12
+    for bad in ("0", "-3", "four", "2.5"):
+        with pytest.raises(ValueError, match="plain_round_tokens"):
+            plain_round_most(bad)
 
 
 def _switching_schedule(ks: Sequence[int]) -> tuple[Callable[[], int], list[int]]:

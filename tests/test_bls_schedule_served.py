@@ -28,6 +28,10 @@ from tests.test_deploy_serving import grpc_generate
 pytestmark = pytest.mark.tritonserver
 
 
+PLAIN_ROUND_MOST = 2
+"""The off server's BLS `plain_round_tokens`: fewer than its default, so rounds that keep to it show it was read."""
+
+
 @pytest.fixture(scope="module", name="off_server")
 def off_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Any:
     repository = tmp_path_factory.mktemp("schedule-off") / "model_repository"
@@ -36,6 +40,9 @@ def off_server_fixture(deployed: Deployed, tmp_path_factory: pytest.TempPathFact
     text, count = re.subn(r'(key: "draft_len_schedule" value: \{ string_value: )"[^"\\]*(?:\\.[^"\\]*)*"',
                           r'\1"{\\"1\\": 4, \\"2\\": 0}"', config.read_text(encoding="utf-8"))
     assert count == 1, "the BLS config has no draft_len_schedule parameter to force"
+    text, count = re.subn(r'(key: "plain_round_tokens" value: \{ string_value: )"[^"]*"', rf'\1"{PLAIN_ROUND_MOST}"',
+                          text)
+    assert count == 1, "the BLS config has no plain_round_tokens parameter to set"
     config.write_text(text, encoding="utf-8")
     yield from _server(repository, tmp_path_factory.mktemp("logs") / "schedule-off.log")
 
@@ -46,13 +53,26 @@ def _streamed(chunks: list[str]) -> int:
 
 def test_concurrent_streams_stream_when_the_schedule_turns_speculation_off(
         off_server: Any, greedy_reference: dict[str, str]) -> None:
+    """Four streaming requests at once: every answer is the target's greedy text in many responses, and every
+    response of a round without drafts (the count of drafts did not grow) carries at most the repository's
+    `plain_round_tokens` tokens (num_output_tokens, which the BLS counts per response)."""
     prompts = list(PROMPTS[:4])
+
+    def generate(prompt: str) -> tuple[list[str], list[dict[str, Any]]]:
+        chunks, outputs = grpc_generate(off_server.grpc_url, "tensorrt_llm_bls", [prompt], stream=True,
+                                        return_num_output_tokens=np.array([[True]]))
+        return chunks[0], outputs
+
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(
-            lambda p: grpc_generate(off_server.grpc_url, "tensorrt_llm_bls", [p], stream=True)[0][0], prompts))
-    for prompt, chunks in zip(prompts, answers, strict=True):
+        answers = list(pool.map(generate, prompts))
+    plain_sizes = []
+    for prompt, (chunks, outputs) in zip(prompts, answers, strict=True):
         assert "".join(chunks) == greedy_reference[prompt], prompt
         assert _streamed(chunks) > 2, f"{prompt!r}: {len(chunks)} responses: not streamed"
+        drafts = [int(out["total_draft_tokens"].reshape(-1)[0]) for out in outputs]
+        plain_sizes += [int(out["num_output_tokens"].reshape(-1)[0]) for before, out, now
+                        in zip([0, *drafts], outputs, drafts, strict=False) if now == before]
+    assert plain_sizes and max(plain_sizes) == PLAIN_ROUND_MOST, plain_sizes
 
 
 def test_a_request_gets_its_first_token_from_the_target_alone_and_drafts_from_its_second_round(

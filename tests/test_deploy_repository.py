@@ -17,6 +17,7 @@ from specbuild.deploy.pbtxt import parameter, read_config
 from specbuild.deploy.repository import deploy_repository
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import format_choices, parse_choices
+from specbuild.python_models.bls_loop import PLAIN_ROUND_MAX_TOKENS, PLAIN_ROUND_PARAMETER
 from tests.deploy_fixtures import Deployed
 
 DT_MODELS = {"preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls", "ensemble"}
@@ -40,6 +41,8 @@ def test_draft_target_repository_has_every_model_filled_and_consistent(deployed:
     assert parameter(bls, "tensorrt_llm_model_name") == "tensorrt_llm"
     assert parameter(bls, "tensorrt_llm_draft_model_name") == "tensorrt_llm_draft"
     assert parameter(bls, "num_draft_tokens") == "4"
+    # the spec's most tokens of a round without speculation, or the BLS's own default where it sets none
+    assert parameter(bls, PLAIN_ROUND_PARAMETER) == str(spec.speculative.plain_round_tokens or PLAIN_ROUND_MAX_TOKENS)
     assert target.backend == "python" and (repository / "tensorrt_llm" / "1" / "model.py").is_file()
     engines = spec.output_dir / "engines"
     assert Path(parameter(target, "gpt_model_path")) == (engines / "target").resolve()

@@ -200,11 +200,13 @@ def test_a_kv_cache_format_vllm_lacks_is_one_refusal_not_a_key_error(tmp_path: P
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_load_dependent_speculation_is_a_note_on_either_engine(tmp_path: Path, engine: str) -> None:
-    spec = _spec(tmp_path, "draft_target", speculative={"draft_len_schedule": {1: 5, 4: 0}, "max_concurrency": 8})
+    spec = _spec(tmp_path, "draft_target", speculative={"draft_len_schedule": {1: 5, 4: 0}, "max_concurrency": 8,
+                                                        "plain_round_tokens": 2})
     notes = export_spec(spec, engine, dry_run=True).plan.notes
     name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
     assert f"speculative.draft_len_schedule: not exported; {name} speculates the same length at any load" in notes
     assert f"speculative.max_concurrency: not exported; {name} has no load above which it stops speculating" in notes
+    assert any(n.startswith("speculative.plain_round_tokens: not exported;") and name in n for n in notes), notes
 
 
 def test_vllm_refuses_medusa_with_what_to_do_instead(tmp_path: Path) -> None:

@@ -88,6 +88,21 @@ def test_an_int8_sq_draft_becomes_fp8(tmp_path: Path, demo_models: dict[str, Pat
     assert _validate(out).exit_code == 0, _validate(out).output
 
 
+def test_the_bls_plain_round_setting_is_dropped_with_a_note(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """speculative.plain_round_tokens sizes the engine flow's BLS rounds; the PyTorch flow has no BLS (the spec's
+    checks refuse the field there), so migrate removes it, says so, and the result validates."""
+    source = tmp_path / "configs" / "demo.yaml"
+    source.parent.mkdir()
+    text = (CONFIGS / "demo.yaml").read_text().replace("../demo/", f"{ROOT}/demo/")
+    source.write_text(text.replace("\nspeculative:\n", "\nspeculative:\n  plain_round_tokens: 2\n", 1))
+    assert load_spec(source).speculative.plain_round_tokens == 2
+    out = tmp_path / "migrated.yaml"
+    migration = migrate_spec(source, out)
+    assert "speculative.plain_round_tokens removed: an engine-flow setting" in migration.notes
+    assert load_spec(out).speculative.plain_round_tokens is None
+    assert _validate(out).exit_code == 0, _validate(out).output
+
+
 def test_refusals_leave_out_untouched(tmp_path: Path) -> None:
     """OUT == SPEC, a spec already on the PyTorch flow, --line 1.2 and a self-draft (no PyTorch-flow form) are
     refused with why; OUT is not written."""

@@ -271,6 +271,22 @@ def test_draft_len_schedule_follows_tensorrt_llms_rules(tmp_path: Path) -> None:
     assert "the tree's first 1 paths are not a tree" in spec_error(write(tmp_path, MINIMAL + child_first)).message
 
 
+def test_plain_round_tokens_is_the_bls_s_and_says_where_it_is_not_used(tmp_path: Path) -> None:
+    """The draft-target BLS's rounds without speculation (engine flow) take the most tokens from the spec; another
+    mode or the PyTorch flow, which has no such rounds, is told so rather than silently ignoring it."""
+    base = MINIMAL + "draft:\n  model: d\nspeculative:\n  mode: draft_target\n"
+    assert load_spec(write(tmp_path, base + "  plain_round_tokens: 1\n")).speculative.plain_round_tokens == 1
+    assert load_spec(write(tmp_path, base)).speculative.plain_round_tokens is None  # the BLS's default
+    assert "speculative.plain_round_tokens: must be >= 1 (got 0)" in spec_error(
+        write(tmp_path, base + "  plain_round_tokens: 0\n")).message
+    medusa = MINIMAL + "speculative:\n  mode: medusa\n  plain_round_tokens: 2\nmedusa:\n  heads: h\n"
+    assert "plain_round_tokens: only used in draft_target mode" in spec_error(write(tmp_path, medusa)).message
+    pytorch = base.replace("build:\n", "build:\n  flow: pytorch\n", 1) + "  plain_round_tokens: 2\n"
+    assert "build:\n  flow: pytorch" in pytorch
+    assert "speculative.plain_round_tokens: only used on build.flow: engine" in spec_error(
+        write(tmp_path, pytorch)).message
+
+
 def test_medusa_tree_with_missing_prefix(tmp_path: Path) -> None:
     medusa = "medusa:\n  heads: heads\n  choices: [[0], [1, 0], [0, 0]]\n"
     path = write(tmp_path, MINIMAL + "speculative:\n  mode: medusa\n" + medusa)

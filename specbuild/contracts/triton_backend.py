@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specbuild.python_models.bls_loop import PLAIN_ROUND_MAX_TOKENS
+
 Presence = Literal["always", "flag", "flag_unchecked", "batched", "multi_sequence", "never"]
 """When the C++ backend puts an output in a response (model_instance_state.cc `fillTritonResponse`):
 always; `flag`: the request set `flag` and asked for the output; `flag_unchecked`: the request set `flag`,
@@ -506,7 +508,7 @@ BLS = ModelContract(
         tensorrt_llm_model_name | tensorrt_llm | the LLM model the BLS calls | 431
         tensorrt_llm_draft_model_name | "" | the draft model (draft-target speculation) | 437
         multimodal_encoders_name | "" | multimodal encoders (unset: text only) | 443
-    """) + _parameters("""
+    """) + _parameters(f"""
         preprocessing_model_name | preprocessing | the tokenizer model the BLS calls (fixed in NVIDIA's BLS) | 0
         postprocessing_model_name | postprocessing | the detokenizer model the BLS calls (fixed in NVIDIA's BLS) | 0
         num_draft_tokens | 0 | K for requests that do not send num_draft_tokens | 0
@@ -515,6 +517,7 @@ BLS = ModelContract(
         torch_threads | 1 | torch threads of the model's process | 0
         draft_len_schedule | "" | K by requests in flight, JSON (speculative.draft_len_schedule) | 0
         max_concurrency | "" | no speculation above this many requests in flight | 0
+        plain_round_tokens | {PLAIN_ROUND_MAX_TOKENS} | most tokens of a K 0 round, one response each | 0
     """, extra="both"),
 )
 

@@ -17,6 +17,7 @@ from specbuild.contracts.engine_info import EngineInfo, engine_dir, engine_roles
 from specbuild.contracts.triton_backend import MODELS, PLACEHOLDER_TYPES, ModelContract, ensemble_scheduling
 from specbuild.errors import SpecbuildError
 from specbuild.medusa.choices import format_choices
+from specbuild.python_models.bls_loop import PLAIN_ROUND_MAX_TOKENS, PLAIN_ROUND_PARAMETER
 from specbuild.spec import PipelineSpec
 from specbuild.tokenizer import TOKENIZER_DIR
 
@@ -144,7 +145,9 @@ def plan_repository(spec: PipelineSpec, engines: dict[str, EngineInfo], end_id: 
         "num_draft_tokens": spec.speculative.num_draft_tokens if bls_drafts else 0,
         "max_draft_len": engines["target"].max_draft_len if bls_drafts else 0,
         "use_draft_logits": spec.speculative.use_draft_logits, "torch_threads": TORCH_THREADS,
-        **(_schedule(spec) if bls_drafts else {})},
+        **(_schedule(spec) if bls_drafts else {}),
+        **({PLAIN_ROUND_PARAMETER: spec.speculative.plain_round_tokens or PLAIN_ROUND_MAX_TOKENS}
+           if bls_drafts else {})},
         reference=reference))
     models.append(ModelPlan(ENSEMBLE, ENSEMBLE, {
         "model_name": ENSEMBLE, "triton_max_batch_size": batch, "llm_model_name": TARGET}, python=False,

@@ -96,6 +96,9 @@ def load_notes(spec: PipelineSpec, engine: str) -> list[str]:
     if spec.speculative.max_concurrency is not None:
         notes.append(f"speculative.max_concurrency: not exported; {engine} has no load above which it stops "
                      "speculating")
+    if spec.speculative.plain_round_tokens is not None:
+        notes.append(f"speculative.plain_round_tokens: not exported; the BLS's rounds without speculation have no "
+                     f"counterpart in {engine}, which streams every token")
     return notes
 
 

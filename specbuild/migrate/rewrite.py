@@ -13,8 +13,8 @@ What moves, and why (the line's tables: specbuild.contracts.llm_api LINES):
 - the load-aware schedule is carried over in the spec's own meaning (keys are the batch size a length applies
   from; the writer spells it as the line does): each non-zero length is capped at the new K, zeros (speculation
   off) stay; max_concurrency is kept.
-- engine-only settings are dropped (speculative.max_draft_len, use_draft_logits, build.gather_context_logits,
-  deploy.exclude_input_in_output), as pytorch_flow_problems would refuse them.
+- engine-only settings are dropped (speculative.max_draft_len, use_draft_logits, plain_round_tokens,
+  build.gather_context_logits, deploy.exclude_input_in_output), as the spec's checks would refuse them there.
 The result is parsed as a spec before anything is written, and OUT is replaced atomically; SPEC is never
 overwritten.
 """
@@ -161,7 +161,8 @@ def migrate_text(spec: PipelineSpec, text: str, *, line: str = NEWEST_TRTLLM_LIN
         notes.append(f"draft quantization {old} -> {QUANT_REPLACEMENT[old]}: the PyTorch backend has no linear "
                      f"method for {old}")
     for loc in (("speculative", "max_draft_len"), ("speculative", "use_draft_logits"),
-                ("build", "gather_context_logits"), ("deploy", "exclude_input_in_output")):
+                ("speculative", "plain_round_tokens"), ("build", "gather_context_logits"),
+                ("deploy", "exclude_input_in_output")):
         removed = _remove(text, root, loc)
         if removed is not None:
             edits.append(removed)

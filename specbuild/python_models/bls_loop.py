@@ -145,40 +145,58 @@ def stop_word_prefix(generated: Sequence[int], words: tuple[tuple[int, ...], ...
 
 PLAIN_ROUND_TOKENS = 4
 """Tokens the target generates in the first plain round after a speculative one (K 0 this round: the load-aware
-schedule turned speculation off, or the draft refused): rounds, not the rest of the answer in one call, so a
-streaming row still streams and K is asked again after each of them (a request speculates again once the load
-falls)."""
+schedule turned speculation off, or the draft refused), or fewer where the most a plain round may make is fewer:
+rounds, not the rest of the answer in one call, so a streaming row still streams and K is asked again after each of
+them (a request speculates again once the load falls)."""
 
 PLAIN_ROUND_MAX_TOKENS = 8
-"""Each further plain round in a row doubles, up to this many tokens. A round is one call to the target, and between
-two calls the row is out of the target's running batch until the next one arrives (about one engine step), so a
-round of n tokens makes at most n tokens per n + 1 steps; longer rounds lose less of plain decoding's rate but hand
-on coarser chunks and ask K less often (docs/methods/draft-target.md has what each made on the demo deployment)."""
+"""Each further plain round in a row doubles, up to this many tokens: the default of the BLS's `plain_round_tokens`
+parameter (`speculative.plain_round_tokens` in a spec). A round is one call to the target, and between two calls the
+row is out of the target's running batch until the next one arrives (about one engine step), so a round of n tokens
+makes at most n tokens per n + 1 steps; longer rounds lose less of plain decoding's rate but hand on coarser chunks
+and ask K less often (docs/methods/draft-target.md has what each made on the demo deployment)."""
+
+PLAIN_ROUND_PARAMETER = "plain_round_tokens"
+"""The BLS parameter (config.pbtxt) that sets the most tokens of a plain round."""
 
 
-def plain_round_len(rounds: int, plain_run: int, first: int = PLAIN_ROUND_TOKENS,
-                    most: int = PLAIN_ROUND_MAX_TOKENS) -> int:
+def plain_round_most(value: str | None) -> int:
+    """The most tokens of a plain round, from the BLS's `plain_round_tokens` parameter (unset or empty:
+    PLAIN_ROUND_MAX_TOKENS); ValueError naming the parameter when it is not a whole number of at least 1."""
+    if value is None or not value.strip():
+        return PLAIN_ROUND_MAX_TOKENS
+    try:
+        most = int(value)
+    except ValueError:
+        most = 0
+    if most < 1:
+        raise ValueError(f"parameter {PLAIN_ROUND_PARAMETER} = {value!r}: the most tokens of a plain round must be a "
+                         "whole number of at least 1 (1 streams every token of a round without speculation)")
+    return most
+
+
+def plain_round_len(rounds: int, plain_run: int, most: int = PLAIN_ROUND_MAX_TOKENS) -> int:
     """Tokens a plain round asks of the target: one in a row's first round (`rounds` 0: its prefill, so the first
-    response comes as soon as plain decoding's), else `first` doubled for each of the `plain_run` plain rounds just
-    before it, at most `most`."""
+    response comes as soon as plain decoding's), else PLAIN_ROUND_TOKENS (at most `most`) doubled for each of the
+    `plain_run` plain rounds just before it, at most `most`."""
     if rounds == 0:
         return 1
+    first = min(PLAIN_ROUND_TOKENS, most)
     return min(first << min(plain_run, most.bit_length()), most)
 
 
 def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Verify, *,
               on_chunk: Callable[[Chunk], None] | None = None,
-              cancelled: Callable[[], bool] | None = None, plain_tokens: int = PLAIN_ROUND_TOKENS,
-              plain_tokens_max: int = PLAIN_ROUND_MAX_TOKENS) -> bool:
+              cancelled: Callable[[], bool] | None = None,
+              plain_round_max: int = PLAIN_ROUND_MAX_TOKENS) -> bool:
     """Run rounds until the row is finished (True) or `cancelled()` says the client went away (False: nothing
     final was handed on). `k` is the draft length, or a callable asked every round but the first (load-aware
     speculation, `specbuild.runtime.schedule`). The first round is the target alone for one token, as an engine
     makes a request's first token (NVIDIA's loop drafts first: the first response then waits for a draft call and
     a verification); a later round with k = 0 (or after the draft refused) is the target alone for
-    `plain_round_len` tokens, handed on like any round."""
-    if not 1 <= plain_tokens <= plain_tokens_max:
-        raise ValueError(f"plain rounds need 1 <= plain_tokens <= plain_tokens_max (got {plain_tokens}, "
-                         f"{plain_tokens_max})")
+    `plain_round_len` tokens (at most `plain_round_max`), handed on like any round."""
+    if plain_round_max < 1:
+        raise ValueError(f"plain rounds need plain_round_max >= 1 (got {plain_round_max})")
     if row.max_tokens <= 0:
         row.finish = "length"
         _hand_on(row, on_chunk, final=True)
@@ -209,7 +227,7 @@ def speculate(row: Row, k: int | Callable[[], int], propose: Propose, verify: Ve
         if k > 0:
             out_len, plain_run = len(drafts) + 1, 0
         else:
-            out_len = min(remaining, plain_round_len(row.rounds, plain_run, plain_tokens, plain_tokens_max))
+            out_len = min(remaining, plain_round_len(row.rounds, plain_run, plain_round_max))
             plain_run += int(row.rounds > 0)
         verdict = verify(row.sequence(), drafts, logits if drafts else None, out_len)
         raw = [int(t) for t in verdict.tokens[:out_len]]

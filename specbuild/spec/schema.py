@@ -367,6 +367,11 @@ class SpeculativeSpec(_Section):
     `specbuild tune` measures and writes it. Default: the full length at any load."""
     max_concurrency: Annotated[int, Strict(), Field(ge=1)] | None = None
     """Speculation off above this many active sequences (TensorRT-LLM's `max_concurrency`). Default: never off."""
+    plain_round_tokens: Annotated[int, Strict(), Field(ge=1)] | None = None
+    """draft_target on the engine flow (the BLS): the most tokens of a round without speculation, when the schedule
+    or max_concurrency turns K to 0. Each such round is one call to the target and one streamed response; they start
+    at 4 tokens (or this, if less) and double up to this. 1 streams every token, at the cost of a call per token;
+    more loses less of plain decoding's rate under load and streams in coarser chunks. Default: 8."""
 
     @model_validator(mode="after")
     def _check_draft_settings(self) -> SpeculativeSpec:
@@ -386,6 +391,9 @@ class SpeculativeSpec(_Section):
                 "would refuse every draft ('Number of draft tokens is larger than maximum number of draft tokens')",
                 line,
             ))
+        if self.plain_round_tokens is not None and self.mode != "draft_target":
+            issues.append((("plain_round_tokens",), f"only used in draft_target mode, by the BLS's rounds (mode is "
+                           f"{self.mode!r})", None))
         if self.draft_len_schedule is not None and self.mode == "none":
             issues.append((("draft_len_schedule",), "only used with speculative decoding (mode is 'none')", None))
         elif self.draft_len_schedule is not None and self.mode in K_MODES:
@@ -652,6 +660,10 @@ def _spec_mode_issues(spec: PipelineSpec) -> list[Issue]:
             issues.append((("draft", "source"), "target_layers needs build.flow: engine: `convert` writes the "
                            "self-draft as a TensorRT-LLM checkpoint, and the PyTorch flow's LLM API loads the draft "
                            "from a Hugging Face checkpoint (draft.model)", None))
+    if spec.speculative.plain_round_tokens is not None and spec.build.flow == "pytorch":
+        issues.append((("speculative", "plain_round_tokens"), "only used on build.flow: engine, by the BLS's rounds: "
+                       "the PyTorch flow's Draft_Target decodes a step without speculation in its running batch, "
+                       "streaming every token (remove it)", None))
     schedule = spec.speculative.draft_len_schedule
     if schedule is not None and spec.speculative.mode == "medusa" and spec.medusa is not None:
         choices = spec.medusa.resolved_choices()

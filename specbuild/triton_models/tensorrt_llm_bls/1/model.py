@@ -58,7 +58,16 @@ from specbuild.python_models.bls_calls import (
     stack_rows,
     stop_command,
 )
-from specbuild.python_models.bls_loop import Chunk, DraftUnavailable, Proposal, Row, Verdict, speculate
+from specbuild.python_models.bls_loop import (
+    PLAIN_ROUND_PARAMETER,
+    Chunk,
+    DraftUnavailable,
+    Proposal,
+    Row,
+    Verdict,
+    plain_round_most,
+    speculate,
+)
 from specbuild.python_models.detokenize import StreamedText, decode_chunk, preceding_tokens
 from specbuild.python_models.preprocess import nvidia_flag
 from specbuild.runtime.schedule import bls_schedule, scheduled_draft_len, served_draft_len
@@ -264,6 +273,10 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self.in_flight = 0
         self.schedule = bls_schedule(params, self.default_k, io.log_info) if self.draft is not None else None
+        try:  # a bad value fails loading (tritonserver and `specbuild serve` name it), not every request
+            self.plain_round_max = plain_round_most(_param(params, PLAIN_ROUND_PARAMETER, None))
+        except ValueError as err:
+            raise io.pb_utils.TritonModelException(str(err)) from None
         self.tokenizer = None
         if self.draft is not None:  # the speculation loop detokenises here, as postprocessing would
             from specbuild.tokenizer import load_tokenizer
@@ -545,7 +558,7 @@ class TritonPythonModel:
 
             if not speculate(row, lambda k=k: self.draft_len(k), propose, verify,
                              on_chunk=on_chunk,
-                             cancelled=lambda: cancellation.is_set):
+                             cancelled=lambda: cancellation.is_set, plain_round_max=self.plain_round_max):
                 raise Cancelled
             if not stream:
                 tokens = [*row.prompt, *row.generated] if include_prompt else row.generated
