@@ -43,6 +43,8 @@ TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "tune-medusa2": ("configs/demo-medusa2.yaml", [OWN, SERVED]),
     "tune-self-draft": ("configs/demo-self-draft.yaml", [OWN, SERVED]),
     "tune-eagle3": ("configs/demo-eagle3.yaml", [OWN, SERVED]),
+    # Draft_Target through the LLM API, measured on its build.backend: reference copy (TUNED_ON_REFERENCE)
+    "tune-pytorch": ("configs/demo-pytorch.yaml", [OWN, SERVED]),
 }
 """bench/results/<name>.txt (the `specbuild tune --dry-run` tables) and <name>.json (specbuild.tune.report: the
 same figures, the choices, the calibration settings and the machine) for each spec, one tune per options dict
@@ -50,6 +52,22 @@ same figures, the choices, the calibration settings and the machine) for each sp
 tune's schedule). A served tune deploys its spec first (each stage a no-op when up to date, as serving_bench prepares
 it), as the spec holds it. No targets: figures to
 compare by eye, except that a spec citing its JSON must hold what it says (`tuned_spec_problems`)."""
+
+TUNED_ON_REFERENCE = frozenset({"configs/demo-pytorch.yaml"})
+"""Specs served by TensorRT-LLM itself (a GPU host: build.backend auto), which `specbuild tune` cannot measure here:
+their tunes run on the spec's build.backend: reference copy, the one bench/serving_bench.py serves (it writes it under
+demo/specs/), as tune's own hint says; the report is the spec's, naming the copy it measured (`tuned_copy`), and the
+spec carries the choices over."""
+
+
+def tuned_spec(spec: str) -> Path:
+    """The spec file a TUNE_TABLES entry's tunes run on: the spec, or its reference copy (TUNED_ON_REFERENCE)."""
+    if spec not in TUNED_ON_REFERENCE:
+        return ROOT / spec
+    from serving_bench import Deployment, spec_path
+
+    return spec_path(Deployment(spec, reference_of=True))
+
 
 TUNE = "tune"
 """run_all.py's name for its own part, the tune tables and reports and the check of the specs citing them."""
@@ -117,16 +135,16 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
 
                         from specbuild.tune.served import served_choices
 
-                        repository = prepare(ROOT / spec)
+                        repository = prepare(tuned_spec(spec))
                         own = {setting: value for setting, value in (reports[0].settings if reports else {}).items()
                                if setting not in served_choices(repository)}  # the served tune chooses those
-                        changed = spec_differences(load_spec(ROOT / spec), own)
+                        changed = spec_differences(load_spec(tuned_spec(spec)), own)
                         if changed:  # the deployment is not what the spec's own tune chose
                             problems.append(f"{name}: {spec} does not hold what its own tune chose, so its served "
                                             f"schedule was not measured ({'; '.join(changed)}): update the spec, "
                                             "then run the tune again")
                             break
-                    reports.append(run_tune(ROOT / spec, options, out=printer))
+                    reports.append(run_tune(tuned_spec(spec), options, out=printer))
                 except Exception as err:  # a failed tune must not stop the others
                     why = err.message if isinstance(err, SpecbuildError) else f"{type(err).__name__}: {err}"
                     problems.append(f"{name}: tune of {spec} with {extra or 'its defaults'} failed: {why}")
@@ -134,7 +152,8 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
         if len(reports) == len(runs):
             write_report(report_path, reports, machine_info(["transformers", "specbuild"],
                                                             torch_threads=reports[0].torch_threads,
-                                                            loadavg_start=load_start), root=ROOT)
+                                                            loadavg_start=load_start), root=ROOT,
+                         for_spec=spec if spec in TUNED_ON_REFERENCE else None)
     return problems
 
 

@@ -23,7 +23,7 @@ MAX_TOKENS = 24
 
 def _llmapi_repository(root: Path, models: dict[str, Path]) -> Path:
     data = pipeline_data("demo-llmapi", models, "draft_target", root / "out")
-    data["speculative"]["draft_len_schedule"] = {1: 4, 4: 0}  # as configs/demo-pytorch.yaml
+    data["speculative"]["draft_len_schedule"] = {1: 4, 4: 0}  # speculation off from 4 sequences: both paths served
     return deploy_pytorch_flow(root, data)
 
 

@@ -1,6 +1,7 @@
-"""The demo specs use exactly what `specbuild tune` wrote: configs/demo.yaml's, demo-self-draft.yaml's and
-demo-eagle3.yaml's K and schedule, configs/demo-medusa.yaml's and demo-medusa2.yaml's trees and schedules (the
-schedules measured behind tritonserver, `tune --served`) and demo-lookahead.yaml's (W, N, G) are the settings of the
+"""The demo specs use exactly what `specbuild tune` wrote: configs/demo.yaml's, demo-self-draft.yaml's,
+demo-eagle3.yaml's and demo-pytorch.yaml's (on its reference copy) K and schedule, configs/demo-medusa.yaml's and
+demo-medusa2.yaml's trees and schedules (the schedules measured behind tritonserver, `tune --served`) and
+demo-lookahead.yaml's (W, N, G) are the settings of the
 bench/results/tune-*.json each cites, which
 `make bench` (bench/run_all.py) wrote on the machine that measured them, beside the tables it printed.
 
@@ -37,6 +38,7 @@ def run_all() -> ModuleType:
     ("configs/demo-lookahead.yaml", "tune-lookahead.json", {"lookahead", "draft_len_schedule"}),
     ("configs/demo-self-draft.yaml", "tune-self-draft.json", {"num_draft_tokens", "draft_len_schedule"}),
     ("configs/demo-eagle3.yaml", "tune-eagle3.json", {"num_draft_tokens", "draft_len_schedule"}),
+    ("configs/demo-pytorch.yaml", "tune-pytorch.json", {"num_draft_tokens", "draft_len_schedule"}),
 ])
 def test_the_demo_spec_cites_and_holds_what_tune_wrote(run_all: ModuleType, spec: str, report: str,
                                                        settings: set[str]) -> None:
@@ -54,7 +56,7 @@ def test_every_spec_citing_a_tune_report_holds_it(run_all: ModuleType) -> None:
 
 
 @pytest.mark.parametrize("name", ["tune-draft-target", "tune-medusa", "tune-medusa2", "tune-self-draft",
-                                  "tune-eagle3"])
+                                  "tune-eagle3", "tune-pytorch"])
 def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: ModuleType, name: str) -> None:
     """The tables and the report come from one make-bench run: the schedule the report chose is the one the served
     tune's table shows (with the tokens/s it was chosen by, behind the server), and the tables end each tune with
@@ -78,6 +80,16 @@ def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: 
         k = data["settings"]["num_draft_tokens"]  # its schedule on the same line
         chose = f"tune chose: speculative.num_draft_tokens {k}"
         assert f"{chose}\n" in tables or (served["settings"].get("num_draft_tokens") == k and f"{chose};" in tables)
+
+
+def test_a_spec_tensorrt_llm_serves_is_tuned_on_its_reference_copy(run_all: ModuleType) -> None:
+    """configs/demo-pytorch.yaml is served by TensorRT-LLM's LLM API (a GPU host), which tune cannot measure here
+    (`specbuild tune` refuses it and says to tune a build.backend: reference copy): make bench tunes the copy that
+    bench/serving_bench.py serves, and the report is the spec's own, naming the copy it measured."""
+    data = read_report(RESULTS / "tune-pytorch.json")
+    assert "configs/demo-pytorch.yaml" in run_all.TUNED_ON_REFERENCE and data["spec"] == "configs/demo-pytorch.yaml"
+    copy = data["tuned_copy"]
+    assert copy.startswith("demo/specs/") and copy.endswith("-reference.yaml"), copy
 
 
 def _cited_spec(root: Path, report: str, edit: tuple[str, str] | None = None) -> Path:

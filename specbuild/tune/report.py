@@ -135,11 +135,13 @@ def _json_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_report(path: Path, reports: Sequence[TuneReport], machine: Mapping[str, Any],
-                 root: Path | None = None) -> dict[str, Any]:
+                 root: Path | None = None, for_spec: str | None = None) -> dict[str, Any]:
     """Write the tunes of one spec to `path` (atomically): `settings` are the first tune's, the values the spec
     should hold, with the schedule of a served tune (`tune --served`, which measures only that); other later tunes
     (other budgets, say) are kept as comparisons. The spec is named relative to `root`
-    (default: the working directory) where it lies inside. Returns what was written."""
+    (default: the working directory) where it lies inside. `for_spec`: the spec the settings are for where the
+    tunes ran on a copy of it (build.backend: reference, which tune can measure), named as `spec`, the copy as
+    `tuned_copy`. Returns what was written."""
     if not reports:
         raise ValueError("a tune report needs at least one tune")
     spec = reports[0].spec.path
@@ -154,7 +156,8 @@ def write_report(path: Path, reports: Sequence[TuneReport], machine: Mapping[str
     for report, run in zip(reports, runs, strict=True):
         if report.options.served:  # `tune --served` measures the schedule alone, for the spec's own K and tree
             settings.update(run["settings"])
-    data = {"format": FORMAT, "spec": shown, "settings": settings, "machine": dict(machine), "runs": runs}
+    data = {"format": FORMAT, "spec": for_spec or shown, **({"tuned_copy": shown} if for_spec else {}),
+            "settings": settings, "machine": dict(machine), "runs": runs}
     os.replace(stage_text(path, _dumps(data) + "\n"), path)
     return data
 
