@@ -25,6 +25,7 @@ from specbuild.runtime.sequence import GenerationStats
 from specbuild.spec import load_spec
 from specbuild.tune import spec_edit as tune_yaml
 from specbuild.tune.measure import Acceptance, calibration_prompts, medusa_acceptance
+from specbuild.tune.schedule import halvings
 from specbuild.tune.stage import TuneOptions, reference_prefix, run_tune, write_spec
 from specbuild.tune.tree import expected_accepted_length, grow_tree, path_expectation
 
@@ -278,6 +279,13 @@ def test_tune_draft_length_on_the_demo_pair(converted: dict[str, Path]) -> None:
                         f"  num_draft_tokens: {t.chosen}  # K: tune rewrites this value only")]
 
 
+def test_the_lengths_between_plain_and_the_full_one_halve_down_to_one() -> None:
+    """A schedule is measured at plain, the full length and each halving of it down to 1, so a short length that
+    pays under load where half the full one does not can be chosen (the demo's Medusa: 2 of 8 paths)."""
+    assert halvings(8) == [4, 2, 1] and halvings(5) == [2, 1] and halvings(4) == [2, 1]
+    assert halvings(3) == [1] and halvings(2) == [1] and halvings(1) == []
+
+
 def test_schedule_thresholds_follow_the_fastest_length_and_never_grow() -> None:
     """The schedule keeps the full length at batch 1 (TensorRT-LLM's rule) and a threshold wherever the fastest
     length changes; a length longer than a smaller batch's is never taken; where a batch size's fastest length
@@ -334,11 +342,11 @@ def test_tune_writes_a_schedule_the_spec_accepts_and_its_report(converted: dict[
     assert report.schedule is not None and report.draft_length is not None
     k = report.draft_length.chosen
     assert set(report.schedule.tokens_per_second) == {1, 2, 4}
-    assert all(set(rates) == {0, k, max(1, k // 2)} for rates in report.schedule.tokens_per_second.values())
+    assert all(set(rates) == {0, k, *halvings(k)} for rates in report.schedule.tokens_per_second.values())
     schedule = report.schedule.schedule
     # a length starts at 1 or right after a measured batch size (the rule: test_a_schedule_runs_the_longer_...)
     starts = {1} | {size + 1 for size in report.schedule.tokens_per_second}
-    assert schedule[1] == k and set(schedule) <= starts and set(schedule.values()) <= {0, k, max(1, k // 2)}
+    assert schedule[1] == k and set(schedule) <= starts and set(schedule.values()) <= {0, k, *halvings(k)}
     assert load_spec(out).speculative.draft_len_schedule == schedule
     # the report says what was written into the spec, with the figures the schedule was chosen by
     from specbuild.tune.report import read_report, spec_differences, write_report

@@ -23,7 +23,7 @@ from specbuild.runtime.schedule import (
     served_steps,
 )
 from specbuild.spec import load_spec
-from specbuild.tune.schedule import shortest_within_noise
+from specbuild.tune.schedule import halvings, shortest_within_noise
 from specbuild.tune.served import ONE_CLIENT_PASSES
 from specbuild.tune.stage import TuneOptions, run_tune
 from tests.deploy_fixtures import Deployed
@@ -90,7 +90,8 @@ def test_an_undeployed_spec_is_told_to_deploy(tmp_path: Path, demo_models: dict[
 def test_the_schedule_is_measured_on_the_deployed_repository_at_each_length(deployed: Deployed) -> None:
     """The Medusa deployment (8-node tree, max batch 4): one server per length, each running that length from
     batch size 2 on (its log says the override replaced the repository's schedule), tokens/s at batch 2 and 4
-    for 0, 4 and 8 tree paths, and the schedule built from them keeps the full tree at batch size 1."""
+    for 0 tree paths, all 8 and their halvings (4, 2, 1), and the schedule built from them keeps the full tree at
+    batch size 1."""
     spec = deployed.specs["medusa"]
     text = spec.path.read_text(encoding="utf-8")
     options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=8, write=False)
@@ -98,10 +99,11 @@ def test_the_schedule_is_measured_on_the_deployed_repository_at_each_length(depl
     t = report.schedule
     assert t is not None and t.served and t.full_length == 8
     assert sorted(t.tokens_per_second) == [2, 4]
-    assert all(sorted(rates) == [0, 4, 8] and min(rates.values()) > 0 for rates in t.tokens_per_second.values())
+    assert all(sorted(rates) == [0, 1, 2, 4, 8] and min(rates.values()) > 0
+               for rates in t.tokens_per_second.values())
     assert report.settings == {"draft_len_schedule": t.schedule} and t.schedule[1] == 8  # nothing else measured
     logs = spec.deploy.model_repository.parent / "tune-served"  # type: ignore[union-attr]
-    for length in (0, 4, 8):
+    for length in (0, 1, 2, 4, 8):
         log = (logs / f"tritonserver-k{length}.log").read_text(encoding="utf-8", errors="replace")
         log = log.replace('\\"', '"')  # the server log escapes the quotes of python models' lines
         assert f"draft_len_schedule {json.dumps(fixed_length(8, length, 4))} from {SCHEDULE_ENV}" in log
@@ -115,7 +117,7 @@ def test_the_bls_k_is_measured_served_at_batch_one_and_written_with_the_schedule
     call, whose cost a longer K spreads over more tokens, so `tune --served` measures every K up to the engine's
     max_draft_len at batch size 1 (one client asking it with NVIDIA's num_draft_tokens input, on a server whose
     BLS takes the full length from the override and says so) and makes the shortest K within the run's noise of
-    the fastest the spec's K; the loaded sizes are measured with that K, plain and half of it. Written, the spec
+    the fastest the spec's K; the loaded sizes are measured with that K, plain and its halvings. Written, the spec
     holds both and keeps the engine's max_draft_len where the K is smaller, so the repository's engines still fit
     it."""
     spec = deployed.specs["draft_target"]
@@ -130,7 +132,7 @@ def test_the_bls_k_is_measured_served_at_batch_one_and_written_with_the_schedule
     k = shortest_within_noise(t.one_client)[0]
     assert t.full_length == k and t.schedule[1] == k
     assert sorted(t.tokens_per_second) == [1, 2, 4]
-    assert all(sorted(t.tokens_per_second[size]) == sorted({0, k, max(1, k // 2)}) for size in (2, 4))
+    assert all(sorted(t.tokens_per_second[size]) == sorted({0, k, *halvings(k)}) for size in (2, 4))
     assert report.settings == {"num_draft_tokens": k, "draft_len_schedule": t.schedule}
     logs = spec.deploy.model_repository.parent / "tune-served"  # type: ignore[union-attr]
     log = (logs / "tritonserver-batch1.log").read_text(encoding="utf-8", errors="replace").replace('\\"', '"')

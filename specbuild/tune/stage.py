@@ -67,7 +67,7 @@ from specbuild.tune.measure import (
     one_engine,
     sweep_draft_lengths,
 )
-from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halfway, tune_schedule
+from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halvings, tune_schedule
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
 from specbuild.tune.served import (
     ONE_CLIENT_PASSES,
@@ -702,8 +702,8 @@ def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out:
 def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter | None, tree: TreeTuning | None,
                    prompts: Prompts, options: TuneOptions, update: SpecUpdate,
                    phase: Callable[[str, int], Tick]) -> ScheduleTuning:
-    """Plain against the tuned length (K, or the chosen tree's paths) and half of it at every batch size up to
-    the engines' (see tune_schedule)."""
+    """Plain against the tuned length (K, or the chosen tree's paths) and its halvings down to 1 at every batch size
+    up to the engines' (see tune_schedule)."""
     from specbuild.runtime.generation import generate
     from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
     from specbuild.runtime.sequence import StopCriteria
@@ -726,21 +726,22 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
             return result.stats.generated_tokens
 
     sizes = batch_sizes(spec.build.max_batch_size)
-    return tune_schedule(run, prompts, sizes, halfway(full), full, options.repeats,
+    return tune_schedule(run, prompts, sizes, halvings(full), full, options.repeats,
                          tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
 
 
 def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
                      phase: Callable[[str, int], Tick]) -> ScheduleTuning:
-    """Plain against the deployed length and half of it at every batch size from 2 up to the engines', behind
+    """Plain against the deployed length and its halvings at every batch size from 2 up to the engines', behind
     tritonserver (`specbuild.tune.served`), after K itself at batch size 1 where the BLS drafts; Lookahead, whose
     schedule only turns its windows on or off, against its full length alone."""
     sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
     lookahead = spec.speculative.mode == "lookahead"
     limit = bls_draft_limit(deployed_repository(spec))
-    cells = options.repeats * ((limit or 0) * ONE_CLIENT_PASSES + (2 if lookahead else 3) * len(sizes))
+    lengths = 1 + (1 if lookahead else len({spec.full_draft_len, *halvings(spec.full_draft_len)}))  # 0 included
+    cells = options.repeats * ((limit or 0) * ONE_CLIENT_PASSES + lengths * len(sizes))
     label = f"served {'K at batch 1, then the ' if limit else ''}schedule at batch {', '.join(map(str, sizes))}"
-    return measure_served_schedule(spec, texts, sizes, (lambda full: []) if lookahead else halfway,
+    return measure_served_schedule(spec, texts, sizes, (lambda full: []) if lookahead else halvings,
                                    spec.full_draft_len, options.new_tokens, options.repeats, phase(label, cells),
                                    limit)
 
