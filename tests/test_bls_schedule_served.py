@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -111,3 +112,24 @@ def test_a_request_gets_its_first_token_from_the_target_alone_and_drafts_from_it
         plain = grpc_generate(dt_server.grpc_url, "ensemble", [prompt], max_tokens, stream=False,
                               exclude_input_in_output=np.array([[True]]))[0][0]
         assert "".join(text for text, _ in responses) == "".join(plain), prompt
+
+
+def test_a_bad_plain_round_tokens_fails_loading_and_names_the_parameter(deployed: Deployed,
+                                                                        tmp_path: Path) -> None:
+    """A value that is not a whole number of at least 1 stops the BLS from loading, so the server does not start
+    and the error names the model and the parameter, instead of every request failing later."""
+    from specbuild.errors import SpecbuildError
+    from specbuild.serve.server import TritonServer
+
+    broken = tmp_path / "repo"
+    shutil.copytree(deployed.repository("draft_target"), broken, symlinks=True)
+    config = broken / "tensorrt_llm_bls" / "config.pbtxt"
+    text, count = re.subn(r'(key: "plain_round_tokens" value: \{ string_value: )"[^"]*"', r'\1"0"',
+                          config.read_text(encoding="utf-8"))
+    assert count == 1
+    config.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecbuildError) as failure, TritonServer(broken, log_file=tmp_path / "log",
+                                                                ready_timeout_s=300):
+        pass
+    message = str(failure.value)
+    assert "tensorrt_llm_bls" in message and "plain_round_tokens" in message and "'0'" in message, message
