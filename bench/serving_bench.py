@@ -386,15 +386,18 @@ def plain_at(spec_file: Path, concurrency: Sequence[int]) -> list[int]:
     """The concurrencies at which the spec's load rules decode plainly (draft_len_schedule's K or tree 0, or above
     max_concurrency): there a loaded target measures plain decoding, with speculation switched off, not speculation
     that pays. A spec's schedule reads "from" each threshold whatever the line; deploy rewrites it for the lines
-    that read "up to" (contracts.llm_api.up_to_schedule)."""
-    from specbuild.runtime.schedule import DraftSchedule
+    that read "up to" (contracts.llm_api.up_to_schedule). Where this process has SCHEDULE_ENV set, the servers it
+    starts run that schedule instead (an ad hoc probe of another one), and so does this (served_steps)."""
+    from specbuild.runtime.schedule import DraftSchedule, served_steps
     from specbuild.spec import load_spec
 
     spec = load_spec(spec_file)
     rules = spec.speculative
-    if rules.mode == "none" or not (rules.draft_len_schedule or rules.max_concurrency):
+    if rules.mode == "none":
         return []
-    steps = dict(rules.draft_len_schedule or {})
+    steps = served_steps(rules.draft_len_schedule)
+    if not (steps or rules.max_concurrency):
+        return []
     schedule = DraftSchedule(steps, steps.get(1, 1), rules.max_concurrency)
     return [c for c in concurrency if schedule.draft_len(c) == 0]
 

@@ -163,11 +163,14 @@ def test_the_medusa_miss_at_one_request_is_judged_by_its_own_account(bench: dict
 
 
 def test_a_loaded_figure_of_a_deployment_that_decodes_plainly_there_says_so(bench: dict[str, ModuleType],
-                                                                           tmp_path: Path) -> None:
+                                                                           tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A schedule that turns speculation off at a load makes that load's ">= 1.0x plain" a figure of plain
     decoding: the target keeps its verdict, and its figure says that speculation was off (read from the spec's own
-    draft_len_schedule and max_concurrency)."""
+    draft_len_schedule and max_concurrency, or from the schedule the servers were told to run instead)."""
     import yaml
+
+    from specbuild.runtime.schedule import SCHEDULE_ENV
 
     s = bench["serving_bench"]
     config = BENCH.parent / "configs" / "demo.yaml"
@@ -184,6 +187,12 @@ def test_a_loaded_figure_of_a_deployment_that_decodes_plainly_there_says_so(benc
     assert s.plain_at(spec({"draft_len_schedule": {1: 3, 8: 0}}), [1, 8, 16]) == [8, 16]
     assert s.plain_at(spec({"draft_len_schedule": {1: 3, 4: 2}}), [1, 8, 16]) == []
     assert s.plain_at(spec({"draft_len_schedule": None, "max_concurrency": 8}), [1, 8, 16]) == [16]
+    # a probe of another schedule (SCHEDULE_ENV, which the servers the bench starts inherit) is what they run
+    monkeypatch.setenv(SCHEDULE_ENV, json.dumps({"1": 3, "2": 1}))
+    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 8: 0}}), [1, 8, 16]) == []
+    monkeypatch.setenv(SCHEDULE_ENV, json.dumps({"1": 3, "16": 0}))
+    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 4: 2}}), [1, 8, 16]) == [16]
+    monkeypatch.delenv(SCHEDULE_ENV)
     results = {"plain": {16: None}, "medusa": {1: None, 8: None, 16: None}}  # no batching target: no plain figures
     ratios = {"medusa": {c: {"output_tokens_per_s": 1.05, "ttft_p50": 1.0} for c in ("1", "8", "16")}}
     judged = {t["target"]: t for t in s.targets(results, ratios, {}, {"medusa": [16]})}
