@@ -121,6 +121,7 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
     problems = []
     results.mkdir(parents=True, exist_ok=True)
     for name, (spec, runs) in tables.items():
+        spec_file = tuned_spec(spec)  # the spec, or the reference copy the tunes measure
         report_path = results / f"{name}.json"
         report_path.unlink(missing_ok=True)
         reports = []
@@ -135,16 +136,16 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
 
                         from specbuild.tune.served import served_choices
 
-                        repository = prepare(tuned_spec(spec))
+                        repository = prepare(spec_file)
                         own = {setting: value for setting, value in (reports[0].settings if reports else {}).items()
                                if setting not in served_choices(repository)}  # the served tune chooses those
-                        changed = spec_differences(load_spec(tuned_spec(spec)), own)
+                        changed = spec_differences(load_spec(spec_file), own)
                         if changed:  # the deployment is not what the spec's own tune chose
                             problems.append(f"{name}: {spec} does not hold what its own tune chose, so its served "
                                             f"schedule was not measured ({'; '.join(changed)}): update the spec, "
                                             "then run the tune again")
                             break
-                    reports.append(run_tune(tuned_spec(spec), options, out=printer))
+                    reports.append(run_tune(spec_file, options, out=printer))
                 except Exception as err:  # a failed tune must not stop the others
                     why = err.message if isinstance(err, SpecbuildError) else f"{type(err).__name__}: {err}"
                     problems.append(f"{name}: tune of {spec} with {extra or 'its defaults'} failed: {why}")

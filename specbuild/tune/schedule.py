@@ -148,6 +148,11 @@ def halvings(full_length: int) -> list[int]:
     return lengths
 
 
+def schedule_lengths(full_length: int, between: Sequence[int]) -> list[int]:
+    """Every length a schedule is measured at: 0 (plain), the full length and `between` (halvings), each once."""
+    return sorted({0, full_length, *between})
+
+
 def batch_sizes(max_batch: int) -> list[int]:
     """1, 2, 4, ... up to the engine's max batch size (and that size itself)."""
     sizes = [1]
@@ -162,7 +167,7 @@ def tune_schedule(run: Run, prompts: Sequence[list[int]], sizes: Sequence[int], 
                   full_length: int, repeats: int = 2, tick: Callable[[], None] = lambda: None) -> ScheduleTuning:
     """Measure every (batch size, length) with `run`; `lengths` holds the candidates besides 0 (plain)."""
     tuning = ScheduleTuning(full_length)
-    candidates = sorted({0, full_length, *lengths})
+    candidates = schedule_lengths(full_length, lengths)
     for size in sizes:
         batch = [list(prompts[i % len(prompts)]) for i in range(size)]
         best: dict[int, float] = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
-from specbuild.tune.schedule import ScheduleTuning
+from specbuild.tune.schedule import ScheduleTuning, schedule_lengths
 
 
 def deployed_repository(spec: PipelineSpec) -> Path:
@@ -110,7 +110,7 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
         tuning.choose_full_length()
     full = tuning.full_length
     for _ in range(repeats):
-        for length in sorted({0, full, *lengths(full)}):
+        for length in schedule_lengths(full, lengths(full)):
             measure(f"k{length}", length, [(size, length) for size in sizes if size > 1],
                     lambda _: full if limit else None)
     return tuning

@@ -67,7 +67,7 @@ from specbuild.tune.measure import (
     one_engine,
     sweep_draft_lengths,
 )
-from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halvings, tune_schedule
+from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halvings, schedule_lengths, tune_schedule
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
 from specbuild.tune.served import (
     ONE_CLIENT_PASSES,
@@ -738,10 +738,12 @@ def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
     sizes = [size for size in batch_sizes(spec.build.max_batch_size) if size > 1]
     lookahead = spec.speculative.mode == "lookahead"
     limit = bls_draft_limit(deployed_repository(spec))
-    lengths = 1 + (1 if lookahead else len({spec.full_draft_len, *halvings(spec.full_draft_len)}))  # 0 included
+    between = (lambda full: []) if lookahead else halvings
+    # the BLS's K is chosen at batch 1 first: the count assumes the spec's, the likeliest choice
+    lengths = len(schedule_lengths(spec.full_draft_len, between(spec.full_draft_len)))
     cells = options.repeats * ((limit or 0) * ONE_CLIENT_PASSES + lengths * len(sizes))
     label = f"served {'K at batch 1, then the ' if limit else ''}schedule at batch {', '.join(map(str, sizes))}"
-    return measure_served_schedule(spec, texts, sizes, (lambda full: []) if lookahead else halvings,
+    return measure_served_schedule(spec, texts, sizes, between,
                                    spec.full_draft_len, options.new_tokens, options.repeats, phase(label, cells),
                                    limit)
 
