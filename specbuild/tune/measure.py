@@ -66,6 +66,9 @@ class ForwardCosts:
     context: int
     target: dict[int, float]
     draft: float
+    repeats: list[ForwardCosts] = field(default_factory=list)
+    """Each interleaved repeat's own costs (the fields above keep the fastest of them): what tells a difference
+    between two settings from the noise, by whether it holds in every repeat (DraftLengthTuning.chosen)."""
 
     def __post_init__(self) -> None:
         # A forward over more new tokens never costs less than one over fewer: a block timed below a smaller one
@@ -114,11 +117,21 @@ def measure_forward_seconds(models: Mapping[str, tuple[CausalLM | StepFactory, S
                             context: int, repeats: int = 7, inner: int = 4,
                             tick: Tick = _no_tick, batch: int = 1) -> dict[str, dict[int, float]]:
     """Seconds of one forward of each model at each of its block sizes (new tokens), after `context` tokens:
-    {name: (model or its StepFactory, sizes)} -> {name: {size: seconds}}; with `batch`, a CausalLM's forward
-    runs that many rows of the block at once (a StepFactory's runs one row).
+    {name: (model or its StepFactory, sizes)} -> {name: {size: seconds}}, the fastest repeat of
+    time_forward_repeats."""
+    passes = time_forward_repeats(models, prompt, context, repeats, inner, tick, batch)
+    return {name: {n: min(seconds) for n, seconds in sizes.items()} for name, sizes in passes.items()}
+
+
+def time_forward_repeats(models: Mapping[str, tuple[CausalLM | StepFactory, Sequence[int]]], prompt: list[int],
+                         context: int, repeats: int = 7, inner: int = 4,
+                         tick: Tick = _no_tick, batch: int = 1) -> dict[str, dict[int, list[float]]]:
+    """Every repeat's seconds of one forward of each model at each of its block sizes: {name: {size: [seconds
+    per repeat]}}; with `batch`, a CausalLM's forward runs that many rows of the block at once (a StepFactory's
+    runs one row).
 
     Every repeat times each (model, size) once (`inner` forwards in a row), interleaved, so a burst of other
-    work on the machine hits them alike; per (model, size) the fastest repeat is kept.
+    work on the machine hits them alike.
     """
     if any(n > MAX_BLOCK_TOKENS or n < 1 for _, sizes in models.values() for n in sizes):
         raise ValueError(f"block sizes are 1 to {MAX_BLOCK_TOKENS} tokens")
@@ -126,7 +139,7 @@ def measure_forward_seconds(models: Mapping[str, tuple[CausalLM | StepFactory, S
             for step in [prefilled(model, prompt, context, max(sizes), batch) if isinstance(model, CausalLM)
                          else model(prompt, context, max(sizes))]
             for n in sorted(set(sizes))]
-    best: dict[tuple[str, int], float] = {}
+    timed: dict[tuple[str, int], list[float]] = {(name, n): [] for name, n, _ in jobs}
     with torch.inference_mode():
         for _, n, step in jobs:  # warm-up
             step(n)
@@ -135,10 +148,9 @@ def measure_forward_seconds(models: Mapping[str, tuple[CausalLM | StepFactory, S
                 start = time.perf_counter()
                 for _ in range(inner):
                     step(n)
-                seconds = (time.perf_counter() - start) / inner
-                best[name, n] = min(seconds, best.get((name, n), float("inf")))
+                timed[name, n].append((time.perf_counter() - start) / inner)
             tick()
-    return {name: {n: best[name, n] for n in sorted(set(sizes))} for name, (_, sizes) in models.items()}
+    return {name: {n: timed[name, n] for n in sorted(set(sizes))} for name, (_, sizes) in models.items()}
 
 
 @dataclass(frozen=True)
@@ -169,12 +181,15 @@ def one_engine(name: str, target: CausalLM, proposer: Callable[[int], Proposer],
 
 def measure_forward_costs(target: CausalLM, drafter: Drafter, prompt: list[int], context: int, max_tokens: int,
                           repeats: int = 7, inner: int = 4, tick: Tick = _no_tick) -> ForwardCosts:
-    """Per-forward seconds for the target at 1..max_tokens new tokens and the draft at one, at `context`
-    (measure_forward_seconds)."""
-    seconds = measure_forward_seconds({"draft": (drafter.draft_forward, [1]),
-                                       "target": (target, range(1, max_tokens + 1))},
-                                      prompt, context, repeats, inner, tick)
-    return ForwardCosts(context, seconds["target"], seconds["draft"][1])
+    """Per-forward seconds for the target at 1..max_tokens new tokens and the draft at one, at `context`: the
+    fastest repeat, and each repeat's own (time_forward_repeats)."""
+    passes = time_forward_repeats({"draft": (drafter.draft_forward, [1]),
+                                   "target": (target, range(1, max_tokens + 1))},
+                                  prompt, context, repeats, inner, tick)
+    each = [ForwardCosts(context, {n: seconds[r] for n, seconds in passes["target"].items()}, passes["draft"][1][r])
+            for r in range(repeats)]
+    return ForwardCosts(context, {n: min(seconds) for n, seconds in passes["target"].items()},
+                        min(passes["draft"][1]), each)
 
 
 @contextmanager

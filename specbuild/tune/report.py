@@ -57,6 +57,7 @@ def _draft_length(t: DraftLengthTuning) -> dict[str, Any]:
         "context_tokens": c.context, "draft_forward_ms": _ms(c.draft),
         "target_forward_ms": {str(n): _ms(s) for n, s in sorted(c.target.items())},
         "plain_tokens_per_second_wall": _r(plain, 1), "chosen": t.chosen, "best_by_cost_model": t.best_measured,
+        "best_predicted": t.best_predicted, "spec_k": t.current, "spec_k_kept": t.kept_current,
         "by_k": [{"k": k, "verify_cost": _r(c.verify_cost(k)),
                   "tokens_per_step_predicted": _r(t.predicted_tokens_per_step(k)),
                   "tokens_per_step_measured": _r(t.sweep.acceptance[k].tokens_per_step),

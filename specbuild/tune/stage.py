@@ -3,8 +3,9 @@
 draft_target: the draft's per-token acceptance rate alpha and the draft/target cost ratio c are measured with
 the reference runtime, and K is the one that maximises Leviathan et al.'s expected speedup
 (1 - alpha^(K+1)) / ((1 - alpha)(cK + v)), with v the measured cost of verifying K + 1 tokens relative to one
-target step (the paper's v = 1). Every K up to --max-k is then also run, so the choice is printed next to
-what each K measured.
+target step (the paper's v = 1); the spec's own K stays where the best K predicts more in only some of the
+timing repeats (a tie within the noise). Every K up to --max-k is then also run, so the choice is printed next
+to what each K measured.
 
 medusa: each head's top-k accuracy against the target's own greedy tokens is measured, and the tree is grown
 greedily under the node budget (the Medusa paper's sparse-tree construction, `tune_tree`); the tuned tree's
@@ -134,25 +135,57 @@ class DraftLengthTuning:
     costs: ForwardCosts
     sweep: KSweep
     alpha: float
+    current: int | None = None  # the spec's own K, kept where no K predicts better beyond the noise (chosen)
 
     @property
     def ks(self) -> list[int]:
         return sorted(self.sweep.acceptance)
 
     @property
-    def chosen(self) -> int:
-        """The K with the highest predicted speedup: what tune writes into the spec."""
+    def best_predicted(self) -> int:
+        """The K with the highest predicted speedup from the fastest repeat's costs."""
         return max(self.ks, key=self.predicted_speedup)
+
+    @property
+    def chosen(self) -> int:
+        """What tune writes into the spec: the best predicted K, unless the spec's own K is one of those tried and
+        the best predicts more than it in some repeats' costs only (each repeat times every forward, interleaved).
+        Neighbouring Ks often predict within a percent of each other, and the fastest-repeat costs then decide
+        between them by the machine's noise: measured on demo-pytorch, K 4 and K 5 swapped places between three
+        runs within an hour, each swap an edit to the spec. Keeping the spec's K at such a tie makes a re-run
+        leave the spec as it is (as the tree tune keeps the spec's tree at a tie)."""
+        best = self.best_predicted
+        if self.current in self.ks and self.current != best and not self.beats_in_every_repeat(best, self.current):
+            return self.current
+        return best
+
+    @property
+    def kept_current(self) -> bool:
+        """Whether the spec's K was kept over a better predicted one (chosen)."""
+        return self.chosen != self.best_predicted
+
+    def repeat_wins(self, k: int, other: int) -> int:
+        """In how many repeats' costs K predicts a higher speedup than `other`."""
+        return sum(self.predicted_speedup(k, costs) > self.predicted_speedup(other, costs) for costs in self._repeats)
+
+    def beats_in_every_repeat(self, k: int, other: int) -> bool:
+        return self.repeat_wins(k, other) == len(self._repeats)
+
+    @property
+    def _repeats(self) -> list[ForwardCosts]:
+        return self.costs.repeats or [self.costs]
 
     def predicted_tokens_per_step(self, k: int) -> float:
         from specbuild.runtime.speculative import expected_tokens_per_step
 
         return expected_tokens_per_step(self.alpha, k)
 
-    def predicted_speedup(self, k: int) -> float:
+    def predicted_speedup(self, k: int, costs: ForwardCosts | None = None) -> float:
+        """Leviathan et al.'s expected speedup at K with the measured costs (the fastest repeat's by default)."""
         from specbuild.runtime.speculative import expected_speedup
 
-        return expected_speedup(self.alpha, k, self.costs.cost_ratio, self.costs.verify_cost(k))
+        costs = costs or self.costs
+        return expected_speedup(self.alpha, k, costs.cost_ratio, costs.verify_cost(k))
 
     def model_tokens_per_second(self, k: int) -> float:
         """Measured tokens per step over the measured seconds of one step (see the module docstring)."""
@@ -164,9 +197,10 @@ class DraftLengthTuning:
 
 
 def tune_draft_length(target: Any, drafter: Drafter, prompts: Prompts, options: TuneOptions, ks: Sequence[int],
-                      ticks: Callable[[str, int], Tick] | None = None) -> DraftLengthTuning:
+                      ticks: Callable[[str, int], Tick] | None = None, current: int | None = None) -> DraftLengthTuning:
     """Measure costs and acceptance, pick K by the expected-speedup formula, and sweep every K in `ks`: the one
-    K search of every drafting method (a draft model, a self-draft, an EAGLE-3 draft)."""
+    K search of every drafting method (a draft model, a self-draft, an EAGLE-3 draft). `current` is the spec's
+    own K (see DraftLengthTuning.chosen)."""
     ticks = ticks or (lambda _label, _total: lambda: None)
     context = _mean_context(options)
     cost_repeats = 7
@@ -175,7 +209,7 @@ def tune_draft_length(target: Any, drafter: Drafter, prompts: Prompts, options: 
     sweep = sweep_draft_lengths(target, drafter, prompts, options.new_tokens, ks, repeats=options.repeats,
                                 tick=ticks(f"K sweep 1..{max(ks)}", options.repeats * len(prompts)))
     alpha = sweep.acceptance[max(ks)].alpha  # the longest rounds see the most positions
-    return DraftLengthTuning(costs, sweep, alpha)
+    return DraftLengthTuning(costs, sweep, alpha, current)
 
 
 def _mean_context(options: TuneOptions) -> int:
@@ -611,7 +645,10 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
                 models["draft"] = report.layers.drafts[report.layers.chosen]
             drafter = _served_drafter(spec, models, report.layers.chosen if report.layers else None,
                                       directories.get("draft"))
-            report.draft_length = tune_draft_length(models["target"], drafter, prompts, options, ks, phase)
+            # The spec's K was set for its own draft: a self-draft whose layer count changed has no K to keep.
+            same_draft = report.layers is None or spec.draft is None or report.layers.chosen == spec.draft.layers
+            report.draft_length = tune_draft_length(models["target"], drafter, prompts, options, ks, phase,
+                                                    spec.speculative.num_draft_tokens if same_draft else None)
             update.num_draft_tokens = report.draft_length.chosen
         else:
             assert spec.medusa is not None
@@ -776,6 +813,12 @@ def draft_length_table(t: DraftLengthTuning) -> Table:
     share = t.model_tokens_per_second(t.chosen) / t.model_tokens_per_second(best)
     table.caption = (f"plain decoding {plain:.0f} tokens/s (wall). Chosen K={t.chosen}: cost-model speed "
                      f"{share:.1%} of the best K={best}.")
+    if t.kept_current:
+        top = t.best_predicted
+        table.caption += (f" The spec's K={t.chosen} is kept: K={top} predicts {t.predicted_speedup(top):.3f}x "
+                          f"against its {t.predicted_speedup(t.chosen):.3f}x, but more in only "
+                          f"{t.repeat_wins(top, t.chosen)} of the {len(t.costs.repeats)} timing repeats: "
+                          f"within the noise.")
     return table
 
 
