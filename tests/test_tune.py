@@ -566,6 +566,36 @@ def test_the_spec_keeps_its_k_unless_another_predicts_better_in_every_timing_rep
     assert tuning(noisy, current=12).chosen == 5  # not among the Ks tried
 
 
+def test_the_spec_keeps_its_schedule_unless_the_measured_one_is_closer_in_every_repeat() -> None:
+    """A re-run of tune leaves the spec's schedule where the one measured now comes closer to each batch size's
+    fastest length only on the fastest of the repeats (demo-pytorch's {1: 4, 9: 2} and {1: 4, 5: 2} swapped between
+    two runs, K 2 and K 4 within a few percent at batch 8), and writes the measured one where it is closer in
+    every repeat. Rates here are made up (shaped like the served demo-pytorch tune), so the rule is tested."""
+    from specbuild.tune.schedule import ScheduleTuning
+
+    def tuning(at_eight: dict[int, list[float]], current: dict[int, int] | None) -> ScheduleTuning:
+        rates = {2: {0: [234, 230], 2: [352, 350], 4: [376, 370]}, 4: {0: [372, 370], 2: [609, 600], 4: [613, 605]},
+                 8: {0: [628, 620], **at_eight}, 16: {0: [851, 850], 2: [1134, 1120], 4: [1063, 1050]}}
+        t = ScheduleTuning(4, current=current)
+        for repeat in range(2):
+            for batch, by_length in rates.items():
+                for length, runs in by_length.items():
+                    t.record(batch, length, runs[repeat])
+        return t
+
+    split = {2: [818, 770], 4: [775, 790]}  # K 2 fastest at batch 8 in one repeat, K 4 in the other
+    kept = tuning(split, current={1: 4, 9: 2})
+    assert kept.measured_schedule == {1: 4, 5: 2} and kept.repeats == 2
+    assert kept.repeat_wins(kept.measured_schedule, {1: 4, 9: 2}) == 1
+    assert kept.schedule == {1: 4, 9: 2} and kept.kept_current
+    clear = tuning({2: [818, 800], 4: [775, 790]}, current={1: 4, 9: 2})
+    assert clear.schedule == clear.measured_schedule == {1: 4, 5: 2} and not clear.kept_current
+    assert tuning(split, current=None).schedule == {1: 4, 5: 2}
+    assert tuning(split, current={1: 8, 9: 2}).schedule == {1: 4, 5: 2}  # another full length: nothing to keep
+    assert tuning(split, current={1: 4, 9: 1}).schedule == {1: 4, 5: 2}  # K 1 was not measured at batch 16
+    assert tuning(split, current={1: 4, 5: 2}).schedule == {1: 4, 5: 2}
+
+
 def test_the_full_length_is_the_shortest_within_the_runs_own_noise_of_the_best() -> None:
     """The served BLS's K at one client: a longer K streams in coarser chunks and does more work under load, so it
     must win by more than the spread of the passes measured in the same run (made-up rates)."""

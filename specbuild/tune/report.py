@@ -121,7 +121,14 @@ def _run(report: TuneReport) -> dict[str, Any]:
             "tokens_per_second_by_batch": [
                 {"batch": batch, "tokens_per_second": {str(k): _r(v, 1) for k, v in sorted(rates.items())},
                  "best": s.best(batch)} for batch, rates in sorted(s.tokens_per_second.items())],
+            "passes_by_batch": [
+                {"batch": batch,
+                 "tokens_per_second": {str(k): [_r(v, 1) for v in runs] for k, runs in sorted(by.items())}}
+                for batch, by in sorted(s.passes.items())],
             "schedule": {str(k): v for k, v in s.schedule.items()},
+            "measured_schedule": {str(k): v for k, v in s.measured_schedule.items()},
+            "spec_schedule": None if s.current is None else {str(k): v for k, v in s.current.items()},
+            "spec_schedule_kept": s.kept_current,
         }
         if s.one_client:  # the BLS's K, served at batch size 1: every pass, and the noise K was chosen within
             record["schedule"]["one_client_passes"] = {str(k): [_r(r, 1) for r in rates]

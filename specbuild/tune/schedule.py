@@ -14,6 +14,11 @@ batch sizes, of its length's tokens/s over that batch size's fastest. So a near 
 measurement on a shared machine decides it either way) cannot turn speculation off at the larger ones where it
 wins clearly, and a clear loss at one batch size is not taken back for a win at a larger one.
 
+The spec's own schedule stays unless the schedule measured now comes closer to the fastest lengths (the same sum)
+in every repeat, each repeat's rates on their own: neighbouring lengths often lie within a few percent at a batch
+size, and the fastest of the repeats alone would then move a threshold on the machine's noise (demo-pytorch's
+{1: 4, 9: 2} and {1: 4, 5: 2} swapped between two runs a day apart, K 2 and K 4 within 1-5 % at batch 8).
+
 A length changes right after the last batch size measured at the longer one, not at the batch size where the
 shorter one was measured: the sizes in between were not measured, and the longer length is known to lose at the
 far end of them. A load of C clients keeps fewer than C sequences active between a finished request and its
@@ -42,6 +47,17 @@ class ScheduleTuning:
     served: bool = False  # measured behind tritonserver on the deployment (specbuild.tune.served), not in-process
     one_client: dict[int, list[float]] = field(default_factory=dict)
     """Served, the BLS's K at batch size 1: every pass's tokens/s by K (`tokens_per_second[1]` keeps the fastest)."""
+    passes: dict[int, dict[int, list[float]]] = field(default_factory=dict)
+    """Every repeat's tokens/s by batch size and length (`tokens_per_second` keeps the fastest): what tells a better
+    schedule from the noise (`schedule`)."""
+    current: dict[int, int] | None = None
+    """The spec's own schedule, kept where the measured one is not better in every repeat (`schedule`)."""
+
+    def record(self, batch: int, length: int, rate: float) -> None:
+        """One repeat's tokens/s at (batch, length): kept with the others, and the fastest in tokens_per_second."""
+        self.passes.setdefault(batch, {}).setdefault(length, []).append(rate)
+        cell = self.tokens_per_second.setdefault(batch, {})
+        cell[length] = max(cell.get(length, 0.0), rate)
 
     def choose_full_length(self) -> None:
         """The full length from the batch-size-1 passes (shortest_within_noise)."""
@@ -76,6 +92,46 @@ class ScheduleTuning:
 
     @property
     def schedule(self) -> dict[int, int]:
+        """What tune writes: the measured schedule, or the spec's own where that one is not closer to each batch
+        size's fastest length in every repeat (see the module docstring)."""
+        return self.current if self.kept_current and self.current is not None else self.measured_schedule
+
+    @property
+    def kept_current(self) -> bool:
+        """Whether the spec's own schedule, other than the measured one, is kept: it sets a measured length at every
+        measured batch size, and the measured schedule does not come closer to the fastest in every repeat."""
+        current, measured = self.current, self.measured_schedule
+        if current is None or current == measured or not self._comparable(current):
+            return False
+        return self.repeat_wins(measured, current) < self.repeats
+
+    @property
+    def repeats(self) -> int:
+        """Repeats recorded at every measured (batch size, length) above batch size 1 (0: none recorded)."""
+        return min((len(rates) for b in self._sizes() for rates in self.passes.get(b, {}).values()), default=0)
+
+    def repeat_wins(self, steps: dict[int, int], other: dict[int, int]) -> int:
+        """In how many repeats `steps` comes closer to each batch size's fastest length than `other` (the sum of
+        its lengths' tokens/s over the fastest, that repeat's rates alone)."""
+        return sum(self._closeness(steps, r) > self._closeness(other, r) for r in range(self.repeats))
+
+    def length_at(self, steps: dict[int, int], batch: int) -> int:
+        """The length a schedule (TensorRT-LLM's "from" form) runs with `batch` active sequences."""
+        return steps[max(threshold for threshold in steps if threshold <= batch)]
+
+    def _comparable(self, steps: dict[int, int]) -> bool:
+        return (steps.get(1) == self.full_length and self.repeats > 0
+                and all(self.length_at(steps, b) in self.passes.get(b, {}) for b in self._sizes()))
+
+    def _closeness(self, steps: dict[int, int], repeat: int) -> float:
+        total = 0.0
+        for b in self._sizes():
+            rates = {k: runs[repeat] for k, runs in self.passes[b].items()}
+            total += _over_fastest(rates)[self.length_at(steps, b)]
+        return total
+
+    @property
+    def measured_schedule(self) -> dict[int, int]:
         """{1: full length, then each batch size where the length changes}: of the lengths that never grow, those
         with the highest sum of tokens/s over each batch size's fastest; a change takes effect right after the last
         batch size measured at the longer length (see the module docstring)."""
@@ -164,19 +220,18 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 
 def tune_schedule(run: Run, prompts: Sequence[list[int]], sizes: Sequence[int], lengths: Sequence[int],
-                  full_length: int, repeats: int = 2, tick: Callable[[], None] = lambda: None) -> ScheduleTuning:
-    """Measure every (batch size, length) with `run`; `lengths` holds the candidates besides 0 (plain)."""
-    tuning = ScheduleTuning(full_length)
+                  full_length: int, repeats: int = 2, tick: Callable[[], None] = lambda: None,
+                  current: dict[int, int] | None = None) -> ScheduleTuning:
+    """Measure every (batch size, length) with `run`; `lengths` holds the candidates besides 0 (plain); `current`
+    is the spec's own schedule (see ScheduleTuning.schedule)."""
+    tuning = ScheduleTuning(full_length, current=current)
     candidates = schedule_lengths(full_length, lengths)
     for size in sizes:
         batch = [list(prompts[i % len(prompts)]) for i in range(size)]
-        best: dict[int, float] = {}
         for _ in range(repeats):
             for length in candidates:  # interleaved, so a busy neighbour slows all of them alike
                 start = time.perf_counter()
                 tokens = run(batch, length)
-                rate = tokens / max(time.perf_counter() - start, 1e-9)
-                best[length] = max(best.get(length, 0.0), rate)
+                tuning.record(size, length, tokens / max(time.perf_counter() - start, 1e-9))
             tick()
-        tuning.tokens_per_second[size] = best
     return tuning

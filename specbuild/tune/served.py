@@ -78,7 +78,7 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
 
     repository = deployed_repository(spec)
     counter = TokenCounter(Path(spec.target.model)) if Path(spec.target.model).is_dir() else TokenCounter()
-    tuning = ScheduleTuning(full_length, served=True)
+    tuning = ScheduleTuning(full_length, served=True, current=spec.speculative.draft_len_schedule)
     most = max(sizes)
     log_dir = log_dir or repository.parent / "tune-served"
 
@@ -95,10 +95,12 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
                 load = Load(prompts=list(texts), max_tokens=new_tokens, concurrency=size,
                             per_client=STEADY_PER_CLIENT, num_draft_tokens=k(key))
                 rate = run_load(server.grpc_url, load, counter=counter).output_tokens_per_s
-                cell = tuning.tokens_per_second.setdefault(size, {})
-                cell[key] = max(cell.get(key, 0.0), rate)
                 if size == 1:
                     tuning.one_client.setdefault(key, []).append(rate)
+                    cell = tuning.tokens_per_second.setdefault(size, {})
+                    cell[key] = max(cell.get(key, 0.0), rate)
+                else:
+                    tuning.record(size, key, rate)
                 tick()
         _check_read(server.log_text(), log, repository, DRAFT_LEN_ENV if limit else None)  # stopped: all written
 

@@ -764,7 +764,8 @@ def _tune_schedule(spec: PipelineSpec, models: dict[str, Any], drafter: Drafter 
 
     sizes = batch_sizes(spec.build.max_batch_size)
     return tune_schedule(run, prompts, sizes, halvings(full), full, options.repeats,
-                         tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)))
+                         tick=phase(f"schedule at batch {', '.join(map(str, sizes))}", options.repeats * len(sizes)),
+                         current=spec.speculative.draft_len_schedule)
 
 
 def _served_schedule(spec: PipelineSpec, texts: list[str], options: TuneOptions,
@@ -854,10 +855,15 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
                 f"({t.one_client_noise:.1%}: the median spread of each K's passes) of the best median (K "
                 f"{t.full_length} {medians[t.full_length]:.0f} tok/s, K {t.one_client_best} "
                 f"{medians[t.one_client_best]:.0f}; the batch-1 row shows each K's fastest pass)")
+    chosen = (f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to each "
+              "batch size's fastest together")
+    if t.kept_current:
+        chosen = (f"draft_len_schedule {t.schedule}, the spec's own: the measured {t.measured_schedule} ({full}, "
+                  f"then lengths that never grow with load, closest to each batch size's fastest together) came "
+                  f"closer in only {t.repeat_wins(t.measured_schedule, t.schedule)} of the {t.repeats} repeats: "
+                  "within the noise")
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
-                 table,
-                 Text(f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to "
-                      "each batch size's fastest together"))
+                 table, Text(chosen))
 
 
 def tree_table(t: TreeTuning) -> Table:
