@@ -65,11 +65,14 @@ def test_the_tables_show_the_schedule_and_the_choices_the_report_holds(run_all: 
     tables = (RESULTS / f"{name}.txt").read_text(encoding="utf-8")
     assert len(data["runs"]) == len(run_all.TUNE_TABLES[name][1]) == tables.count("tune chose: ")
     schedule = {int(k): v for k, v in data["settings"]["draft_len_schedule"].items()}
-    assert f"draft_len_schedule {schedule}:" in tables and "Load-aware speculation: tokens/s" in tables
+    assert "Load-aware speculation: tokens/s" in tables
+    (served,) = [run for run in data["runs"] if run["search"].get("served")]
+    kept = served["schedule"].get("spec_schedule_kept")  # the spec's own schedule, said so (reports before it: absent)
+    said = ", the spec's own" if kept else ":"
+    assert f"draft_len_schedule {schedule}{said}" in tables
     section = tables.split("Load-aware speculation: tokens/s", 1)[1].split("draft_len_schedule {", 1)[0]
     shown = [[cell.strip() for cell in line.strip("│").split("│")] for line in section.splitlines()
              if line.startswith("│")]
-    (served,) = [run for run in data["runs"] if run["search"].get("served")]
     assert served["schedule"]["measured"] == "behind tritonserver (tune --served)"
     measured = served["schedule"]["tokens_per_second_by_batch"]
     assert [(int(cells[0]), int(cells[-1])) for cells in shown] == [(row["batch"], row["best"]) for row in measured]
