@@ -54,6 +54,12 @@ from results_files import write_results
 from rich.console import Console
 from targets import Target, finish
 
+ROUNDS = 5
+"""Interleaved rounds per deployment and concurrency (the median kept). With 3, the A/A control (the same repository
+behind two servers) measured up to 11% apart at one concurrency and 0.89x-1.19x across runs, about the margin of
+several targets; with 7 it stayed within 1% (`--only plain-again --concurrency 8 16 --rounds 7`, run by hand on
+the 2-core machine of the committed figures). 5 costs about 1.6x 3's time."""
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
@@ -200,7 +206,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=list(DEPLOYMENTS), default=None,
                         help="serve only these deployments (plain is always served: it is the baseline)")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds; the median is kept")
     parser.add_argument("--requests", type=int, default=None,
                         help=f"per run (default: every prompt once, and at least {STEADY_PER_CLIENT} per client)")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
