@@ -308,6 +308,8 @@ def measured_text(target: dict[str, Any]) -> str:
         mine, base, theirs = target["streamed"]
         text += (f" (streamed in coarser chunks: {mine:.1f} tokens per response, {base} {theirs:.1f}; fewer responses"
                  " cost the server less, and the client waits longer between them)")
+    if target.get("control") is not None:
+        text += f" (A/A control at this load, plain's repository behind two servers: {target['control']}x)"
     return f"{text} ({target['accounted']})" if target.get("accounted") else text
 
 
@@ -421,9 +423,11 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
     an account in `found` (see `accounts`) that misses SPEEDUP_MIN at concurrency 1 meets it where that account
     holds: the flow it is served by, not its speculation, caps it; the target then names the account. A loaded
     target at a concurrency in `speculation_off[name]` (see `plain_at`) says that the deployment decodes plainly
-    there."""
+    there. A tokens/s target carries the A/A control's ratio at its concurrency (`control`), the run's own measure
+    of how far apart two identical deployments land: said beside the figure, the verdict unchanged."""
     out = []
     plain = results.get(BASELINE, {})
+    controls = [name for name, d in DEPLOYMENTS.items() if d.control]
     if 1 in plain and 8 in plain:
         measured = plain[8].output_tokens_per_s / plain[1].output_tokens_per_s
         out.append({"target": f"plain at concurrency 8 >= {BATCHING_MIN}x plain at concurrency 1",
@@ -449,6 +453,9 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
             coarser = _coarser_stream(results[name].get(c), results.get(base, {}).get(c))
             if coarser is not None:
                 target["streamed"] = (coarser[0], base, coarser[1])
+            control = [x for n in controls if (x := ratios.get(n, {}).get(str(c), {}).get("output_tokens_per_s"))]
+            if control:
+                target["control"] = round(control[0], 3)
             off = c > 1 and c in (speculation_off or {}).get(name, ())
             out.append({**target, "speculation_off": True} if off else target)
             if c > 1:

@@ -216,6 +216,16 @@ def test_the_a_a_control_is_reported_at_every_load_and_never_judged(bench: dict[
     assert judged and not [t for t in judged if "plain-again" in t["target"]]
     assert [f["figure"] for f in s.reported(ratios)] == [
         f"plain-again tokens/s vs plain at concurrency {c}" for c in (1, 8, 16)]
+    # beside a judged tokens/s figure at the same load, its ratio says how far apart identical deployments landed
+    ratios["medusa"] = {str(c): {"output_tokens_per_s": 0.97, "ttft_p50": 1.0} for c in (1, 8, 16)}
+    ratios["plain-again"]["16"]["output_tokens_per_s"] = 0.95
+    by_name = {t["target"]: t for t in json.loads(json.dumps(s.targets({"plain": run, "plain-again": run,
+                                                                       "medusa": run}, ratios)))}
+    at_16 = by_name["medusa >= 1.0x plain tokens/s at concurrency 16"]
+    assert not at_16["met"] and s.measured_text(at_16) == (
+        "0.97 (A/A control at this load, plain's repository behind two servers: 0.95x)")
+    assert "A/A" in s.measured_text(by_name["medusa >= 1.0x plain tokens/s at concurrency 8"])
+    assert "A/A" not in s.measured_text(by_name["medusa TTFT p50 <= 1.5x plain's at concurrency 8"])
 
 
 def test_a_tokens_per_second_figure_says_when_the_deployment_streamed_in_coarser_chunks(
