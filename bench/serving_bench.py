@@ -58,7 +58,8 @@ ROUNDS = 5
 """Interleaved rounds per deployment and concurrency (the median kept). With 3, the A/A control (the same repository
 behind two servers) measured up to 11% apart at one concurrency and 0.89x-1.19x across runs, about the margin of
 several targets; with 7 it stayed within 1% (`--only plain-again --concurrency 8 16 --rounds 7`, run by hand on
-the 2-core machine of the committed figures). 5 costs about 1.6x 3's time."""
+the 2-core machine of the committed figures). 5 take 5/3 of 3's measuring time: the serving run of the figures
+committed from 55b4c5d took about 10 minutes."""
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
