@@ -17,7 +17,7 @@ wins clearly, and a clear loss at one batch size is not taken back for a win at 
 The spec's own schedule stays unless the schedule measured now comes closer to the fastest lengths (the same sum)
 in every repeat, each repeat's rates on their own: neighbouring lengths often lie within a few percent at a batch
 size, and the fastest of the repeats alone would then move a threshold on the machine's noise (demo-pytorch's
-{1: 4, 9: 2} and {1: 4, 5: 2} swapped between two runs a day apart, K 2 and K 4 within 1-5 % at batch 8).
+{1: 4, 9: 2} and {1: 4, 5: 2} swapped between two runs a day apart, K 2 and K 4 within 1-6 % at batch 8).
 
 A length changes right after the last batch size measured at the longer one, not at the batch size where the
 shorter one was measured: the sizes in between were not measured, and the longer length is known to lose at the
