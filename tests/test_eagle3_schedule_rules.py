@@ -139,3 +139,18 @@ def test_the_llmapi_model_reads_the_rules_by_line() -> None:
     assert new.lookup == "up_to" and new.draft_len(9) == 0 and new.acceptance_window == 3
     with pytest.raises(RuntimeError, match=r"model\.yaml speculative_config: draft_len_schedule"):
         draft_schedule({"draft_len_schedule": {1: 2}}, 4)
+
+
+def test_a_schedule_served_instead_of_the_repositorys_reads_as_the_spec_does_on_every_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specbuild serve --draft-len-schedule` and `tune --served` pass a schedule in the spec's form (each length from
+    its batch size on): a repository deployed for a line that reads "up to" runs it as written, not with
+    speculation off above its largest key; without it, the repository's own schedule keeps its line's lookup."""
+    from specbuild.runtime.schedule import SCHEDULE_ENV
+
+    monkeypatch.setenv(SCHEDULE_ENV, '{"1": 4, "2": 2}')
+    served = draft_schedule({"draft_len_schedule": {4: 4, 16: 2}}, 4, "1.3")
+    assert served.steps == {1: 4, 2: 2} and [served.draft_len(n) for n in (1, 2, 8, 16)] == [4, 2, 2, 2]
+    monkeypatch.delenv(SCHEDULE_ENV)
+    own = draft_schedule({"draft_len_schedule": {4: 4, 16: 2}}, 4, "1.3")
+    assert own.lookup == "up_to" and [own.draft_len(n) for n in (1, 8, 16, 17)] == [4, 2, 2, 0]

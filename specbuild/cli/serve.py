@@ -39,7 +39,9 @@ def serve(
         str | None,
         typer.Option("--draft-len-schedule", metavar="JSON", help="Serve this load-aware schedule (batch size -> "
                      "draft length, e.g. '{\"1\": 4, \"8\": 1}') instead of the repository's, without redeploying; "
-                     "the full length at batch size 1, as every TensorRT-LLM line requires. Reference backend."),
+                     "the full length at batch size 1, as every TensorRT-LLM line requires. Written as in the "
+                     "spec (each length from its batch size on) whatever line the repository was deployed for. "
+                     "Reference backend."),
     ] = None,
 ) -> None:
     """Start tritonserver on REPOSITORY, wait until every model is ready, and serve until Ctrl-C.

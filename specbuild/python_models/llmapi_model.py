@@ -513,10 +513,10 @@ def proposer(config: Mapping[str, Any], load_draft: Callable[[], Any], load_eagl
 def draft_schedule(config: Mapping[str, Any], max_draft_len: int, line: str | None = None,
                    log: Callable[[str], None] | None = None) -> Any:
     """The engine's load rules from a speculative_config: draft_len_schedule looked up as the TensorRT-LLM `line`
-    does (`specbuild.runtime.schedule.lookup_for_line`), max_concurrency, and the acceptance switch-off
-    (acceptance_window / acceptance_length_threshold; the 1.4 line's acceptance_rate_window_size /
-    acceptance_rate_threshold read alike)."""
-    from specbuild.runtime.schedule import DraftSchedule, lookup_for_line, served_steps
+    does (`specbuild.runtime.schedule.lookup_for_line`; SCHEDULE_ENV's in the spec's form, `served_lookup`),
+    max_concurrency, and the acceptance switch-off (acceptance_window / acceptance_length_threshold; the 1.4 line's
+    acceptance_rate_window_size / acceptance_rate_threshold read alike)."""
+    from specbuild.runtime.schedule import DraftSchedule, lookup_for_line, served_lookup, served_steps
 
     try:
         steps = served_steps(config.get("draft_len_schedule"), log)
@@ -525,7 +525,7 @@ def draft_schedule(config: Mapping[str, Any], max_draft_len: int, line: str | No
     window = config.get("acceptance_window", config.get("acceptance_rate_window_size"))
     threshold = config.get("acceptance_length_threshold", config.get("acceptance_rate_threshold"))
     try:
-        return DraftSchedule(steps, max_draft_len, config.get("max_concurrency"), lookup_for_line(line),
+        return DraftSchedule(steps, max_draft_len, config.get("max_concurrency"), served_lookup(lookup_for_line(line)),
                              None if window is None else int(window),
                              None if threshold is None else float(threshold))
     except ValueError as err:

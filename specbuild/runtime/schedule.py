@@ -40,7 +40,9 @@ Lookup = Literal["from", "up_to"]
 SCHEDULE_ENV = "SPECBUILD_DRAFT_LEN_SCHEDULE"
 """A draft_len_schedule (JSON, batch size -> length) that the served models run instead of their repository's, when
 set in the server's environment: `specbuild tune --served` serves one deployed repository at one fixed length after
-another without redeploying it, and `specbuild serve --draft-len-schedule` tries a schedule the same way."""
+another without redeploying it, and `specbuild serve --draft-len-schedule` tries a schedule the same way. It is in
+the spec's form, each length from its batch size on, whatever TensorRT-LLM line the repository was deployed for
+(`served_lookup`): one JSON means one schedule on every repository."""
 
 
 DRAFT_LEN_ENV = "SPECBUILD_NUM_DRAFT_TOKENS"
@@ -81,6 +83,14 @@ def served_steps(configured: Mapping[str, object] | Mapping[int, object] | str |
     if override and log is not None:
         log(f"draft_len_schedule {json.dumps(steps)} from {SCHEDULE_ENV}, not the configuration's")
     return steps
+
+
+def served_lookup(configured: Lookup) -> Lookup:
+    """The lookup a served model reads its schedule with: `configured` (its line's, which deploy wrote the
+    repository's schedule for) unless SCHEDULE_ENV overrides the schedule, which is always in the spec's "from"
+    form. Read as a 1.3 LLM-API line reads its own, '{"1": 4, "2": 2}' would turn speculation off above 2 sequences
+    (measured: a served EAGLE-3 probe decoded plainly at 8 and 16 clients with it)."""
+    return "from" if os.environ.get(SCHEDULE_ENV) else configured
 
 
 def parse_steps(raw: Mapping[str, object] | Mapping[int, object] | str) -> dict[int, int]:
