@@ -428,7 +428,7 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
     of how far apart two identical deployments land: said beside the figure, the verdict unchanged."""
     out = []
     plain = results.get(BASELINE, {})
-    controls = [name for name, d in DEPLOYMENTS.items() if d.control]
+    control_name = next((name for name, d in DEPLOYMENTS.items() if d.control), None)
     if 1 in plain and 8 in plain:
         measured = plain[8].output_tokens_per_s / plain[1].output_tokens_per_s
         out.append({"target": f"plain at concurrency 8 >= {BATCHING_MIN}x plain at concurrency 1",
@@ -454,9 +454,9 @@ def targets(results: dict[str, dict[int, Summary]], ratios: dict[str, Any],
             coarser = _coarser_stream(results[name].get(c), results.get(base, {}).get(c))
             if coarser is not None:
                 target["streamed"] = (coarser[0], base, coarser[1])
-            control = [x for n in controls if (x := ratios.get(n, {}).get(str(c), {}).get("output_tokens_per_s"))]
-            if control:
-                target["control"] = round(control[0], 3)
+            control = ratios.get(control_name, {}).get(str(c), {}).get("output_tokens_per_s")
+            if control is not None:
+                target["control"] = round(control, 3)
             off = c > 1 and c in (speculation_off or {}).get(name, ())
             out.append({**target, "speculation_off": True} if off else target)
             if c > 1:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise, product
 
+from specbuild.runtime.schedule import DraftSchedule
+
 Run = Callable[[list[list[int]], int], int]
 """(prompts run side by side, draft length or 0) -> tokens generated."""
 
@@ -116,8 +118,8 @@ class ScheduleTuning:
         return sum(self._closeness(steps, r) > self._closeness(other, r) for r in range(self.repeats))
 
     def length_at(self, steps: dict[int, int], batch: int) -> int:
-        """The length a schedule (TensorRT-LLM's "from" form) runs with `batch` active sequences."""
-        return steps[max(threshold for threshold in steps if threshold <= batch)]
+        """The length a schedule in the spec's ("from") form runs with `batch` active sequences, as served."""
+        return DraftSchedule(steps, self.full_length).draft_len(batch)
 
     def _comparable(self, steps: dict[int, int]) -> bool:
         return (steps.get(1) == self.full_length and self.repeats > 0

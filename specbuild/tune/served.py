@@ -95,12 +95,9 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
                 load = Load(prompts=list(texts), max_tokens=new_tokens, concurrency=size,
                             per_client=STEADY_PER_CLIENT, num_draft_tokens=k(key))
                 rate = run_load(server.grpc_url, load, counter=counter).output_tokens_per_s
+                tuning.record(size, key, rate)
                 if size == 1:
                     tuning.one_client.setdefault(key, []).append(rate)
-                    cell = tuning.tokens_per_second.setdefault(size, {})
-                    cell[key] = max(cell.get(key, 0.0), rate)
-                else:
-                    tuning.record(size, key, rate)
                 tick()
         _check_read(server.log_text(), log, repository, DRAFT_LEN_ENV if limit else None)  # stopped: all written
 
