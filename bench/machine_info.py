@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -13,7 +14,10 @@ from typing import Any
 
 import torch
 
+from specbuild.demo.recipe import cpu_description
+
 ROOT = Path(__file__).resolve().parents[1]
+DEMO_MODELS = ROOT / "demo" / "models"
 
 
 def package_version(name: str) -> str | None:
@@ -23,8 +27,20 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def demo_models_description(models: Path = DEMO_MODELS) -> str:
+    """Which demo models the figures were measured on: the CPU that trained them and the draft's top-1 agreement
+    with the target (their weights, and so every acceptance and speedup, differ from CPU to CPU)."""
+    try:
+        metrics = json.loads((models / "demo-models.json").read_text(encoding="utf-8"))["metrics"]
+    except (OSError, ValueError, KeyError):
+        return "not built"
+    return (f"trained on {metrics.get('cpu', 'a CPU not recorded')}, draft/target top-1 agreement "
+            f"{metrics['top1_agreement']:.1%}")
+
+
 def machine_info(packages: Sequence[str], **extra: Any) -> dict[str, Any]:
-    """Date, cores, RAM, platform, Python/torch and `packages` versions, git commit, load average now."""
+    """Date, cores, CPU, RAM, platform, Python/torch and `packages` versions, the demo models, git commit, load
+    average now."""
     meminfo = Path("/proc/meminfo").read_text().split()
     mem_kib = int(meminfo[meminfo.index("MemTotal:") + 1])
     try:
@@ -36,15 +52,24 @@ def machine_info(packages: Sequence[str], **extra: Any) -> dict[str, Any]:
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu_description(),
         **extra,
         "ram_gib": round(mem_kib / 2**20, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         **{name: package_version(name) for name in packages},
+        "demo_models": demo_models_description(),
         "git_commit": commit,
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    """The machine a report's figures came from, as its Markdown says it (callers add their load averages)."""
+    return (f"Machine: {m['nproc']} cores ({m.get('cpu', 'CPU not recorded')}), {m['ram_gib']} GiB, {m['platform']}, "
+            f"Python {m['python']}, torch {m['torch']}, nvidia-pytriton {m.get('nvidia-pytriton')}, demo models "
+            f"{m.get('demo_models', 'not recorded')}, commit {m['git_commit']}, {m['date']}")
 
 
 def uncommitted(*paths: str) -> list[str]:

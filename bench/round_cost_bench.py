@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine_info import machine_info, uncommitted
+from machine_info import machine_info, machine_line, uncommitted
 from results_files import write_results
 from serving_bench import SPEEDUP_MIN, existing, prepare
 from targets import Target, finish
@@ -534,9 +534,8 @@ def markdown(report: Mapping[str, Any]) -> str:
     m = report["machine"]
     lines += [
         "",
-        f"Machine: {m['nproc']} cores, {m['ram_gib']} GiB, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
-        f"nvidia-pytriton {m.get('nvidia-pytriton')}, commit {m['git_commit']}, {m['date']}, load average at start "
-        f"{m['loadavg_start']}, at the end {m['loadavg_end']}. Whole benchmark: {report['bench_runtime_s']:.0f} s.",
+        f"{machine_line(m)}, load average at start {m['loadavg_start']}, at the end {m['loadavg_end']}. Whole "
+        f"benchmark: {report['bench_runtime_s']:.0f} s.",
         "",
     ]
     dirty = s.get("uncommitted_specbuild_files")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from machine_info import machine_info
+from machine_info import machine_info, machine_line
 from results_files import write_results
 from rich.console import Console
 from targets import Target, finish
@@ -375,9 +375,15 @@ def to_report(results: dict[str, dict[int, Summary]], entry: dict[str, str], arg
     }
 
 
+SAME_MACHINE = ("git_commit", "platform", "nproc", "cpu", "demo_models")
+"""The machine_info fields that must agree for one results file's figures to explain another's."""
+
+
 def accounts(out: Path, machine: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per deployment with an `account`, that results file's account when it was measured on this commit and
-    machine with no uncommitted served code (a stale or foreign account explains nothing), else nothing."""
+    machine with no uncommitted served code (a stale or foreign account explains nothing), else nothing. The
+    machine is also its CPU and the demo models' training: the same platform string covered two CPUs 1.5x apart,
+    whose demo weights made acceptances of 0.83 and 0.56 on the same draft-target repository."""
     found = {}
     for name, deployment in DEPLOYMENTS.items():
         path = out / deployment.account if deployment.account else None
@@ -386,7 +392,7 @@ def accounts(out: Path, machine: dict[str, Any]) -> dict[str, dict[str, Any]]:
         report = json.loads(path.read_text(encoding="utf-8"))
         theirs = report.get("machine", {})
         if (report.get("account") and not report.get("settings", {}).get("uncommitted_specbuild_files")
-                and all(theirs.get(key) == machine.get(key) for key in ("git_commit", "platform", "nproc"))):
+                and all(theirs.get(key) == machine.get(key) for key in SAME_MACHINE)):
             found[name] = {**report["account"], "file": deployment.account}
     return found
 
@@ -554,9 +560,7 @@ def markdown(report: dict[str, Any]) -> str:
               for f in report.get("reported", [])]
     lines += [
         "",
-        f"Machine: {m['nproc']} cores, {m['ram_gib']} GiB, {m['platform']}, Python {m['python']}, torch {m['torch']}, "
-        f"nvidia-pytriton {m.get('nvidia-pytriton')}, commit {m['git_commit']}, {m['date']}, "
-        f"load average at the end {m['loadavg_end']}.",
+        f"{machine_line(m)}, load average at the end {m['loadavg_end']}.",
         "",
     ]
     return "\n".join(lines)

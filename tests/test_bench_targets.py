@@ -108,10 +108,11 @@ def test_a_stale_verdict_never_stands_for_a_crashed_run(bench: dict[str, ModuleT
 def test_the_bls_miss_at_one_request_is_judged_by_the_measured_account_of_the_same_commit(
         bench: dict[str, ModuleType], tmp_path: Path) -> None:
     """Issue 22 asks the BLS for 1.3x plain at concurrency 1 or a measured account of why the engine flow caps it:
-    serving_bench takes round_cost_bench's account only from the same commit and machine, measured on committed
-    code, and only where it holds; a met 1.3x needs no account."""
+    serving_bench takes round_cost_bench's account only from the same commit and machine (its CPU and the demo
+    models it trained included), measured on committed code, and only where it holds; a met 1.3x needs no account."""
     s = bench["serving_bench"]
-    machine = {"git_commit": "abc", "platform": "Linux-x", "nproc": 2}
+    machine = {"git_commit": "abc", "platform": "Linux-x", "nproc": 2, "cpu": "Xeon, torch AVX512",
+               "demo_models": "trained on Xeon, torch AVX512, draft/target top-1 agreement 68.1%"}
     x_plain = {"plain": 1.0, "one engine": 1.72, "flow": 1.18}
     holds = {"holds": True, "x_plain": x_plain, "summary": bench["round_cost_bench"].summary(x_plain)}
     path = tmp_path / "round-cost.json"
@@ -137,7 +138,9 @@ def test_the_bls_miss_at_one_request_is_judged_by_the_measured_account_of_the_sa
                              "met": True}
     write({**holds, "holds": False}, machine)
     assert not verdict(1.25)["met"]  # the account was measured, and it does not explain the miss
-    for stale in ({**machine, "git_commit": "def"}, {**machine, "platform": "Linux-y"}):
+    for stale in ({**machine, "git_commit": "def"}, {**machine, "platform": "Linux-y"},
+                  {**machine, "cpu": "Xeon, torch AVX2"},
+                  {**machine, "demo_models": "trained on Xeon, torch AVX2, draft/target top-1 agreement 74.0%"}):
         write(holds, stale)
         assert s.accounts(tmp_path, machine) == {} and not verdict(1.25)["met"]
     write(holds, machine, uncommitted=["specbuild/python_models/bls_loop.py"])

@@ -324,3 +324,24 @@ def test_cli_builds_and_lists_the_models(tmp_path: Path, monkeypatch: pytest.Mon
     assert result.exit_code == 0, result.output
     for name in dm.ALL_NAMES:
         assert str(tmp_path / "models" / name) in result.output
+
+
+def test_a_build_records_the_cpu_it_trained_on_and_benchmarks_name_it(tmp_path: Path) -> None:
+    """The demo weights, and every acceptance and speedup measured on them, differ from CPU to CPU (two machines of
+    this project measured draft-target acceptances of 0.83 and 0.56): the manifest records the CPU that trained the
+    models, and the bench scripts' machine record names it with the draft's agreement, so figures from other models
+    are never read as these."""
+    from tests.bench_scripts import bench_module
+
+    out = tmp_path / "models"
+    dm.build_demo_models(out, progress=False, recipe=tiny_recipe())
+    metrics = json.loads((out / dm.MANIFEST_NAME).read_text())["metrics"]
+    assert metrics["cpu"] == dr.cpu_description()
+    machine = bench_module("machine_info")
+    said = machine.demo_models_description(out)
+    assert dr.cpu_description() in said and f"{metrics['top1_agreement']:.1%}" in said
+    manifest = json.loads((out / dm.MANIFEST_NAME).read_text())
+    del manifest["metrics"]["cpu"]  # a build from before the manifest recorded it
+    (out / dm.MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert "a CPU not recorded" in machine.demo_models_description(out)
+    assert machine.demo_models_description(tmp_path / "none") == "not built"

@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any
 from specbuild import corpus
 from specbuild.atomic import atomic_directory, output_lock
 from specbuild.demo import recipe as demo_recipe
-from specbuild.demo.recipe import Recipe, library_versions, recipe_from_environment, recipe_hash, train_threads
+from specbuild.demo.recipe import (
+    Recipe,
+    cpu_description,
+    library_versions,
+    recipe_from_environment,
+    recipe_hash,
+    train_threads,
+)
 from specbuild.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, token_stream, train_tokenizer
 from specbuild.demo.training import (
     deterministic_torch,
@@ -204,6 +211,7 @@ def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool) -> dict
         "train_tokens": int(train_ids.numel()),
         "build_seconds": round(time.perf_counter() - started, 1),
         "torch_threads": train_threads(),
+        "cpu": cpu_description(),
     }
     if progress:
         _print_summary(metrics)

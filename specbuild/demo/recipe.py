@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from specbuild.corpus import HELDOUT_EVERY, all_topics
 from specbuild.errors import SpecbuildError
@@ -135,6 +136,21 @@ def recipe_hash(recipe: Recipe) -> str:
 def library_versions() -> dict[str, str]:
     """The libraries whose versions change the trained bytes (recorded in the hash and the manifest)."""
     return {pkg: importlib.metadata.version(pkg) for pkg in ("torch", "transformers", "tokenizers")}
+
+
+def cpu_description() -> str:
+    """The CPU and the torch kernels it runs ("Intel(R) Xeon(R) Processor, torch AVX512"): the demo weights, and
+    every speed measured on them, differ from one to another, so a build and a benchmark record which it was."""
+    import platform
+
+    import torch
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return f"{name or platform.processor() or platform.machine()}, torch {torch.backends.cpu.get_cpu_capability()}"
 
 
 def train_threads() -> int:
