@@ -32,10 +32,10 @@ def demo_models_description(models: Path = DEMO_MODELS) -> str:
     with the target (their weights, and so every acceptance and speedup, differ from CPU to CPU)."""
     try:
         metrics = json.loads((models / "demo-models.json").read_text(encoding="utf-8"))["metrics"]
-    except (OSError, ValueError, KeyError):
+        agreement = float(metrics["top1_agreement"])
+    except (OSError, ValueError, KeyError, TypeError):
         return "not built"
-    return (f"trained on {metrics.get('cpu', 'a CPU not recorded')}, draft/target top-1 agreement "
-            f"{metrics['top1_agreement']:.1%}")
+    return f"trained on {metrics.get('cpu', 'a CPU not recorded')}, draft/target top-1 agreement {agreement:.1%}"
 
 
 def machine_info(packages: Sequence[str], **extra: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,8 +142,6 @@ def library_versions() -> dict[str, str]:
 def cpu_description() -> str:
     """The CPU and the torch kernels it runs ("Intel(R) Xeon(R) Processor, torch AVX512"): the demo weights, and
     every speed measured on them, differ from one to another, so a build and a benchmark record which it was."""
-    import platform
-
     import torch
 
     try:
