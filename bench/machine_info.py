@@ -29,13 +29,17 @@ def package_version(name: str) -> str | None:
 
 def demo_models_description(models: Path = DEMO_MODELS) -> str:
     """Which demo models the figures were measured on: the CPU that trained them and the draft's top-1 agreement
-    with the target (their weights, and so every acceptance and speedup, differ from CPU to CPU)."""
+    with the target, on held-out text and (builds that record it) on the target's own greedy text (their weights,
+    and so every acceptance and speedup, differ from CPU to CPU)."""
     try:
         metrics = json.loads((models / "demo-models.json").read_text(encoding="utf-8"))["metrics"]
         agreement = float(metrics["top1_agreement"])
+        own = metrics.get("top1_agreement_on_target_text")
+        on_own = "" if own is None else f", {float(own):.1%} on the target's own text"
     except (OSError, ValueError, KeyError, TypeError):
         return "not built"
-    return f"trained on {metrics.get('cpu', 'a CPU not recorded')}, draft/target top-1 agreement {agreement:.1%}"
+    return (f"trained on {metrics.get('cpu', 'a CPU not recorded')}, draft/target top-1 agreement {agreement:.1%}"
+            f"{on_own}")
 
 
 def machine_info(packages: Sequence[str], **extra: Any) -> dict[str, Any]:

@@ -134,6 +134,28 @@ def window_batches(ids: torch.Tensor, span: int, steps: int, batch_size: int, se
         yield torch.stack([ids[s : s + span] for s in starts.tolist()])
 
 
+def greedy_rows(model: Any, ids: torch.Tensor, *, count: int, prompt_tokens: int, span: int, seed: int,
+                pad_id: int | None, batch_size: int = 64,
+                advance: Callable[[], None] | None = None) -> torch.Tensor:
+    """[count, span] rows: a `prompt_tokens` prompt drawn (seeded) from the stream `ids`, then `model`'s greedy
+    continuation to `span` tokens with no early stop, so every row is one whole window. The text a drafter must
+    guess when speculation verifies greedily: Medusa-2's self-distillation data, the demo draft's training text
+    (sequence-level distillation). `advance` is called once per generated batch (a progress bar)."""
+    prompt = min(prompt_tokens, span - 1)
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, ids.numel() - prompt + 1, (count,), generator=generator)
+    prompts = torch.stack([ids[s : s + prompt] for s in starts.tolist()])
+    rows = []
+    with torch.no_grad():
+        for chunk in prompts.split(batch_size):
+            out = model.generate(chunk, attention_mask=torch.ones_like(chunk), max_new_tokens=span - prompt,
+                                 min_new_tokens=span - prompt, do_sample=False, pad_token_id=pad_id)
+            rows.append(out[:, :span])
+            if advance is not None:
+                advance()
+    return torch.cat(rows)
+
+
 @contextlib.contextmanager
 def bar(progress: bool | Progress, steps: int, description: str = "medusa") -> Iterator[Any]:
     """A rich bar on stderr: our own, a task on the caller's running Progress, or nothing."""

@@ -196,7 +196,7 @@ def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool) -> dict
         draft_loss = train_draft(draft, target, train_ids, recipe, bars)
         draft_seconds = time.perf_counter() - t0
 
-        evaluation = evaluate(target, draft, held_ids, recipe.eval_seq_len)
+        evaluation = evaluate(target, draft, held_ids, recipe, bars)
         models: dict[str, PreTrainedModel] = {"target": target, "draft": draft, **untrained_models(recipe)}
         for name, model in models.items():
             _save_model(model, root / name, root / TOKENIZER_DIR)
@@ -250,7 +250,8 @@ def _print_summary(metrics: dict[str, Any]) -> None:
 
     Console(stderr=True).print(
         f"target loss {metrics['target_heldout_loss']:.3f}, draft loss {metrics['draft_heldout_loss']:.3f} "
-        f"(held-out), draft/target top-1 agreement {metrics['top1_agreement']:.1%}, "
+        f"(held-out), draft/target top-1 agreement {metrics['top1_agreement']:.1%} "
+        f"({metrics['top1_agreement_on_target_text']:.1%} on the target's own text), "
         f"Medusa head 0 top-1 {metrics[MEDUSA_HEADS_DIR]['head0_top1']:.1%}, "
         f"built in {metrics['build_seconds']:.0f} s",
         highlight=False,

@@ -25,7 +25,8 @@ from specbuild.corpus import HELDOUT_EVERY, all_topics
 from specbuild.errors import SpecbuildError
 
 # Bump whenever a code change alters what a build produces (the hyper-parameters below are hashed anyway).
-RECIPE_VERSION = 4  # 2: Medusa heads on the target; 3: an 8-layer target; 4: heads name their base relatively
+RECIPE_VERSION = 5  # 2: Medusa heads on the target; 3: an 8-layer target; 4: heads name their base relatively;
+# 5: the draft distilled on the target's greedy text (specbuild.training.greedy_rows, whose code decides its bytes)
 SEED_OFFSET_ENV = "SPECBUILD_DEMO_SEED_OFFSET"
 TRAIN_THREADS_ENV = "SPECBUILD_DEMO_TRAIN_THREADS"
 
@@ -95,6 +96,16 @@ class Recipe:
     draft_training: Training = Training(steps=400, lr=3e-3, seed=2, batch_size=8, seq_len=128)
     distill_top_k: int = 64
     distill_weight: float = 0.9  # the rest is ordinary next-token cross-entropy on the text
+    # The draft learns on the target's own greedy continuations of training-text prompts (sequence-level
+    # distillation), the text it drafts for when a greedy request is served, besides the corpus windows. Measured on
+    # 2 cores, the draft's top-1 agreement with the target on the target's greedy text (held-out prompts and the
+    # serving benchmark's alike) / on held-out corpus text: 0.81 / 0.68 distilled on corpus windows only, 0.89 /
+    # 0.54 on 1600 generated rows only (3200 did no better), 0.89 / 0.65 on both. The rows cost about 35 s to
+    # generate in batches of 256.
+    draft_generated_rows: int = 1600
+    draft_prompt_tokens: int = 16
+    generation_batch: int = 256
+    eval_generated_rows: int = 32  # held-out prompts whose greedy continuations score the draft as served
     eval_seq_len: int = 128
     init_seed: int = 0
     medusa: MedusaHeads = MedusaHeads()

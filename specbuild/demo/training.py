@@ -1,8 +1,9 @@
 """Training the demo models: random initialisation, the target's next-token training, the draft's distillation
 from the target, the Medusa heads on the frozen target, and the held-out evaluation.
 
-The draft is distilled from the target (top-k soft labels computed once after the target is trained), which
-makes it agree with the target far more often than an independently trained model of the same size would.
+The draft is distilled from the target (top-k soft labels computed once after the target is trained) on the
+target's own greedy text, which makes it agree with the target far more often than an independently trained model
+of the same size would, and most often on the text it drafts for when serving.
 Everything runs under `deterministic_torch`: the same recipe and thread count give the same bytes.
 """
 
@@ -221,30 +222,44 @@ def _teacher_top_k(
     return torch.cat(indices), torch.cat(probs)
 
 
+def target_text(target: PreTrainedModel, ids: torch.Tensor, recipe: Recipe, *, count: int, span: int, seed: int,
+                bars: Progress | None, name: str) -> torch.Tensor:
+    """[count, span] rows of the target's greedy continuations of `draft_prompt_tokens` prompts from `ids`: what
+    the draft must guess when a greedy request is served."""
+    from specbuild.training import greedy_rows
+
+    task = _track(bars, name, -(-count // recipe.generation_batch))
+    return greedy_rows(target, ids, count=count, prompt_tokens=recipe.draft_prompt_tokens, span=span, seed=seed,
+                       pad_id=PAD_ID, batch_size=recipe.generation_batch,
+                       advance=lambda: _advance(bars, task, float("nan")))
+
+
 def train_draft(
     draft: PreTrainedModel, target: PreTrainedModel, ids: torch.Tensor, recipe: Recipe, bars: Progress | None
 ) -> float:
-    """Distil the draft: cross-entropy against the target's top-k distribution (weight `distill_weight`)
-    plus ordinary next-token loss. Training on what the target predicts is what raises acceptance."""
+    """Distil the draft on the target's own greedy text (`target_text`) and on the training text's windows:
+    cross-entropy against the target's top-k distribution (weight `distill_weight`) plus ordinary next-token loss.
+    Training on what the target predicts, on the text it generates, is what raises acceptance; the corpus windows
+    keep the draft close to the target off that path (sampled requests)."""
     import torch
     import torch.nn.functional as F
 
     settings = recipe.draft_training
     generator = torch.Generator().manual_seed(settings.seed)
-    windows = _windows(ids, settings.seq_len)
-    needed = min(windows.shape[0], settings.steps * settings.batch_size)
-    windows = windows[torch.randperm(windows.shape[0], generator=generator)[:needed]]
-    teacher_idx, teacher_prob = _teacher_top_k(target, windows[:, :-1], recipe.distill_top_k, settings.batch_size)
+    generated = target_text(target, ids, recipe, count=recipe.draft_generated_rows, span=settings.seq_len + 1,
+                            seed=settings.seed, bars=bars, name="generate")
+    rows = torch.cat([generated, _windows(ids, settings.seq_len)])
+    teacher_idx, teacher_prob = _teacher_top_k(target, rows[:, :-1], recipe.distill_top_k, settings.batch_size)
 
     draft.train()
     optimizer, scheduler = _optimizer(draft, settings)
     task = _track(bars, "draft", settings.steps)
-    epochs = -(-settings.steps * settings.batch_size // needed)
-    order = torch.cat([torch.randperm(needed, generator=generator) for _ in range(epochs)])
+    epochs = -(-settings.steps * settings.batch_size // rows.shape[0])
+    order = torch.cat([torch.randperm(rows.shape[0], generator=generator) for _ in range(epochs)])
     loss_value = float("nan")
     for step in range(settings.steps):
         pick = order[step * settings.batch_size : (step + 1) * settings.batch_size]
-        batch = windows[pick]
+        batch = rows[pick]
         log_probs = draft(input_ids=batch[:, :-1]).logits.log_softmax(dim=-1)
         soft = -(teacher_prob[pick] * log_probs.gather(-1, teacher_idx[pick].long())).sum(-1).mean()
         hard = F.nll_loss(log_probs.flatten(0, 1), batch[:, 1:].flatten())
@@ -283,21 +298,28 @@ def train_medusa_heads(
 
 
 def evaluate(
-    target: PreTrainedModel, draft: PreTrainedModel, held_ids: torch.Tensor, seq_len: int
+    target: PreTrainedModel, draft: PreTrainedModel, held_ids: torch.Tensor, recipe: Recipe, bars: Progress | None
 ) -> dict[str, float]:
-    """Held-out next-token losses and how often the draft's greedy token equals the target's (teacher-forced
-    on real text: a proxy for the per-token acceptance rate of greedy speculative decoding)."""
+    """Held-out next-token losses and how often the draft's greedy token equals the target's, teacher-forced on
+    real text (`top1_agreement`) and on the target's own greedy continuations of held-out prompts
+    (`top1_agreement_on_target_text`, the generated positions only): the per-token acceptance proxy of greedy
+    speculative decoding, on the text it is served."""
     import torch
     import torch.nn.functional as F
 
-    windows = _windows(held_ids, seq_len)
+    windows = _windows(held_ids, recipe.eval_seq_len)
     inputs, labels = windows[:, :-1], windows[:, 1:].flatten()
+    generated = target_text(target, held_ids, recipe, count=recipe.eval_generated_rows, span=recipe.eval_seq_len + 1,
+                            seed=recipe.init_seed, bars=bars, name="evaluate")
+    start = min(recipe.draft_prompt_tokens, recipe.eval_seq_len) - 1  # the first position predicting a generated token
     with torch.inference_mode():
         target_logits = target(input_ids=inputs).logits.flatten(0, 1)
         draft_logits = draft(input_ids=inputs).logits.flatten(0, 1)
+        on_text = [model(input_ids=generated[:, :-1]).logits[:, start:].argmax(-1) for model in (target, draft)]
     return {
         "target_heldout_loss": round(float(F.cross_entropy(target_logits, labels)), 4),
         "draft_heldout_loss": round(float(F.cross_entropy(draft_logits, labels)), 4),
         "top1_agreement": round(float((target_logits.argmax(-1) == draft_logits.argmax(-1)).float().mean()), 4),
+        "top1_agreement_on_target_text": round(float((on_text[0] == on_text[1]).float().mean()), 4),
         "target_heldout_top1_accuracy": round(float((target_logits.argmax(-1) == labels).float().mean()), 4),
     }

@@ -67,6 +67,7 @@ from specbuild.training import (
     WARMUP_FRACTION,
     bar,
     check_weights,
+    greedy_rows,
     lr_schedule,
     no_transformers_bars,
     optimizer_step,
@@ -257,22 +258,12 @@ def _starting_heads(heads_dir: Path | None, start: tuple[dict[str, torch.Tensor]
 
 def _generate(model: PreTrainedModel, ids: torch.Tensor, count: int, settings: JointSettings, span: int,
               eos_id: int | None, seed_offset: int = 1) -> torch.Tensor | None:
-    """[count, span] rows: a `prompt_tokens` prompt from the stream `ids`, then `model`'s greedy continuation
-    (no early stop, so every row is one whole window). Greedy, because greedy output is what the heads are
-    asked to guess when speculation verifies greedily."""
+    """`count` rows of `model`'s greedy continuations of `prompt_tokens` prompts from `ids` (`greedy_rows`), None
+    for none."""
     if not count:
         return None
-    prompt = min(settings.prompt_tokens, span - 1)
-    generator = torch.Generator().manual_seed(settings.seed + seed_offset)
-    starts = torch.randint(0, ids.numel() - prompt + 1, (count,), generator=generator)
-    prompts = torch.stack([ids[s : s + prompt] for s in starts.tolist()])
-    rows = []
-    with torch.no_grad():
-        for chunk in prompts.split(64):
-            out = model.generate(chunk, attention_mask=torch.ones_like(chunk), max_new_tokens=span - prompt,
-                                    min_new_tokens=span - prompt, do_sample=False, pad_token_id=eos_id)
-            rows.append(out[:, :span])
-    return torch.cat(rows)
+    return greedy_rows(model, ids, count=count, prompt_tokens=settings.prompt_tokens, span=span,
+                       seed=settings.seed + seed_offset, pad_id=eos_id)
 
 
 def _row_batches(rows: torch.Tensor, steps: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
