@@ -103,6 +103,19 @@ def same_inputs(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.keys() == b.keys() and all(a[k].get(HASH) == b[k].get(HASH) for k in a)
 
 
+def changed_inputs(directory: Path) -> list[str]:
+    """The inputs recorded in `directory`'s manifest that are here and whose content now differs, as the manifest
+    names them; [] when unknown (an output made on another machine, whose inputs' paths do not exist here). A stage
+    that reads another's output refuses a stale one: deploy an engine built from an older checkpoint, tune and
+    build a checkpoint converted from an older model."""
+    recorded = (read_manifest(directory) or {}).get("inputs") or {}
+    paths = [Path(name) for name in recorded]
+    if not paths or not all(path.is_file() for path in paths):
+        return []
+    current = fingerprint_files(paths, recorded)
+    return [name for name in recorded if current[name].get(HASH) != recorded[name].get(HASH)]
+
+
 def stale_reasons(previous: dict[str, Any] | None, *, settings: dict[str, Any], tools: dict[str, Any],
                   inputs: dict[str, Any], directory: Path) -> list[str]:
     """Why the output in `directory` (written with `previous`) is not what these settings, tools and inputs

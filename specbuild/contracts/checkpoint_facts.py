@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild import dtypes
+from specbuild.manifest import changed_inputs
 
 
 @dataclass(frozen=True)
@@ -133,5 +134,17 @@ def read_checkpoint_facts(role: str, directory: Path) -> tuple[CheckpointFacts |
             f"{role} checkpoint {directory}: {', '.join(missing)} missing (mapping says world_size "
             f"{facts.world_size}); {hint} again"
         ]
+    stale = stale_conversion(role, directory)
+    if stale is not None:
+        return None, [f"{stale}; {hint} again"]
     size = sum(path.stat().st_size for path in facts.rank_files)
     return replace(facts, weight_bytes=size), []
+
+
+def stale_conversion(role: str, directory: Path) -> str | None:
+    """What says the `role` checkpoint in `directory` was converted from another model than its source holds now
+    (the source changed since `convert` ran: a later stage would read the old weights), else None."""
+    changed = changed_inputs(directory)
+    if not changed:
+        return None
+    return f"{role} checkpoint {directory}: converted before {', '.join(changed)} changed"

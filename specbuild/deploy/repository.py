@@ -35,8 +35,8 @@ from specbuild.deploy.model_code import MODEL_VERSION, code_hashes, package_file
 from specbuild.deploy.pbtxt import fill, parameters_text, parse_config, template_text
 from specbuild.errors import SpecbuildError
 from specbuild.manifest import (
-    HASH,
     Status,
+    changed_inputs,
     fingerprint_files,
     is_fresh,
     output_sizes,
@@ -158,7 +158,7 @@ def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) ->
         facts, _ = read_checkpoint_facts(role, spec.checkpoint_dir(role))  # None where convert ran elsewhere
         problems += [f"{directory / ENGINE_INFO}: {problem}"
                      for problem in stale_engine_problems(spec, role, info, facts)]
-        changed = _changed_inputs(directory)
+        changed = [Path(name).name for name in changed_inputs(directory)]
         if changed:
             problems.append(f"{directory}: built from a checkpoint that has changed since ({', '.join(changed)})")
     if problems:
@@ -167,18 +167,6 @@ def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) ->
             "problem(s)); deploying would serve them anyway:\n" + "\n".join(f"  - {problem}" for problem in problems),
             hint="run `specbuild build SPEC` (it rebuilds what changed), then deploy again",
         )
-
-
-def _changed_inputs(directory: Path) -> list[str]:
-    """The engine's inputs (from its manifest) that are here and now differ; [] when unknown (engines built on
-    another machine, whose checkpoint paths do not exist here)."""
-    recorded = (read_manifest(directory) or {}).get("inputs") or {}
-    paths = [Path(name) for name in recorded]
-    if not paths or not all(path.is_file() for path in paths):
-        return []
-    current = fingerprint_files(paths, recorded)
-    return [Path(name).name for name in recorded
-            if current[name].get(HASH) != recorded[name].get(HASH)]
 
 
 def _place_tokenizer(spec: PipelineSpec, repository: Path) -> None:

@@ -44,6 +44,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specbuild.atomic import stage_text
+from specbuild.contracts.checkpoint_facts import stale_conversion
 from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
@@ -385,6 +386,10 @@ def _checkpoint(spec: PipelineSpec, role: str) -> Path:
             f"no converted {role} checkpoint at {directory} (tune measures the converted checkpoints)",
             hint=f"run `specbuild convert {spec.path}` first",
         )
+    stale = stale_conversion(role, directory)
+    if stale is not None:
+        raise SpecbuildError(f"{stale} (tune would measure the old weights)",
+                             hint=f"run `specbuild convert {spec.path}` first")
     return directory
 
 
