@@ -140,7 +140,8 @@ def greedy_rows(model: Any, ids: torch.Tensor, *, count: int, prompt_tokens: int
     """[count, span] rows: a `prompt_tokens` prompt drawn (seeded) from the stream `ids`, then `model`'s greedy
     continuation to `span` tokens with no early stop, so every row is one whole window. The text a drafter must
     guess when speculation verifies greedily: Medusa-2's self-distillation data, the demo draft's training text
-    (sequence-level distillation). `advance` is called once per generated batch (a progress bar)."""
+    (sequence-level distillation). `advance` is called once per generated batch (a progress bar). The demo build's
+    bytes depend on this code: a change here that alters its rows needs `demo.recipe.RECIPE_VERSION` bumped."""
     prompt = min(prompt_tokens, span - 1)
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, ids.numel() - prompt + 1, (count,), generator=generator)
@@ -156,6 +157,20 @@ def greedy_rows(model: Any, ids: torch.Tensor, *, count: int, prompt_tokens: int
     return torch.cat(rows)
 
 
+def bar_columns() -> tuple[Any, ...]:
+    """The training bars' columns: name, bar, steps, the last loss (blank for work that has none, such as
+    generating text), time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class LossColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            loss = task.fields.get("loss")
+            return Text("" if loss is None or math.isnan(loss) else f"loss {loss:.3f}")
+
+    return (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(), LossColumn(), TimeElapsedColumn())
+
+
 @contextlib.contextmanager
 def bar(progress: bool | Progress, steps: int, description: str = "medusa") -> Iterator[Any]:
     """A rich bar on stderr: our own, a task on the caller's running Progress, or nothing."""
@@ -164,11 +179,9 @@ def bar(progress: bool | Progress, steps: int, description: str = "medusa") -> I
         return
     if progress is True:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress
 
-        columns = (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True)) as bars:
+        with Progress(*bar_columns(), console=Console(stderr=True)) as bars:
             task = bars.add_task(description, total=steps, loss=float("nan"))
             yield lambda loss: bars.update(task, advance=1, loss=loss)
         return

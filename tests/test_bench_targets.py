@@ -187,14 +187,15 @@ def test_a_loaded_figure_of_a_deployment_that_decodes_plainly_there_says_so(benc
                                         "speculative": {**data["speculative"], **speculative}}))
         return path
 
-    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 8: 0}}), [1, 8, 16]) == [8, 16]
-    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 4: 2}}), [1, 8, 16]) == []
+    k = data["speculative"]["num_draft_tokens"]  # a schedule drafts the spec's K at batch size 1
+    assert s.plain_at(spec({"draft_len_schedule": {1: k, 8: 0}}), [1, 8, 16]) == [8, 16]
+    assert s.plain_at(spec({"draft_len_schedule": {1: k, 4: 2}}), [1, 8, 16]) == []
     assert s.plain_at(spec({"draft_len_schedule": None, "max_concurrency": 8}), [1, 8, 16]) == [16]
     # a probe of another schedule (SCHEDULE_ENV, which the servers the bench starts inherit) is what they run
-    monkeypatch.setenv(SCHEDULE_ENV, json.dumps({"1": 3, "2": 1}))
-    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 8: 0}}), [1, 8, 16]) == []
-    monkeypatch.setenv(SCHEDULE_ENV, json.dumps({"1": 3, "16": 0}))
-    assert s.plain_at(spec({"draft_len_schedule": {1: 3, 4: 2}}), [1, 8, 16]) == [16]
+    monkeypatch.setenv(SCHEDULE_ENV, json.dumps({"1": k, "2": 1}))
+    assert s.plain_at(spec({"draft_len_schedule": {1: k, 8: 0}}), [1, 8, 16]) == []
+    monkeypatch.setenv(SCHEDULE_ENV, json.dumps({"1": k, "16": 0}))
+    assert s.plain_at(spec({"draft_len_schedule": {1: k, 4: 2}}), [1, 8, 16]) == [16]
     monkeypatch.delenv(SCHEDULE_ENV)
     results = {"plain": {16: None}, "medusa": {1: None, 8: None, 16: None}}  # no batching target: no plain figures
     ratios = {"medusa": {c: {"output_tokens_per_s": 1.05, "ttft_p50": 1.0} for c in ("1", "8", "16")}}

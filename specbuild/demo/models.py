@@ -232,16 +232,11 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
-    columns = (
-        TextColumn("{task.description:<8}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True)) as bars:
+    from specbuild.training import bar_columns
+
+    with Progress(*bar_columns(), console=Console(stderr=True)) as bars:
         yield bars
 
 
