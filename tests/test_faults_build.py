@@ -310,19 +310,19 @@ def test_deploy_refuses_engines_built_for_another_dtype(deployed: tuple[Path, Pa
     assert snapshot(repository) == before and leftovers(repository.parent) == []
 
 
-def test_build_and_tune_refuse_a_checkpoint_converted_from_an_older_model(tiny_llama: Path, tmp_path: Path) -> None:
+def test_stages_refuse_a_checkpoint_converted_from_an_older_model(tiny_llama: Path, tmp_path: Path) -> None:
     """A model retrained after `convert` (the draft here) leaves a checkpoint of the old weights: building engines
-    from it, or tuning K on it, would build or measure the old model and say nothing (tune once measured a demo
-    draft's predecessor this way and chose K by it). Both refuse, naming the checkpoint, the changed file and the
-    fix; nothing is written; after `convert` they go on."""
+    from it, tuning K on it or deploying engines built from it would build, measure or serve the old model and say
+    nothing (tune once measured a demo draft's predecessor this way and chose K by it). build, tune and deploy
+    refuse, naming the checkpoint, the changed file and the fix; nothing is written; after `convert` they go on."""
     draft = add_tokenizer(make_checkpoint(tmp_path / "draft", "llama", seed=2, num_hidden_layers=1))
     spec = write_spec(tmp_path, tiny_llama, mode="draft_target", draft={"model": str(draft)},
                       build={"dtype": "float32"})
-    assert cli("convert", str(spec))[0] == 0
+    assert cli("convert", str(spec))[0] == 0 and cli("build", str(spec))[0] == 0
     make_checkpoint(draft, "llama", seed=3, num_hidden_layers=1)  # retrained in place
     out = tmp_path / "out"
     before = snapshot(out)
-    for stage in ("build", "tune"):
+    for stage in ("build", "tune", "deploy"):
         code, text = cli(stage, str(spec))
         assert code == 1, (stage, text)
         assert f"draft checkpoint {out / 'checkpoints' / 'draft'}: converted before" in text, (stage, text)
@@ -330,8 +330,9 @@ def test_build_and_tune_refuse_a_checkpoint_converted_from_an_older_model(tiny_l
         assert "target checkpoint" not in text, (stage, text)
         assert snapshot(out) == before, stage
     assert cli("convert", str(spec))[0] == 0
-    code, text = cli("build", str(spec))
-    assert code == 0, text
+    for stage in ("build", "deploy"):
+        code, text = cli(stage, str(spec))
+        assert code == 0, (stage, text)
 
 
 def test_deploy_refuses_engines_of_other_limits_and_of_a_reconverted_checkpoint(deployed: tuple[Path, Path],

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specbuild.atomic import Inputs, atomic_directory, link_or_copy, output_lock, refuse_overlap
-from specbuild.contracts.checkpoint_facts import read_checkpoint_facts
+from specbuild.contracts.checkpoint_facts import read_checkpoint_facts, stale_conversion
 from specbuild.contracts.engine_info import ENGINE_INFO, EngineInfo, engine_dir, engine_roles
 from specbuild.contracts.engine_limits import stale_engine_problems
 from specbuild.contracts.llm_api import PYTORCH, refuse_other_flow
@@ -149,9 +149,10 @@ def _write_repository(spec: PipelineSpec, plan: RepositoryPlan, configs: dict[st
 
 
 def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) -> None:
-    """Refuse engines that are not what the spec asks for now (a setting changed without a rebuild), or that were
-    built from another checkpoint than the one convert left there (a convert without a rebuild): serving them
-    would silently serve the old model. Every stale engine and setting is named together."""
+    """Refuse engines that are not what the spec asks for now (a setting changed without a rebuild), that were
+    built from another checkpoint than the one convert left there (a convert without a rebuild), or from a checkpoint
+    converted before its model changed (a retrain without a convert): serving them would silently serve the old
+    model. Every stale engine and setting is named together."""
     problems = []
     for role, info in engines.items():
         directory = engine_dir(spec, role)
@@ -161,6 +162,9 @@ def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) ->
         changed = [Path(name).name for name in changed_inputs(directory)]
         if changed:
             problems.append(f"{directory}: built from a checkpoint that has changed since ({', '.join(changed)})")
+        stale = stale_conversion(role, spec.checkpoint_dir(role))
+        if stale is not None:  # the engine matches its checkpoint, which holds the old model
+            problems.append(f"{stale}, so {directory} holds the old model: run `specbuild convert SPEC` first")
     if problems:
         raise SpecbuildError(
             f"{spec.where}: the built engines are not what the spec and its checkpoints say now ({len(problems)} "
