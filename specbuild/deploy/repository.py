@@ -155,16 +155,17 @@ def check_engines_current(spec: PipelineSpec, engines: dict[str, EngineInfo]) ->
     model. Every stale engine and setting is named together."""
     problems = []
     for role, info in engines.items():
-        directory = engine_dir(spec, role)
-        facts, _ = read_checkpoint_facts(role, spec.checkpoint_dir(role))  # None where convert ran elsewhere
+        directory, checkpoint = engine_dir(spec, role), spec.checkpoint_dir(role)
+        stale = stale_conversion(role, checkpoint)
+        if stale is not None:  # the engine may match its checkpoint, which holds the old model
+            problems.append(f"{stale}, so {directory} holds the old model: run `specbuild convert SPEC` first")
+        # no facts where convert ran elsewhere, or where the conversion is stale (named above; not hashed again)
+        facts = None if stale is not None else read_checkpoint_facts(role, checkpoint)[0]
         problems += [f"{directory / ENGINE_INFO}: {problem}"
                      for problem in stale_engine_problems(spec, role, info, facts)]
         changed = [Path(name).name for name in changed_inputs(directory)]
         if changed:
             problems.append(f"{directory}: built from a checkpoint that has changed since ({', '.join(changed)})")
-        stale = stale_conversion(role, spec.checkpoint_dir(role))
-        if stale is not None:  # the engine matches its checkpoint, which holds the old model
-            problems.append(f"{stale}, so {directory} holds the old model: run `specbuild convert SPEC` first")
     if problems:
         raise SpecbuildError(
             f"{spec.where}: the built engines are not what the spec and its checkpoints say now ({len(problems)} "
