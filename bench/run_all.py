@@ -1,11 +1,12 @@
-"""`make bench`: every bench script in turn, then the tune tables and reports (dry runs of `specbuild tune`) and the
-check that each demo spec citing a report holds what that tune chose, without stopping at a failure; ends with one
-line per script saying which targets it missed, and exits 1 if any script missed one or failed, a tune failed or
-a spec differs from the report it cites.
+"""`make bench`: every bench script and the tune step, in the order of STEPS, without stopping at a failure. The
+tune step runs `specbuild tune` on each demo spec, writes its tables and report under bench/results/ and what it chose
+into the spec (so the scripts after it serve and measure what tune chose on this machine), and checks that every spec
+citing a report holds what that tune chose. The run ends with one line per script saying which targets it missed, and
+exits 1 if any script missed one or failed, a tune failed or a spec differs from the report it cites.
 
 Each script writes its figures under bench/results/ and its verdict under bench/work/verdicts/ (`targets.finish`);
 a script that ends without a verdict (it crashed) is reported as such, never as having met its targets.
-Run with `.venv/bin/python bench/run_all.py [SCRIPT ...]` (default: all of SCRIPTS, then `tune`).
+Run with `.venv/bin/python bench/run_all.py [STEP ...]` (default: all of STEPS).
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ from targets import VERDICTS, says_missed, verdict_file
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-SCRIPTS = ("convert_bench", "runtime_bench", "quantize_bench", "round_cost_bench", "medusa_cost_bench",
-           "serving_bench", "demo_time_bench", "migrate_bench", "dynamo_bench")
-"""Every bench/*_bench.py, in the order `make bench` runs them (runtime_bench builds the demo models the later
-ones and the tune tables use; round_cost_bench and medusa_cost_bench write the accounts serving_bench may judge the
-BLS and Medusa by at one request)."""
+TUNE = "tune"
+"""run_all.py's name for its own step, the tune tables and reports, the choices written into the demo specs and the
+check of the specs citing them."""
+STEPS = ("convert_bench", "runtime_bench", "quantize_bench", TUNE, "round_cost_bench", "medusa_cost_bench",
+         "serving_bench", "demo_time_bench", "migrate_bench", "dynamo_bench")
+"""What `make bench` runs, in order: every bench/*_bench.py and the tune step. runtime_bench builds the demo models
+the later steps use; the tune step writes what tune chose on this machine into the demo specs before the scripts
+that serve them measure them; round_cost_bench and medusa_cost_bench write the accounts serving_bench may judge the
+BLS and Medusa by at one request."""
+SCRIPTS = tuple(step for step in STEPS if step != TUNE)
+
 
 OWN, SERVED = {"schedule": False}, {"served": True}
 """The spec's own tune without a schedule (K, L, the tree: in-process), then the schedule alone measured behind
@@ -46,12 +53,12 @@ TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     # Draft_Target through the LLM API, measured on its build.backend: reference copy (TUNED_ON_REFERENCE)
     "tune-pytorch": ("configs/demo-pytorch.yaml", [OWN, SERVED]),
 }
-"""bench/results/<name>.txt (the `specbuild tune --dry-run` tables) and <name>.json (specbuild.tune.report: the
-same figures, the choices, the calibration settings and the machine) for each spec, one tune per options dict
+"""bench/results/<name>.txt (the tables `specbuild tune` prints) and <name>.json (specbuild.tune.report: the same
+figures, the choices, the calibration settings and the machine) for each spec, one tune per options dict
 (TuneOptions fields; the first is the spec's own tune, whose choices the JSON's `settings` hold, with the served
-tune's schedule). A served tune deploys its spec first (each stage a no-op when up to date, as serving_bench prepares
-it), as the spec holds it. No targets: figures to
-compare by eye, except that a spec citing its JSON must hold what it says (`tuned_spec_problems`)."""
+tune's schedule). The own and the served tune write their choices into the spec (`write_tune_tables`); each first
+converts and deploys the spec as it then is (each stage a no-op when up to date, as serving_bench prepares it). No
+targets: figures to compare by eye, and a spec citing its JSON must hold what it says (`tuned_spec_problems`)."""
 
 TUNED_ON_REFERENCE = frozenset({"configs/demo-pytorch.yaml"})
 """Specs served by TensorRT-LLM itself (a GPU host: build.backend auto), which `specbuild tune` cannot measure here:
@@ -69,8 +76,6 @@ def tuned_spec(spec: str) -> Path:
     return spec_path(Deployment(spec, reference_of=True))
 
 
-TUNE = "tune"
-"""run_all.py's name for its own part, the tune tables and reports and the check of the specs citing them."""
 RESULTS = BENCH / "results"
 CITATION = re.compile(r"bench/results/(tune-[\w-]+\.json)")
 """How a spec cites the tune report it holds the choices of (in a comment)."""
@@ -108,44 +113,40 @@ def run_script(script: str, bench: Path = BENCH, verdicts: Path = VERDICTS) -> O
 
 def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE_TABLES,
                       results: Path = RESULTS) -> list[str]:
-    """Run each spec's tunes (dry runs) with tune's library API, writing their tables and report; the lines naming
-    any that failed (their report is removed, so a stale one never stands for this run)."""
+    """Run each spec's tunes with tune's library API, writing their tables and report, and write what the spec's own
+    tune and then its served tune chose into the spec (`write_choices`): the served tune measures the schedule of
+    the deployment the own tune chose, and the bench scripts after this step serve what tune chose on this machine.
+    The other tunes (larger trees) are dry runs to compare by eye. Returns the lines naming any tune that failed
+    (its report is removed, so a stale one never stands for this run)."""
     from machine_info import machine_info
     from rich.console import Console
+    from serving_bench import prepare
 
     from specbuild.errors import SpecbuildError
-    from specbuild.spec import load_spec
-    from specbuild.tune.report import spec_differences, write_report
+    from specbuild.tune.report import write_report
     from specbuild.tune.stage import TuneOptions, run_tune
 
     problems = []
     results.mkdir(parents=True, exist_ok=True)
     for name, (spec, runs) in tables.items():
-        spec_file = tuned_spec(spec)  # the spec, or the reference copy the tunes measure
         report_path = results / f"{name}.json"
         report_path.unlink(missing_ok=True)
         reports = []
         load_start = [round(x, 2) for x in os.getloadavg()]  # wall-clock figures: how busy the machine was
         with (results / f"{name}.txt").open("w", encoding="utf-8") as out:
             printer = Console(file=out, width=120)
-            for extra in runs:
+            for index, extra in enumerate(runs):
                 options = TuneOptions(write=False, **extra)
+                writes = index == 0 or options.served
                 try:
-                    if options.served:
-                        from serving_bench import prepare
-
-                        from specbuild.tune.served import served_choices
-
-                        repository = prepare(spec_file)
-                        own = {setting: value for setting, value in (reports[0].settings if reports else {}).items()
-                               if setting not in served_choices(repository)}  # the served tune chooses those
-                        changed = spec_differences(load_spec(spec_file), own)
-                        if changed:  # the deployment is not what the spec's own tune chose
-                            problems.append(f"{name}: {spec} does not hold what its own tune chose, so its served "
-                                            f"schedule was not measured ({'; '.join(changed)}): update the spec, "
-                                            "then run the tune again")
-                            break
-                    reports.append(run_tune(spec_file, options, out=printer))
+                    spec_file = tuned_spec(spec)  # (re)derived, so a reference copy holds the spec's newest choices
+                    if writes:  # converted (the own tune reads the checkpoints) and deployed (the served one serves it)
+                        prepare(spec_file)
+                    report = run_tune(spec_file, options, out=printer)
+                    reports.append(report)
+                    if writes:
+                        for path in write_choices(ROOT / spec, report):
+                            print(f"{name}: wrote {path.relative_to(ROOT)}", flush=True)
                 except Exception as err:  # a failed tune must not stop the others
                     why = err.message if isinstance(err, SpecbuildError) else f"{type(err).__name__}: {err}"
                     problems.append(f"{name}: tune of {spec} with {extra or 'its defaults'} failed: {why}")
@@ -156,6 +157,19 @@ def write_tune_tables(tables: dict[str, tuple[str, list[dict[str, Any]]]] = TUNE
                                                             loadavg_start=load_start), root=ROOT,
                          for_spec=spec if spec in TUNED_ON_REFERENCE else None)
     return problems
+
+
+def write_choices(spec_path: Path, report: Any) -> list[Path]:
+    """Write what a tune (a specbuild.tune.stage.TuneReport) chose into the spec at `spec_path`, as `specbuild tune`
+    writes it (only the tuned values change, comments and layout kept, the result checked before it replaces the
+    file): the spec it tuned, or the spec a reference copy was derived from (TUNED_ON_REFERENCE). A Medusa tree
+    written inline stays inline. Returns the files written."""
+    from specbuild.spec import load_spec
+    from specbuild.tune.stage import write_spec
+
+    spec = load_spec(spec_path)
+    inline = spec.medusa is not None and not isinstance(spec.medusa.choices, str)
+    return write_spec(spec, report.update, None, inline)
 
 
 def tuned_spec_problems(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
@@ -188,10 +202,14 @@ def tuned_spec_problems(root: Path = ROOT, results: Path = RESULTS) -> list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`run_all.py` runs everything; `run_all.py SCRIPT ...` those scripts, and "tune" among them the tune part."""
-    argv = argv or [*SCRIPTS, TUNE]
-    outcomes = [run_script(script) for script in argv if script != TUNE]
-    tune_problems = write_tune_tables() + tuned_spec_problems() if TUNE in argv else []
+    """`run_all.py` runs every step of STEPS in order; `run_all.py STEP ...` those steps, "tune" among them the tune
+    step."""
+    outcomes, tune_problems = [], []
+    for step in argv or STEPS:
+        if step == TUNE:
+            tune_problems = write_tune_tables() + tuned_spec_problems()
+        else:
+            outcomes.append(run_script(step))
     lines, status = summary(outcomes)
     print("--- bench targets:")
     for line in lines + tune_problems:

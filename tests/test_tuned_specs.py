@@ -6,7 +6,7 @@ bench/results/tune-*.json each cites, which
 `make bench` (bench/run_all.py) wrote on the machine that measured them, beside the tables it printed.
 
 Only files are compared (the spec, the report, the tables, all written on one machine), never figures: other
-weights or another CPU tune other values, and then the spec must follow the new report, which `make bench` says.
+weights or another CPU tune other values, which `make bench` then writes into the specs beside the new reports.
 """
 
 from __future__ import annotations
@@ -147,3 +147,41 @@ def test_a_medusa_tree_or_schedule_other_than_the_reports_is_named() -> None:
                                                          f"another, of {len(tree)} nodes")
     assert problems[1] == (f"speculative.draft_len_schedule is {spec.speculative.draft_len_schedule}, tune chose "
                            f"{settings['draft_len_schedule']}")
+
+
+def test_make_bench_tunes_the_specs_before_it_serves_them(run_all: ModuleType) -> None:
+    """`make bench` measures the demo specs as tune chose them on its machine: the tune step comes after the demo
+    models are built and before every script that serves or times the specs' speculation."""
+    steps = list(run_all.STEPS)
+    tune = steps.index(run_all.TUNE)
+    assert steps.index("runtime_bench") < tune
+    assert all(tune < steps.index(script) for script in ("round_cost_bench", "medusa_cost_bench", "serving_bench"))
+    assert [step for step in steps if step != run_all.TUNE] == list(run_all.SCRIPTS)
+
+
+def test_tune_choices_are_written_into_the_spec_as_tune_writes_them(run_all: ModuleType, tmp_path: Path) -> None:
+    """make bench writes a tune's choices into the demo spec with `specbuild tune`'s own writer: only the tuned
+    values change (every comment stays), an inline Medusa tree stays inline, and the spec then holds exactly the
+    settings the report records, which `make bench`'s closing check asks of it."""
+    from specbuild.tune.stage import SpecUpdate
+
+    source = REPO / "configs" / "demo-medusa.yaml"
+    path = tmp_path / "configs" / "demo-medusa.yaml"
+    path.parent.mkdir()
+    path.write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+    spec = load_spec(source)
+    assert spec.medusa is not None and not isinstance(spec.medusa.choices, str)
+    tree = spec.medusa.resolved_choices()
+    chosen = sorted(tree, key=lambda path: (len(path), path))  # another order: every path after its prefix
+    settings = {"medusa_choices": chosen, "draft_len_schedule": {1: len(tree), 3: 0}}
+    assert spec_differences(spec, settings) != []
+
+    class Report:  # the part of a TuneReport the writer reads
+        update = SpecUpdate(choices=chosen, tree_source="a test", draft_len_schedule=settings["draft_len_schedule"])
+
+    assert run_all.write_choices(path, Report()) == [path.absolute()]
+    assert spec_differences(load_spec(path), settings) == []
+    before, after = source.read_text(encoding="utf-8"), path.read_text(encoding="utf-8")
+    comments = [line for line in before.splitlines() if line.lstrip().startswith("#")]
+    assert comments and comments == [line for line in after.splitlines() if line.lstrip().startswith("#")]
+    assert "choices: [[" in after and not (path.parent / "medusa_choices").exists()

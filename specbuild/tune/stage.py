@@ -542,6 +542,7 @@ class TuneReport:
     schedule: ScheduleTuning | None = None
     lookahead: LookaheadTuning | None = None
     layers: LayerTuning | None = None
+    update: SpecUpdate | None = None  # what tune writes (or, in a dry run, would write) into the spec
     written: list[Path] = field(default_factory=list)
 
     @property
@@ -680,6 +681,7 @@ def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, consol
             out: Console) -> TuneReport:
     """Print the tables and the choices; write them into the spec unless this is a dry run."""
     spec = report.spec
+    report.update = update
     if report.lookahead is not None:
         out.print(lookahead_table(report.lookahead))
     if report.layers is not None:
