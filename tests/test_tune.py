@@ -9,9 +9,11 @@ more than the 10 % the K test allows, and it moves for every K alike, so it cann
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ from specbuild.runtime.sequence import GenerationStats
 from specbuild.spec import load_spec
 from specbuild.tune import spec_edit as tune_yaml
 from specbuild.tune.measure import Acceptance, calibration_prompts, medusa_acceptance
-from specbuild.tune.schedule import halvings
+from specbuild.tune.schedule import carried_schedule, halvings
 from specbuild.tune.stage import TuneOptions, reference_prefix, run_tune, write_spec
 from specbuild.tune.tree import expected_accepted_length, grow_tree, path_expectation
 
@@ -277,6 +279,43 @@ def test_tune_draft_length_on_the_demo_pair(converted: dict[str, Path]) -> None:
     changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True) if a != b]
     assert changed == [("  num_draft_tokens: 7  # K: tune rewrites this value only",
                         f"  num_draft_tokens: {t.chosen}  # K: tune rewrites this value only")]
+
+
+def test_a_schedule_not_measured_again_is_carried_to_the_new_full_length() -> None:
+    """A tune that changes K, the tree's size or Lookahead's window without measuring a schedule carries the spec's
+    schedule over: its thresholds and zeros stay, batch size 1 runs the new length, no length exceeds it or grows
+    with load, and the spec's own rules accept it."""
+    from specbuild.runtime.schedule import schedule_problems
+
+    cases = [({1: 8, 2: 4, 5: 0}, 8, 5, {1: 5, 2: 4, 5: 0}), ({1: 8, 2: 4, 5: 0}, 8, 2, {1: 2, 2: 2, 5: 0}),
+             ({1: 4, 3: 0}, 4, 5, {1: 5, 3: 0}), ({1: 2, 5: 0}, 2, 5, {1: 5, 5: 0})]
+    for schedule, old, new, expected in cases:
+        carried = carried_schedule(schedule, old, new)
+        assert carried == expected and schedule_problems(carried, new) == []
+        lengths = [carried[size] for size in sorted(carried)]
+        assert lengths == sorted(lengths, reverse=True)
+
+
+def test_tune_without_a_schedule_carries_the_specs_schedule_to_the_k_it_writes(converted: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    """`tune --no-schedule` on a spec with a schedule: the new K is written with the schedule carried to it (the
+    spec would refuse a schedule of the old K: tune used to fail here and write nothing), and the output says the
+    schedule was not measured and how to measure it."""
+    text = re.sub(r"  num_draft_tokens: \d+  # K: tune rewrites this value only\n",  # another test tuned it
+                  "  num_draft_tokens: 7\n  draft_len_schedule: {1: 7, 3: 0}\n", converted["draft"].read_text())
+    path = converted["draft"].parent / "scheduled.yaml"
+    path.write_text(text)
+    assert load_spec(path).speculative.draft_len_schedule == {1: 7, 3: 0}
+    log = io.StringIO()
+    out = Console(file=log, width=200)
+    report = run_tune(path, TuneOptions(prompts=2, new_tokens=16, max_k=3, repeats=1, schedule=False),
+                      console=QUIET, out=out)
+    assert report.draft_length is not None
+    k = report.draft_length.chosen
+    written = load_spec(path).speculative
+    assert k <= 3 and written.num_draft_tokens == k and written.draft_len_schedule == {1: k, 3: 0}
+    assert f"draft_len_schedule {{1: {k}, 3: 0}}: the spec's {{1: 7, 3: 0}} carried" in log.getvalue()
+    assert "tune --served" in log.getvalue()
 
 
 def test_the_lengths_between_plain_and_the_full_one_halve_down_to_one() -> None:

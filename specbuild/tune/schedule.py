@@ -206,6 +206,14 @@ def halvings(full_length: int) -> list[int]:
     return lengths
 
 
+def carried_schedule(schedule: Mapping[int, int], old_full: int, new_full: int) -> dict[int, int]:
+    """A schedule that was not measured again, carried to a new full length (a tune that changed K, the tree's size
+    or Lookahead's window without measuring the schedule): where it ran the old full length it runs the new one,
+    elsewhere no more than the new one. Its thresholds and its zeros stay, its lengths still never grow with load,
+    and batch size 1 runs the new full length, as TensorRT-LLM requires of a schedule."""
+    return {size: new_full if length == old_full else min(length, new_full) for size, length in schedule.items()}
+
+
 def schedule_lengths(full_length: int, between: Sequence[int]) -> list[int]:
     """Every length a schedule is measured at: 0 (plain), the full length and `between` (halvings), each once."""
     return sorted({0, full_length, *between})

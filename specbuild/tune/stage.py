@@ -46,6 +46,7 @@ from rich.text import Text
 from specbuild.atomic import stage_text
 from specbuild.contracts.checkpoint_facts import stale_conversion
 from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
+from specbuild.contracts.lookahead import max_draft_len as lookahead_max_draft_len
 from specbuild.errors import SpecbuildError
 from specbuild.spec import MAX_DRAFT_TOKENS, PipelineSpec, load_spec
 from specbuild.tune import spec_edit as tune_yaml
@@ -69,7 +70,14 @@ from specbuild.tune.measure import (
     one_engine,
     sweep_draft_lengths,
 )
-from specbuild.tune.schedule import ScheduleTuning, batch_sizes, halvings, schedule_lengths, tune_schedule
+from specbuild.tune.schedule import (
+    ScheduleTuning,
+    batch_sizes,
+    carried_schedule,
+    halvings,
+    schedule_lengths,
+    tune_schedule,
+)
 from specbuild.tune.self_draft import LayerTuning, layer_table, tune_layers
 from specbuild.tune.served import (
     ONE_CLIENT_PASSES,
@@ -674,7 +682,31 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         if options.schedule and mode != "lookahead":  # in-process a response costs nothing: Lookahead's is served
             report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
+    if update.draft_len_schedule is None:
+        update.draft_len_schedule = _carried_schedule(spec, update, out)
     return _finish(report, update, options, console, out)
+
+
+def _carried_schedule(spec: PipelineSpec, update: SpecUpdate, out: Console) -> dict[int, int] | None:
+    """The spec's own schedule carried to the full length this tune chose where it did not measure a schedule
+    (--no-schedule, or Lookahead, whose schedule is measured served) and the length changed: else the spec would
+    keep a schedule of the old length, which it refuses. None where nothing needs carrying. Said on `out`, with
+    how to measure it."""
+    schedule = spec.speculative.draft_len_schedule
+    if update.num_draft_tokens is not None:
+        full = update.num_draft_tokens
+    elif update.choices is not None:
+        full = len(update.choices)
+    elif update.lookahead is not None:
+        full = lookahead_max_draft_len(*update.lookahead)
+    else:
+        return None
+    if not schedule or full == spec.full_draft_len:
+        return None
+    carried = carried_schedule(schedule, spec.full_draft_len, full)
+    out.print(f"draft_len_schedule {carried}: the spec's {schedule} carried to the new full length {full}, not "
+              "measured; `specbuild tune --served` measures it on the deployed spec", highlight=False)
+    return carried
 
 
 def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, console: Console,
