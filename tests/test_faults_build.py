@@ -335,6 +335,29 @@ def test_stages_refuse_a_checkpoint_converted_from_an_older_model(tiny_llama: Pa
         assert code == 0, (stage, text)
 
 
+def test_the_llmapi_deploy_refuses_a_checkpoint_converted_from_an_older_model(tiny_llama: Path,
+                                                                             tmp_path: Path) -> None:
+    """The PyTorch flow on build.backend: reference serves the checkpoints `convert` wrote: a draft retrained after
+    `convert` would be deployed (and served) as its old weights, the repository "up to date". deploy refuses, naming
+    the checkpoint, the changed file and the fix, and writes nothing; after `convert` it deploys."""
+    draft = add_tokenizer(make_checkpoint(tmp_path / "draft", "llama", seed=2, num_hidden_layers=1))
+    spec = write_spec(tmp_path, tiny_llama, mode="draft_target", draft={"model": str(draft)},
+                      build={"dtype": "float32", "flow": "pytorch"})
+    for stage in ("convert", "build", "deploy"):
+        assert cli(stage, str(spec))[0] == 0, stage
+    make_checkpoint(draft, "llama", seed=3, num_hidden_layers=1)  # retrained in place
+    out = tmp_path / "out"
+    before = snapshot(out)
+    code, text = cli("deploy", str(spec))
+    assert code == 1, text
+    assert f"draft checkpoint {out / 'checkpoints' / 'draft'}: converted before" in text, text
+    assert str(draft / "model.safetensors") in text and "specbuild convert" in text, text
+    assert "target checkpoint" not in text and snapshot(out) == before
+    assert cli("convert", str(spec))[0] == 0
+    code, text = cli("deploy", str(spec))
+    assert code == 0 and "up to date" not in text, text
+
+
 def test_deploy_refuses_engines_of_other_limits_and_of_a_reconverted_checkpoint(deployed: tuple[Path, Path],
                                                                                tmp_path: Path) -> None:
     spec, repository = deployed

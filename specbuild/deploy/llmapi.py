@@ -28,6 +28,7 @@ import yaml
 from rich.console import Console
 
 from specbuild.atomic import Inputs, atomic_directory, output_lock, refuse_overlap
+from specbuild.contracts.checkpoint_facts import stale_conversion
 from specbuild.contracts.llm_api import (
     CODE_NOTE,
     LLM_API_PLAN,
@@ -149,6 +150,12 @@ def _reference_inputs(spec: PipelineSpec) -> list[Path]:
                              f"not written them ({'; '.join(missing)})",
                              hint="run `specbuild convert SPEC` (on build.flow: pytorch with build.backend: "
                                   "reference it converts the target and a draft-target draft), then deploy again")
+    stale = [problem for role in reference_roles(spec)
+             if (problem := stale_conversion(role, spec.checkpoint_dir(role))) is not None]
+    if stale:  # the repository would serve the old model, and its inputs (the manifests) say "up to date"
+        raise SpecbuildError(f"{spec.where}: build.backend reference serves converted checkpoints, and "
+                             f"{'; '.join(stale)}: it would serve the old model",
+                             hint="run `specbuild convert SPEC`, then deploy again")
     return paths
 
 
