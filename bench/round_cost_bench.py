@@ -834,10 +834,11 @@ def served_request(client: Any, prompt: str, max_tokens: int, log: Path, index: 
 
 
 def _record(log: Path, index: int, timeout_s: float = 10.0) -> dict[str, float]:
-    """The instrumented BLS's `index`-th line (written just after the request's final response went out)."""
+    """The instrumented BLS's `index`-th line (written just after the request's final response went out, so the
+    client may read the log while that line is being written: only lines ended by their newline count)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
+        lines = log.read_text(encoding="utf-8").split("\n")[:-1] if log.is_file() else []
         if len(lines) > index or time.monotonic() > deadline:
             break
         time.sleep(0.02)

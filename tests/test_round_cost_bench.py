@@ -79,6 +79,19 @@ STATS = {"model_stats": [
 ]}
 
 
+def test_a_bls_record_still_being_written_is_not_read(rc: ModuleType, tmp_path: Path) -> None:
+    """The instrumented BLS writes a request's record just after its final response went out, so the client can
+    read the log mid-line (a bench run crashed on such a half line): only lines ended by their newline count, and a
+    request whose record never completes is named as missing, not read as broken JSON."""
+    log = tmp_path / "bls.jsonl"
+    log.write_text(json.dumps({"serve": 0.5}) + "\n" + '{"serve": 0.', encoding="utf-8")
+    assert rc._record(log, 0) == {"serve": 0.5}
+    with pytest.raises(SystemExit, match="1 BLS records after request 2"):
+        rc._record(log, 1, timeout_s=0.05)
+    log.write_text(log.read_text(encoding="utf-8") + "25}\n", encoding="utf-8")
+    assert rc._record(log, 1) == {"serve": 0.25}
+
+
 def test_triton_statistics_are_read_and_differenced(rc: ModuleType) -> None:
     after = rc.parse_statistics(STATS)
     assert after["postprocessing"] == rc.ModelStats()  # absent counts are zeros
