@@ -316,6 +316,7 @@ def test_tune_without_a_schedule_carries_the_specs_schedule_to_the_k_it_writes(c
     assert k <= 3 and written.num_draft_tokens == k and written.draft_len_schedule == {1: k, 3: 0}
     assert f"draft_len_schedule {{1: {k}, 3: 0}}: the spec's {{1: 7, 3: 0}} carried" in log.getvalue()
     assert "tune --served" in log.getvalue()
+    assert log.getvalue().index("tune chose: ") < log.getvalue().index("carried")  # after the K it follows from
 
 
 def test_the_lengths_between_plain_and_the_full_one_halve_down_to_one() -> None:

@@ -682,8 +682,6 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
         if options.schedule and mode != "lookahead":  # in-process a response costs nothing: Lookahead's is served
             report.schedule = _tune_schedule(spec, models, drafter, report.tree, prompts, options, update, phase)
             update.draft_len_schedule = report.schedule.schedule
-    if update.draft_len_schedule is None:
-        update.draft_len_schedule = _carried_schedule(spec, update, out)
     return _finish(report, update, options, console, out)
 
 
@@ -726,6 +724,8 @@ def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, consol
     if report.schedule is not None:
         out.print(schedule_table(report.schedule, "tree paths" if spec.speculative.mode == "medusa" else "K"))
     out.print(report.summary(), highlight=False)
+    if update.draft_len_schedule is None:
+        update.draft_len_schedule = _carried_schedule(spec, update, out)
     if options.write:
         report.written = write_spec(spec, update, options.output, options.inline)
         for path in report.written:
