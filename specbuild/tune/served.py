@@ -58,12 +58,6 @@ def bls_draft_limit(repository: Path) -> int | None:
     return int(params.get("max_draft_len") or 0) or None
 
 
-def served_choices(repository: Path) -> set[str]:
-    """The spec settings `tune --served` chooses on this deployed repository (TuneReport.settings' names): the
-    schedule, and K where the BLS drafts (bls_draft_limit)."""
-    return {"draft_len_schedule"} | ({"num_draft_tokens"} if bls_draft_limit(repository) else set())
-
-
 def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Sequence[int],
                             lengths: Callable[[int], Sequence[int]], full_length: int, new_tokens: int, repeats: int,
                             tick: Callable[[], None], limit: int | None, log_dir: Path | None = None) -> ScheduleTuning:
