@@ -4,7 +4,9 @@ served by specbuild's reference runtime on CPU, in place of NVIDIA's llmapi mode
 A thin adapter: the settings come from 1/model.yaml as NVIDIA's model.py reads them (triton_config for
 auto_complete_config, the rest the LLM-API settings; LLM_CONFIG_PATH names another file, as there), the checkpoints
 from 1/reference.json; every request, output and error rule lives in `specbuild.python_models.llmapi_model`.
-`execute` only hands requests on: responses are sent from the runners' threads, as NVIDIA's event loop does.
+`execute` only hands requests on: responses are made on the runners' threads, as NVIDIA's event loop makes them,
+and sent by the model's response thread (`specbuild.python_models.response_thread`), so the engine steps on
+meanwhile.
 The serving engine's counters (`EngineStats`: target forwards, how many ran more than one request, draft
 forwards) are published as Triton custom metrics `specbuild_engine{counter=...}` on the metrics endpoint, after
 every finished request, so a client can see requests batched without timing them.
@@ -21,6 +23,7 @@ from typing import Any
 import yaml
 
 from specbuild.python_models.llmapi_model import Answer
+from specbuild.python_models.response_thread import ResponseThread
 
 CONFIG_FILE = "model.yaml"
 REFERENCE_FILE = "reference.json"
@@ -62,6 +65,7 @@ class TritonPythonModel:
         self.runner = load_runner(settings, reference, log_info=io.log_info)
         self.model = LlmApiModel(tokenizer, self.runner, decoupled=self.decoupled)
         self.metrics = _EngineMetrics(args.get("model_name", "tensorrt_llm"))
+        self.responses = ResponseThread("specbuild-responses", lambda text: io.log_warn(f"tensorrt_llm: {text}"))
         io.log_info(f"[trtllm] reference llmapi model: {settings.get('speculative_config') or 'no speculation'}")
 
     def execute(self, requests: list[Any]) -> None:
@@ -69,7 +73,8 @@ class TritonPythonModel:
 
         for request in requests:
             sender = request.get_response_sender()
-            self.model.receive(io.inputs(request), _Sender(sender, self._publish), request_id=io.request_id(request),
+            send = _Sender(sender, self.responses, self._publish)
+            self.model.receive(io.inputs(request), send, request_id=io.request_id(request),
                                client_cancelled=io.cancelled_check(request) or io.cancelled_check(sender))
 
     def _publish(self) -> None:
@@ -77,6 +82,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.runner.stop()
+        self.responses.close()
 
 
 class _EngineMetrics:
@@ -102,10 +108,11 @@ class _EngineMetrics:
 
 
 class _Sender:
-    """Sends Answers on one request's response sender; nothing after the final one."""
+    """Hands Answers for one request's response sender to the model's response thread, which sends them in order
+    (a client that went away is only logged there); nothing after the final one."""
 
-    def __init__(self, sender: Any, on_final: Any = None) -> None:
-        self.sender = sender
+    def __init__(self, sender: Any, responses: ResponseThread, on_final: Any = None) -> None:
+        self.sender, self.responses = sender, responses
         self.on_final = on_final  # called before the final response (the metrics' update)
         self.closed = False
         self._lock = threading.Lock()
@@ -113,23 +120,34 @@ class _Sender:
     def __call__(self, answer: Answer) -> None:
         import triton_python_backend_utils as pb_utils
 
-        if answer.final and self.on_final is not None:  # before the answer: a client that has it sees the counts
-            self.on_final()
-        with self._lock:
+        with self._lock:  # held while queueing: this request's answers are queued in the order they are made
             if self.closed:
                 return
+            self.closed = answer.final
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if answer.final else 0
             try:
-                if answer.outputs is None and answer.error is None:
-                    self.sender.send(flags=flags)
-                else:
-                    tensors = [pb_utils.Tensor(name, array) for name, array in (answer.outputs or {}).items()]
-                    error = None
-                    if answer.error is not None:
-                        error = (pb_utils.TritonError(answer.error, pb_utils.TritonError.CANCELLED) if answer.cancelled
-                                 else pb_utils.TritonError(answer.error))
-                    self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors, error=error), flags=flags)
-            except Exception as err:  # the client went away
+                built = None if answer.outputs is None and answer.error is None else _response(answer)
+            except Exception as err:  # as a failed send: logged, the request's stream left as it is
                 pb_utils.Logger.log_warn(f"tensorrt_llm: response not sent: {err}")
-            if answer.final:
-                self.closed = True
+                return
+            self.responses.put(lambda: self._deliver(built, flags, answer.final))
+
+    def _deliver(self, built: Any, flags: int, final: bool) -> None:
+        if final and self.on_final is not None:  # before the answer: a client that has it sees the counts
+            self.on_final()
+        if built is None:
+            self.sender.send(flags=flags)
+        else:
+            self.sender.send(built, flags=flags)
+
+
+def _response(answer: Answer) -> Any:
+    """The Triton response of an Answer (built on the engine's thread, sent on the response thread)."""
+    import triton_python_backend_utils as pb_utils
+
+    tensors = [pb_utils.Tensor(name, array) for name, array in (answer.outputs or {}).items()]
+    error = None
+    if answer.error is not None:
+        error = (pb_utils.TritonError(answer.error, pb_utils.TritonError.CANCELLED) if answer.cancelled
+                 else pb_utils.TritonError(answer.error))
+    return pb_utils.InferenceResponse(output_tensors=tensors, error=error)
