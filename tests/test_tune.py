@@ -352,6 +352,31 @@ def test_schedule_thresholds_follow_the_fastest_length_and_never_grow() -> None:
     assert set(measured.tokens_per_second) == {1, 3}
 
 
+def test_speculation_under_load_must_win_by_more_than_the_runs_noise() -> None:
+    """At a batch size above 1 each length above 0 is charged that batch size's noise (the median spread of its
+    lengths' passes): a win inside the noise keeps plain decoding there, a clear one keeps speculating. The passes
+    at 8 are those `tune --served` measured for the demo Medusa at 5623eb8 (2 tree paths 1.4% ahead of plain
+    within a 3.1% spread), after which the served Medusa made 0.97x plain at 8 clients; the rest are made up."""
+    from specbuild.tune.schedule import ScheduleTuning
+
+    def tuned(at_8: dict[int, list[float]]) -> ScheduleTuning:
+        tuning = ScheduleTuning(8, {1: {8: 400.0}})
+        for batch, runs in {4: {0: [567.1, 537.9], 2: [604.7, 615.9], 8: [594.1, 635.2]}, 8: at_8}.items():
+            for length, rates in runs.items():
+                for rate in rates:
+                    tuning.record(batch, length, rate)
+        return tuning
+
+    near = tuned({0: [773.2, 797.6], 2: [795.8, 808.6], 8: [658.9, 727.4]})
+    assert near.best(8) == 2, "the fastest pass alone still says 2 paths"
+    assert near.noise(8) == pytest.approx((797.6 - 773.2) / 797.6)  # the median of the three spreads: plain's
+    assert near.schedule == {1: 8, 5: 0}
+    clear = tuned({0: [773.2, 797.6], 2: [880.0, 900.0], 8: [658.9, 727.4]})
+    assert clear.schedule == {1: 8, 5: 2}
+    quiet = ScheduleTuning(8, {1: {8: 400.0}, 8: {0: 797.6, 2: 808.6}})  # one pass each: no spread, no charge
+    assert quiet.noise(8) == 0.0 and quiet.schedule == {1: 8, 2: 2}
+
+
 def test_a_schedule_runs_the_longer_length_only_up_to_where_it_was_measured() -> None:
     """Between two measured batch sizes whose lengths differ, the served engine runs the shorter one: a length runs
     only at batch sizes up to the largest it was measured (and chosen) at. With 16 clients a server holds 15

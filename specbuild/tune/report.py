@@ -125,6 +125,7 @@ def _run(report: TuneReport) -> dict[str, Any]:
                 {"batch": batch,
                  "tokens_per_second": {str(k): [_r(v, 1) for v in runs] for k, runs in sorted(by.items())}}
                 for batch, by in sorted(s.passes.items())],
+            "noise_by_batch": {str(b): _r(s.noise(b)) for b in sorted(s.tokens_per_second) if b > 1},
             "schedule": {str(k): v for k, v in s.schedule.items()},
             "measured_schedule": {str(k): v for k, v in s.measured_schedule.items()},
             "spec_schedule": None if s.current is None else {str(k): v for k, v in s.current.items()},

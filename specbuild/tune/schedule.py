@@ -14,6 +14,12 @@ batch sizes, of its length's tokens/s over that batch size's fastest. So a near 
 measurement on a shared machine decides it either way) cannot turn speculation off at the larger ones where it
 wins clearly, and a clear loss at one batch size is not taken back for a win at a larger one.
 
+At a batch size above 1 speculation is charged that batch size's noise (the median spread of its lengths' passes,
+as at batch size 1): each length's tokens/s there counts that much less against plain's. A length that wins by
+less than the noise has not been shown to win, and costs where tokens/s does not show it (a coarser stream, more
+work per step); measured: Medusa's 2 tree paths at 8 clients, 1.4% ahead of plain in `tune --served` within a
+3.1% spread, made 0.97x plain in the serving benchmark that followed (bench/results at 5623eb8).
+
 The spec's own schedule stays unless the schedule measured now comes closer to the fastest lengths (the same sum)
 in every repeat, each repeat's rates on their own: neighbouring lengths often lie within a few percent at a batch
 size, and the fastest of the repeats alone would then move a threshold on the machine's noise (demo-pytorch's
@@ -145,14 +151,27 @@ class ScheduleTuning:
             previous = batch
         return steps
 
+    def noise(self, batch: int) -> float:
+        """The spread of the passes at `batch` (`spread`; 0 with fewer than two passes per length), which a
+        length above 0 is charged there (see the module docstring)."""
+        runs = {k: rates for k, rates in self.passes.get(batch, {}).items() if len(rates) > 1}
+        return spread(runs) if runs else 0.0
+
+    def charged(self, batch: int) -> dict[int, float]:
+        """The tokens/s at `batch` the schedule is chosen by: plain's as measured, each length above 0's less the
+        batch size's noise."""
+        noise = self.noise(batch) if batch > 1 else 0.0
+        return {k: rate if k == 0 else rate * (1 - noise) for k, rate in self.tokens_per_second[batch].items()}
+
     def _sizes(self) -> list[int]:
         return sorted(b for b in self.tokens_per_second if b > 1)
 
     def _lengths(self) -> list[int]:
         """One length per batch size above 1: of the measured ones that never grow from the full length, those with
-        the highest sum of tokens/s over each batch size's fastest (at an exact tie the longer lengths, the full
-        length being TensorRT-LLM's default). A few lengths at a few batch sizes: every choice is tried."""
-        share = [_over_fastest(self.tokens_per_second[b]) for b in self._sizes()]
+        the highest sum of tokens/s over each batch size's fastest, speculation charged the noise (`charged`; at an
+        exact tie the longer lengths, the full length being TensorRT-LLM's default). A few lengths at a few batch
+        sizes: every choice is tried."""
+        share = [_over_fastest(self.charged(b)) for b in self._sizes()]
         choices = [c for c in product(*(sorted(s) for s in share))
                    if all(a >= b for a, b in pairwise((self.full_length, *c)))]
         return list(max(choices, key=lambda c: (sum(s[k] for s, k in zip(share, c, strict=True)), c), default=()))
@@ -170,10 +189,16 @@ def shortest_within_noise(passes: Mapping[int, Sequence[float]]) -> tuple[int, f
     185 tok/s against K 2's 161 (tests/test_tune.py holds those passes); one pass does not move a median far.
     Passes without a token are left out."""
     kept = _made_tokens(passes)
-    noise = statistics.median((max(rates) - min(rates)) / max(rates) for rates in kept.values())
+    noise = spread(kept)
     typical = median_passes(kept)
     top = max(typical.values())
     return min(length for length, rate in typical.items() if rate >= top * (1 - noise)), noise
+
+
+def spread(passes: Mapping[int, Sequence[float]]) -> float:
+    """A run's noise: the median over lengths of (fastest pass - slowest pass) / fastest pass, passes without a
+    token left out."""
+    return statistics.median((max(rates) - min(rates)) / max(rates) for rates in _made_tokens(passes).values())
 
 
 def median_passes(passes: Mapping[int, Sequence[float]]) -> dict[int, float]:

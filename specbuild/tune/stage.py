@@ -894,11 +894,13 @@ def schedule_table(t: ScheduleTuning, unit: str) -> Group:
                 f"({t.one_client_noise:.1%}: the median spread of each K's passes) of the best median (K "
                 f"{t.full_length} {medians[t.full_length]:.0f} tok/s, K {t.one_client_best} "
                 f"{medians[t.one_client_best]:.0f}; the batch-1 row shows each K's fastest pass)")
-    chosen = (f"draft_len_schedule {t.schedule}: {full}, then lengths that never grow with load, closest to each "
-              "batch size's fastest together")
+    noise = ", ".join(f"{b}: {t.noise(b):.1%}" for b in sorted(t.tokens_per_second) if b > 1)
+    rule = ("then lengths that never grow with load, closest to each batch size's fastest together, each length "
+            f"above 0 charged its batch size's noise (the median spread of the lengths' passes: {noise})")
+    chosen = f"draft_len_schedule {t.schedule}: {full}, {rule}"
     if t.kept_current:
         chosen = (f"draft_len_schedule {t.schedule}, the spec's own: the measured {t.measured_schedule} ({full}, "
-                  f"then lengths that never grow with load, closest to each batch size's fastest together) came "
+                  f"{rule}) came "
                   f"closer in only {t.repeat_wins(t.measured_schedule, t.schedule)} of the {t.repeats} repeats: "
                   "within the noise")
     return Group(Text(f"Load-aware speculation: tokens/s by active sequences (batch) and {unit} (0: plain); {where}"),
