@@ -240,8 +240,8 @@ class LLMClient:
             if names:
                 # Per response only what `_absorb` adds up; the cumulative counters from the last response
                 # holding them, once; the other outputs (the rest of the perf metrics) not at all: decoding a
-                # dozen tensors per streamed token cost this client, on the server's cores, about a quarter of
-                # its time at 8 clients.
+                # dozen tensors per streamed token cost this client, on the server's cores, about a sixth of its
+                # time at 8 clients.
                 _absorb(result, {name: response.as_numpy(name) for name in names & _PER_RESPONSE}, when - start)
                 if names & _CUMULATIVE:
                     last_counts = response, names & _CUMULATIVE
