@@ -377,6 +377,19 @@ def test_speculation_under_load_must_win_by_more_than_the_runs_noise() -> None:
     assert quiet.noise(8) == 0.0 and quiet.schedule == {1: 8, 2: 2}
 
 
+def test_each_served_repeat_measures_the_lengths_in_another_order() -> None:
+    """`tune --served` starts a server per length and repeat; the first of a series measures slower, so no length
+    (plain above all, the one every other is judged against) comes first in every repeat, and every repeat still
+    measures every length once."""
+    from specbuild.tune.schedule import length_orders, schedule_lengths
+
+    for full, between, repeats in ((8, [4, 2, 1], 2), (5, [], 2), (8, [4, 2, 1], 3)):
+        orders = length_orders(full, between, repeats)
+        assert len(orders) == repeats
+        assert all(sorted(order) == schedule_lengths(full, between) for order in orders)
+        assert len({order[0] for order in orders}) == repeats, orders
+
+
 def test_a_schedule_runs_the_longer_length_only_up_to_where_it_was_measured() -> None:
     """Between two measured batch sizes whose lengths differ, the served engine runs the shorter one: a length runs
     only at batch sizes up to the largest it was measured (and chosen) at. With 16 clients a server holds 15

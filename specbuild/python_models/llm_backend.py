@@ -1,11 +1,11 @@
 """The C++ `tensorrtllm` backend's request and response rules for a `tensorrt_llm` model, without Triton.
 
 The reference python model (`triton_models/tensorrt_llm/1/model.py`) is a thin adapter over this module: it turns
-Triton tensors into a dict of numpy arrays, hands them to `Backend.receive`, runs the returned `Job` with
-`Backend.run` (on its worker thread when decoupled) and sends the `Response`s it is given. Everything a client
-can observe - which requests are refused and with which text, how a batch splits into rows, which outputs a
-response holds and their shapes, the FINAL flags, stop commands, cancellation - follows NVIDIA's backend, so that
-a contract break in the BLS, the ensemble or a config fails a CPU test as it would fail on a GPU.
+Triton tensors into a dict of numpy arrays, hands them to `Backend.receive`, submits the returned `Job` with
+`Backend.submit` and sends the `Response`s it is given on its response thread (as MIS's WaitForResponse thread).
+Everything a client can observe - which requests are refused and with which text, how a batch splits into rows,
+which outputs a response holds and their shapes, the FINAL flags, stop commands, cancellation - follows NVIDIA's
+backend, so that a contract break in the BLS, the ensemble or a config fails a CPU test as it would fail on a GPU.
 
 Sources (NVIDIA/TensorRT-LLM, paths under `triton_backend/inflight_batcher_llm/src/` unless noted):
 - MIS: `model_instance_state.cc` @0c8de69a - `enqueue`, `handleStopRequest`, `fillTritonResponse`,
@@ -848,7 +848,8 @@ class Backend:
         return job
 
     def submit(self, job: Job) -> None:
-        """Every row of the job to the engine, without waiting: the engine's thread sends the responses."""
+        """Every row of the job to the engine, without waiting: the engine's thread makes the responses and hands
+        each to the job's `send` (the Triton model's response thread sends it on)."""
         job.on_done = lambda: self._forget(job)
         for row in job.request.rows:
             self._submit_row(job, row)

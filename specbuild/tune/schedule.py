@@ -244,6 +244,16 @@ def schedule_lengths(full_length: int, between: Sequence[int]) -> list[int]:
     return sorted({0, full_length, *between})
 
 
+def length_orders(full_length: int, between: Sequence[int], repeats: int) -> list[list[int]]:
+    """The order of the lengths in each repeat of a served schedule measurement: every repeat starts at another one
+    (`specbuild.bench.load.rotations`). The first server of a series measures slower; with plain (0) first in every
+    repeat, speculation looked ahead at 8 clients where the serving benchmark, which rotates, then measured it
+    behind (Medusa's 2 tree paths 0.956x, Lookahead 0.91x plain; bench/results at ed3bfc3)."""
+    from specbuild.bench.load import rotations
+
+    return rotations(schedule_lengths(full_length, between), repeats)
+
+
 def batch_sizes(max_batch: int) -> list[int]:
     """1, 2, 4, ... up to the engine's max batch size (and that size itself)."""
     sizes = [1]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
-from specbuild.tune.schedule import ScheduleTuning, schedule_lengths
+from specbuild.tune.schedule import ScheduleTuning, length_orders
 
 
 def deployed_repository(spec: PipelineSpec) -> Path:
@@ -102,8 +102,8 @@ def measure_served_schedule(spec: PipelineSpec, texts: Sequence[str], sizes: Seq
             measure("batch1", 0, [(1, k) for order in passes for k in order], lambda k: k)
         tuning.choose_full_length()
     full = tuning.full_length
-    for _ in range(repeats):
-        for length in schedule_lengths(full, lengths(full)):
+    for order in length_orders(full, lengths(full), repeats):
+        for length in order:
             measure(f"k{length}", length, [(size, length) for size in sizes if size > 1],
                     lambda _: full if limit else None)
     return tuning
