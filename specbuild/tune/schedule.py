@@ -246,9 +246,11 @@ def schedule_lengths(full_length: int, between: Sequence[int]) -> list[int]:
 
 def length_orders(full_length: int, between: Sequence[int], repeats: int) -> list[list[int]]:
     """The order of the lengths in each repeat of a served schedule measurement: every repeat starts at another one
-    (`specbuild.bench.load.rotations`). The first server of a series measures slower; with plain (0) first in every
-    repeat, speculation looked ahead at 8 clients where the serving benchmark, which rotates, then measured it
-    behind (Medusa's 2 tree paths 0.956x, Lookahead 0.91x plain; bench/results at ed3bfc3)."""
+    (`specbuild.bench.load.rotations`), as the batch-1 Ks and the serving benchmark's deployments are: the first
+    server of a series measures slower, and plain (0), the length every other is judged against, came first in
+    every repeat. (It did not close the gap it was suspected of: rotated too, `tune --served` measured Medusa's 2
+    tree paths and Lookahead ahead of plain at batch 8, where the serving benchmark then measured them behind;
+    bench/results at 1036a22.)"""
     from specbuild.bench.load import rotations
 
     return rotations(schedule_lengths(full_length, between), repeats)
