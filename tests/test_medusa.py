@@ -63,16 +63,27 @@ def test_retrieve_indices_pad_short_leaves() -> None:
     assert uneven.topk_needed == (2, 1, 1)
 
 
-def test_candidate_tokens_take_each_nodes_head_and_rank(tree: MedusaTree) -> None:
-    root = torch.tensor([7, 8])
-    # head_topk[h, b, r] = 100 * (h + 1) + 10 * b + r: every (head, batch, rank) gives a distinct id
-    head_topk = torch.tensor([[[100 * (h + 1) + 10 * b + r for r in range(3)] for b in range(2)] for h in range(3)])
-    tokens = tree.candidate_tokens(root, head_topk)
-    assert tokens.tolist() == [[7, 100, 101, 200, 201, 200], [8, 110, 111, 210, 211, 210]]
+def test_candidates_take_each_nodes_head_and_rank(tree: MedusaTree) -> None:
+    # head_topk[h][r] = 100 * (h + 1) + r: every (head, rank) gives a distinct id
+    head_topk = [[100 * (h + 1) + r for r in range(3)] for h in range(3)]
+    assert tree.candidates(7, head_topk) == [7, 100, 101, 200, 201, 200]
     with pytest.raises(ValueError, match="needs that many heads"):
-        tree.candidate_tokens(root, head_topk[:1])
+        tree.candidates(7, head_topk[:1])
     with pytest.raises(ValueError, match="top-2"):
-        tree.candidate_tokens(root, head_topk[..., :1])
+        tree.candidates(7, [guesses[:1] for guesses in head_topk])
+
+
+def test_list_views_match_the_tensors_and_within_depth_keeps_a_tree(tree: MedusaTree) -> None:
+    """The plain-list views a serving step reads agree with the index tensors; a tree cut to a depth keeps exactly
+    the paths that shallow (a smaller valid tree), and is the tree itself when that deep already."""
+    assert tree.ancestors == ((), (1,), (2,), (1, 3), (1, 4), (2, 5))
+    for node, path in enumerate(tree.ancestors[1:], start=1):
+        assert tree.parents[path[-1]] == (path[-2] if len(path) > 1 else 0)
+        assert len(path) == tree.depths[node]
+    assert tree.leaf_paths == tuple(tuple(n for n in row if n >= 0) for row in tree.retrieve_indices.tolist())
+    shallow = tree.within_depth(1)
+    assert shallow.choices == ((0,), (1,)) and shallow.max_depth == 1
+    assert tree.within_depth(2) is tree and tree.within_depth(5) is tree
 
 
 # ---------------------------------------------------------------------------------------------- acceptance

@@ -181,6 +181,42 @@ def test_the_schedule_shrinks_the_medusa_tree_with_load(medusa: CausalLM) -> Non
         DraftSchedule({1: 4}, 8)
 
 
+def test_guesses_from_a_shallower_load_verify_a_tree_cut_to_their_depth(medusa: CausalLM) -> None:
+    """Under load the heads run only as deep as that load's tree (the first 3 paths: 2 deep); when the load falls
+    the next step's tree is the full one (3 deep), and a row whose guesses came from 2 heads verifies the full tree
+    cut to depth 2 for that step. Outputs stay each request's plain greedy output."""
+    ps = prompts(4, seed=9)
+    lengths = [3, 4, 5, 16]  # three finish early: the last request's load falls from 4 to 1
+    engine = ServingEngine(medusa, max_batch=4, max_seq_len=128, medusa_choices=CHOICES,
+                           schedule=DraftSchedule({1: 8, 3: 3}, 8))
+    assert engine.tree_for(4).max_depth == 2 and engine.tree_for(1).max_depth == 3
+    heads_asked: list[int | None] = []
+    widths: list[int] = []  # tokens per row of each tree step's forward
+    heads, forward = medusa.medusa_logits, medusa.forward
+
+    def counted_heads(hidden: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        heads_asked.append(n)
+        return heads(hidden, n)
+
+    def counted_forward(ids: torch.Tensor, *args: object, **kwargs: object) -> object:
+        if kwargs.get("tree_mask") is not None:  # a tree step (prompts run without one)
+            widths.append(ids.shape[1])
+        return forward(ids, *args, **kwargs)
+
+    medusa.medusa_logits, medusa.forward = counted_heads, counted_forward  # type: ignore[method-assign]
+    try:
+        handles = [engine.submit(EngineRequest(p, n)) for p, n in zip(ps, lengths, strict=True)]
+        engine.run_until_idle()
+    finally:
+        del medusa.medusa_logits, medusa.forward
+    assert [h.wait(0).tokens for h in handles] == [
+        alone(medusa, EngineRequest(p, n, speculate=False), medusa_choices=CHOICES)
+        for p, n in zip(ps, lengths, strict=True)]
+    assert {2, 3} <= set(heads_asked), "the heads ran as deep as each load's tree"
+    cut = 1 + sum(len(path) <= 2 for path in CHOICES)  # the full tree within depth 2, with its root
+    assert cut in widths, "the step after the load fell verified the full tree cut to the guesses' depth"
+
+
 def test_seeded_sampling_is_reproducible_and_bad_requests_are_refused(model: CausalLM) -> None:
     prompt = prompts(1, seed=8)[0]
     params = SamplingParams(temperature=0.9, top_k=50, seed=11)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -78,24 +79,67 @@ class MedusaTree:
         """Per depth (1..max_depth), how many of that head's top tokens the tree reads."""
         return tuple(int(self.rank[self.depth == d].max()) + 1 for d in range(1, self.max_depth + 1))
 
-    def candidate_tokens(self, root_token: torch.Tensor, head_topk: torch.Tensor) -> torch.Tensor:
-        """Tree input tokens [B, N+1] from the root tokens [B] and each head's top-k ids [num_heads, B, k].
+    # The same structure as plain lists, for the per-row work of a decode step: on a few nodes, Python lists cost a
+    # serving step microseconds where each small tensor operation costs several.
+    @cached_property
+    def parents(self) -> tuple[int, ...]:
+        return tuple(self.parent.tolist())
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        return tuple(self.depth.tolist())
+
+    @cached_property
+    def ancestors(self) -> tuple[tuple[int, ...], ...]:
+        """Per node, the non-root nodes from the root down to it, in order (what precedes its successor's
+        prediction within the step); () for the root."""
+        paths: list[tuple[int, ...]] = [()]
+        for node in range(1, len(self.parents)):
+            paths.append((*paths[self.parents[node]], node))
+        return tuple(paths)
+
+    @cached_property
+    def guesses(self) -> tuple[tuple[int, int], ...]:
+        """Per non-root node, (head, rank): the head guess it takes (`candidates`)."""
+        return tuple(zip((self.depth[1:] - 1).tolist(), self.rank[1:].tolist(), strict=True))
+
+    @cached_property
+    def leaf_paths(self) -> tuple[tuple[int, ...], ...]:
+        """`retrieve_indices` without its padding: each leaf's nodes from the root, in the same order."""
+        return tuple(tuple(node for node in row if node >= 0) for row in self.retrieve_indices.tolist())
+
+    def longest_matching(self, tokens: Sequence[int], choice: Sequence[int]) -> tuple[list[int], int]:
+        """Greedy acceptance on plain lists (`accept_greedy`'s rule): the longest root path whose every token is
+        `choice` at its parent, the first leaf's on a tie; (its nodes from the root, its non-root count)."""
+        parents = self.parents
+        best: tuple[int, ...] = (0,)
+        for path in self.leaf_paths:
+            length = 1
+            while length < len(path) and tokens[path[length]] == choice[parents[path[length]]]:
+                length += 1
+            if length > len(best):
+                best = path[:length]
+        return list(best), len(best) - 1
+
+    def candidates(self, root_token: int, head_topk: Sequence[Sequence[int]]) -> list[int]:
+        """The tree's input tokens [N+1] for one sequence: the root token, then each node's head guess, from every
+        head's top-k ids (head_topk[head][rank]).
 
         The node with path [r1..rd] takes head d-1's rank-rd token: every node at a depth shares its head's
         guesses, which is why one forward of the heads fills the whole tree.
         """
-        if root_token.ndim != 1 or head_topk.ndim != 3 or head_topk.shape[1] != root_token.shape[0]:
-            raise ValueError(
-                f"expected root_token [B] and head_topk [num_heads, B, k], got {tuple(root_token.shape)} and "
-                f"{tuple(head_topk.shape)}"
-            )
-        heads, _, k = head_topk.shape
-        if heads < self.num_heads_needed:
-            raise ValueError(f"the tree has depth {self.max_depth} and needs that many heads, got {heads}")
-        if k < max(self.topk_needed):
-            raise ValueError(f"the tree reads top-{max(self.topk_needed)} guesses, got top-{k}")
-        nodes = head_topk[self.depth[1:] - 1, :, self.rank[1:]]  # [N, B]
-        return torch.cat([root_token[:, None], nodes.T], dim=1)
+        if len(head_topk) < self.num_heads_needed:
+            raise ValueError(f"the tree has depth {self.max_depth} and needs that many heads, got {len(head_topk)}")
+        if min(len(guesses) for guesses in head_topk) < max(self.topk_needed):
+            raise ValueError(f"the tree reads top-{max(self.topk_needed)} guesses, got fewer")
+        return [root_token, *(head_topk[head][rank] for head, rank in self.guesses)]
+
+    def within_depth(self, depth: int) -> MedusaTree:
+        """This tree's nodes at most `depth` deep (itself when it is no deeper): still a tree, since a path's
+        prefixes are shallower than it."""
+        if self.max_depth <= depth:
+            return self
+        return MedusaTree.from_choices([path for path in self.choices if len(path) <= depth])
 
 
 def accept_greedy(tree: MedusaTree, tokens: torch.Tensor, target_argmax: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -105,9 +149,8 @@ def accept_greedy(tree: MedusaTree, tokens: torch.Tensor, target_argmax: torch.T
     number of accepted non-root nodes). Equal lengths go to the first leaf in `retrieve_indices`.
     """
     _check_one_sequence(tree, tokens, target_argmax)
-    correct = torch.ones_like(tokens, dtype=torch.bool)
-    correct[1:] = tokens[1:] == target_argmax[tree.parent[1:]]
-    return _longest_accepted(tree, correct, score=None)
+    path, accepted = tree.longest_matching(tokens.tolist(), target_argmax.tolist())
+    return torch.tensor(path, dtype=torch.long), accepted
 
 
 def accept_typical(

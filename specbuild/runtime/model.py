@@ -185,26 +185,31 @@ class DecoderLayer(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """All Medusa heads at once: weights stacked over heads, so a step is a few batched matmuls."""
+    """All Medusa heads at once: weights stacked over heads and stored as the batched matmuls read them ([in, out],
+    contiguous: a transposed view costs a decode step's heads a third more on CPU), so a step is a few matmuls."""
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
         super().__init__()
         heads, layers = range(cfg.num_medusa_heads), range(cfg.num_medusa_layers)
         p = "medusa_heads.{h}.medusa_layers.{l}.linear."
-        # [heads, layers, out, in], [heads, layers, out], [heads, vocab, hidden]
-        self.register_buffer("weight", torch.stack([
-            torch.stack([tensors[p.format(h=h, l=n) + "weight"] for n in layers]) for h in heads]))
+        # [heads, layers, in, out], [heads, layers, 1, out], [heads, hidden, vocab]
+        self.register_buffer("weight_t", torch.stack([
+            torch.stack([tensors[p.format(h=h, l=n) + "weight"].t() for n in layers]) for h in heads]).contiguous())
         self.register_buffer("bias", torch.stack([
-            torch.stack([tensors[p.format(h=h, l=n) + "bias"] for n in layers]) for h in heads]))
-        self.register_buffer("lm_head", torch.stack([tensors[f"medusa_heads.{h}.lm_head.weight"] for h in heads]))
+            torch.stack([tensors[p.format(h=h, l=n) + "bias"] for n in layers]) for h in heads])[:, :, None, :])
+        self.register_buffer("lm_head_t", torch.stack(
+            [tensors[f"medusa_heads.{h}.lm_head.weight"].t() for h in heads]).contiguous())
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """[B, T, H] -> [heads, B, T, V] float32; `heads`: only the first this many (a tree that deep reads no
+        others), default all."""
         b, t, h = hidden.shape
-        x = hidden.reshape(1, b * t, h).expand(self.lm_head.shape[0], b * t, h)
-        for n in range(self.weight.shape[1]):
-            x = x + MEDUSA_ACT(torch.baddbmm(self.bias[:, n, None, :], x, self.weight[:, n].transpose(1, 2)))
-        logits = torch.bmm(x, self.lm_head.transpose(1, 2))
-        return logits.float().reshape(-1, b, t, self.lm_head.shape[1])
+        n = self.lm_head_t.shape[0] if heads is None else heads
+        x = hidden.reshape(1, b * t, h).expand(n, b * t, h)
+        for layer in range(self.weight_t.shape[1]):
+            x = x + MEDUSA_ACT(torch.baddbmm(self.bias[:n, layer], x, self.weight_t[:n, layer]))
+        logits = torch.bmm(x, self.lm_head_t[:n])
+        return logits.float().reshape(n, b, t, -1)
 
 
 @dataclass
@@ -323,12 +328,15 @@ class CausalLM(nn.Module):
             raise ValueError("position_ids must be non-negative")
         return position_ids
 
-    def medusa_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def medusa_logits(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """The Medusa heads on chosen final hidden states [B, T, H] -> [heads, B, T, V]: decoding needs them at
-        one accepted position per row, not at every node of the tree the forward just verified."""
+        one accepted position per row, not at every node of the tree the forward just verified; `heads`: the
+        first this many only (default all)."""
         if self.medusa_heads is None:
             raise ValueError("this checkpoint has no Medusa heads")
-        return self.medusa_heads(hidden)
+        if heads is not None and not 1 <= heads <= self.config.num_medusa_heads:
+            raise ValueError(f"heads must be in [1, {self.config.num_medusa_heads}] (got {heads})")
+        return self.medusa_heads(hidden, heads)
 
     # -- forward -------------------------------------------------------------------------------------------------
     @torch.no_grad()

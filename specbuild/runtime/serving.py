@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from specbuild.medusa.tree import MedusaTree, accept_typical
-from specbuild.medusa.tree import accept_greedy as accept_tree
 from specbuild.runtime.acceptance import AcceptRule, accept_greedy, accept_rejection_sampling
 from specbuild.runtime.decoding import SamplingDecoding, TokenDecoding
 from specbuild.runtime.kv_cache import KVCache
@@ -234,7 +233,7 @@ class _Sequence:
         self.token_logits: list[torch.Tensor] = []  # the raw logits each output token came from
         self.token_log_probs: list[float] = []
         self.context_logits: torch.Tensor | None = None
-        self.topk: torch.Tensor | None = None  # Medusa: [heads, k] head guesses at the last accepted position
+        self.topk: list[list[int]] | None = None  # Medusa: [heads][k] head guesses at the last accepted position
         self.heads_at: int | None = None  # block position whose hidden state the heads read after this step
         self.medusa = engine.tree is not None and request.speculate and request.draft_tokens is None
         self.verify = request.draft_tokens is not None
@@ -264,8 +263,10 @@ class _Sequence:
             return _Block(tokens, list(range(start, start + len(tokens))), drafts=list(proposal.tokens),
                           draft_logits=proposal.logits)
         if self.medusa and tree is not None and self.topk is not None:
-            nodes = tree.candidate_tokens(torch.tensor(self.pending[-1:]), self.topk[:, None])[0].tolist()
-            return _Block(nodes, (start + tree.depth).tolist(), tree)
+            # Guesses made at a higher load may be from fewer heads than this step's tree is deep.
+            tree = self.engine.within_depth(tree, len(self.topk))
+            nodes = tree.candidates(self.pending[-1], self.topk)
+            return _Block(nodes, [start + depth for depth in tree.depths], tree)
         if self.lookahead is not None and self.engine.step_lookahead and len(self.pending) == 1:
             plan = self.lookahead.plan(self.pending[0])
             positions = [start + d for d in depths(plan.parents)]
@@ -334,28 +335,30 @@ class _Sequence:
                     logits: torch.Tensor) -> tuple[int, torch.Tensor, Update]:
         tree = block.tree
         assert tree is not None
-        tokens = torch.tensor(block.tokens)
+        tokens = block.tokens
         decoding = self.decoding.for_tree()
-        ahead = [tokens[_ancestors(tree, node)].tolist() for node in range(len(block.tokens))]
+        ahead = [[tokens[node] for node in path] for path in tree.ancestors]
         processed = decoding.process(logits, self.state.tokens, len(self.state.output), ahead)
         typical = self.request.typical
         if typical is not None:
-            path, accepted = accept_typical(tree, tokens, processed, self.request.params.temperature,
+            kept, accepted = accept_typical(tree, torch.tensor(tokens), processed, self.request.params.temperature,
                                             typical.posterior_threshold, typical.posterior_alpha)
+            nodes = kept.tolist()
             choice = decoding.choose(processed, self.gen)
         else:
             # The model's own choice at every node (argmax, or a draw); a path is accepted while each node's
             # token is the choice at its parent.
             choice = decoding.choose(processed, self.gen)
-            path, accepted = accept_tree(tree, tokens, torch.tensor(choice))
-        last = int(path[-1])
+            nodes, accepted = tree.longest_matching(tokens, choice)
+        last = nodes[-1]
         self.accepted += accepted
         self.drafted += tree.max_depth
         self.engine.stats.acceptance.record_acceptance(tree.max_depth, accepted)
         self.heads_at = last if self.medusa else None
-        emitted = [*tokens[path[1:]].tolist(), choice[last]]
+        path = torch.tensor(nodes, dtype=torch.long)
+        emitted = [*(tokens[node] for node in nodes[1:]), choice[last]]
         update = self._emit(emitted, list(logits[path]), list(processed[path]), decoding)
-        self.committed += tokens[path].tolist()
+        self.committed += [tokens[node] for node in nodes]
         return 0, path, update
 
     def _after_lookahead(self, plan: StepPlan, logits: torch.Tensor) -> tuple[int, torch.Tensor, Update]:
@@ -410,16 +413,6 @@ class _Sequence:
         if not update.finished:
             self.pending = [tokens[-1]]
         return update
-
-
-def _ancestors(tree: MedusaTree, node: int) -> list[int]:
-    """The non-root nodes on the path from the root to `node`, in order (what precedes position `node`'s
-    prediction within the step)."""
-    path = []
-    while node > 0:
-        path.append(node)
-        node = int(tree.parent[node])
-    return path[::-1]
 
 
 # -- the engine -------------------------------------------------------------------------------------------------
@@ -491,6 +484,7 @@ class ServingEngine:
         self.schedule = schedule
         self.gate = schedule.gate() if schedule is not None else None  # acceptance switch-off (TensorRT-LLM's)
         self._trees: dict[int, MedusaTree | None] = {0: None}
+        self._shallow: dict[tuple[int, int], MedusaTree] = {}  # within_depth's trees
         self.step_tree: MedusaTree | None = None  # the tree of the step being run
         self.step_lookahead = lookahead is not None  # whether the step being run runs Lookahead windows
         if tree is not None:
@@ -808,15 +802,29 @@ class ServingEngine:
                                  "that every path comes after its prefix") from None
         return self._trees[k]
 
+    def within_depth(self, tree: MedusaTree, depth: int) -> MedusaTree:
+        """`tree` cut to `depth` (MedusaTree.within_depth), kept per engine tree and depth, on the model's device."""
+        if tree.max_depth <= depth:
+            return tree
+        key = (tree.num_nodes, depth)
+        if key not in self._shallow:
+            self._shallow[key] = _on_device(tree.within_depth(depth), self.model.device)
+        return self._shallow[key]
+
     def _head_guesses(self, sequences: list[_Sequence], out: ForwardOutput) -> None:
         """Every Medusa head's top-k at each asking row's position, in one batched call of the heads."""
         asking = [(i, seq) for i, seq in enumerate(sequences) if seq.heads_at is not None]
         if not asking:
             return
         hidden = torch.stack([out.hidden[i, seq.heads_at] for i, seq in asking])[:, None]  # [n, 1, H]
-        topk = torch.topk(self.model.medusa_logits(hidden)[:, :, 0], self.topk_size, dim=-1).indices  # [heads, n, k]
-        for j, (_, seq) in enumerate(asking):
-            seq.topk, seq.heads_at = topk[:, j], None
+        # As many heads as this load's tree is deep: at a higher load (a shallower tree) the deeper heads' guesses
+        # would go unread; a row whose next step's tree is deeper (the load fell) verifies it within this depth.
+        tree = self.step_tree or self.tree
+        assert tree is not None
+        logits = self.model.medusa_logits(hidden, tree.max_depth)[:, :, 0]  # [heads, n, V]
+        topk = torch.topk(logits, self.topk_size, dim=-1).indices.transpose(0, 1).tolist()  # [n][heads][k]
+        for (_, seq), guesses in zip(asking, topk, strict=True):
+            seq.topk, seq.heads_at = guesses, None
 
     # -- rows ------------------------------------------------------------------------------------------------------
     def _admit(self) -> None:
