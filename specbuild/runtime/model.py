@@ -73,12 +73,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class _Weights(nn.Module):
-    """A module whose tensors are buffers (inference only), named after the checkpoint's tensors."""
+    """A module whose tensors are buffers (inference only), named after the checkpoint's tensors. The attributes in
+    `input_major` hold their [out, in] GEMM weight as [in, out], contiguous (`project` reads them)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], prefix: str, names: dict[str, str]) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], prefix: str, names: dict[str, str],
+                 input_major: tuple[str, ...] = ()) -> None:
         super().__init__()
         for attr, name in names.items():
-            self.register_buffer(attr, tensors.get(prefix + name))
+            tensor = tensors.get(prefix + name)
+            if attr in input_major and tensor is not None:
+                tensor = tensor.t().contiguous()
+            self.register_buffer(attr, tensor)
+
+
+def project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight_t.T, bias)` from an [in, out] weight: on the CPU build's BLAS (oneDNN, 2-core Xeon with
+    AVX512) the decoder's GEMMs take 35-45% less time this way at 1 and at 8-24 rows than F.linear's [out, in] weight,
+    and at 2-3 rows up to 15% more; a decode step is a few dozen of them."""
+    out = torch.matmul(x, weight_t)
+    return out if bias is None else out + bias
 
 
 class Attention(_Weights):
@@ -86,7 +99,8 @@ class Attention(_Weights):
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str) -> None:
         super().__init__(tensors, prefix, {"qkv_weight": "qkv.weight", "qkv_bias": "qkv.bias",
-                                           "dense_weight": "dense.weight", "dense_bias": "dense.bias"})
+                                           "dense_weight": "dense.weight", "dense_bias": "dense.bias"},
+                         input_major=("qkv_weight", "dense_weight"))
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attention_scale
         self.sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
@@ -99,7 +113,7 @@ class Attention(_Weights):
         b, t, _ = x.shape
         if self.qkv_input is not None:
             x = self.qkv_input(x)
-        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
+        q, k, v = project(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
         q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -115,7 +129,7 @@ class Attention(_Weights):
         out = out.transpose(1, 2).reshape(b, t, -1)
         if self.dense_input is not None:
             out = self.dense_input(out)
-        return F.linear(out, self.dense_weight, self.dense_bias)
+        return project(out, self.dense_weight, self.dense_bias)
 
 
 class MLP(_Weights):
@@ -124,7 +138,8 @@ class MLP(_Weights):
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str) -> None:
         super().__init__(tensors, prefix, {
             "fc_weight": "fc.weight", "fc_bias": "fc.bias", "gate_weight": "gate.weight", "gate_bias": "gate.bias",
-            "proj_weight": "proj.weight", "proj_bias": "proj.bias"})
+            "proj_weight": "proj.weight", "proj_bias": "proj.bias",
+        }, input_major=("fc_weight", "gate_weight", "proj_weight"))
         self.act = ACTIVATIONS[cfg.hidden_act]
         self.fc_input = input_quantizer(cfg.quant_algo, tensors, prefix + "fc.")
         self.proj_input = input_quantizer(cfg.quant_algo, tensors, prefix + "proj.")
@@ -136,7 +151,7 @@ class MLP(_Weights):
 
         # fc and gate read the same input: one matmul over both weights is one kernel launch instead of two.
         if self.gate_weight is not None:
-            self.register_buffer("fc_gate_weight", torch.cat([self.fc_weight, self.gate_weight]))
+            self.register_buffer("fc_gate_weight", torch.cat([self.fc_weight, self.gate_weight], dim=1))  # [in, 2F]
             biases = (self.fc_bias, self.gate_bias)
             self.register_buffer("fc_gate_bias", None if biases[0] is None else torch.cat(biases))
             self.fc_weight = self.gate_weight = self.fc_bias = self.gate_bias = None
@@ -145,13 +160,13 @@ class MLP(_Weights):
         if self.fc_input is not None:
             x = self.fc_input(x)
         if self.fc_weight is None:
-            fc, gate = F.linear(x, self.fc_gate_weight, self.fc_gate_bias).chunk(2, dim=-1)
+            fc, gate = project(x, self.fc_gate_weight, self.fc_gate_bias).chunk(2, dim=-1)
             hidden = self.act(fc) * gate
         else:
-            hidden = self.act(F.linear(x, self.fc_weight, self.fc_bias))
+            hidden = self.act(project(x, self.fc_weight, self.fc_bias))
         if self.proj_input is not None:
             hidden = self.proj_input(hidden)
-        return F.linear(hidden, self.proj_weight, self.proj_bias)
+        return project(hidden, self.proj_weight, self.proj_bias)
 
 
 class Norm(_Weights):
