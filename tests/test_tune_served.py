@@ -74,6 +74,29 @@ def test_served_is_refused_before_any_model_loads(tmp_path: Path) -> None:
         run_tune(spec, TuneOptions(served=True, write=False), console=QUIET, out=QUIET)
     with pytest.raises(SpecbuildError, match="which --no-schedule leaves out"):
         TuneOptions(served=True, schedule=False)
+    with pytest.raises(SpecbuildError, match="without --served they would be ignored"):
+        TuneOptions(load_prompts=("The for statement",))
+    with pytest.raises(SpecbuildError, match="holds no prompt"):
+        TuneOptions(served=True, load_prompts=("", "  "))
+
+
+def test_load_prompts_come_from_a_file_of_one_prompt_a_line(tmp_path: Path) -> None:
+    """`tune --served --load-prompts FILE` reads the prompts as `specbuild bench --prompts` does; a file that is not
+    UTF-8 text or holds none is named in the error."""
+    from typer.testing import CliRunner
+
+    from specbuild.bench.run import read_prompts
+    from specbuild.cli.app import app
+
+    given = tmp_path / "load.txt"
+    given.write_text("The for statement\n\n  Class definitions  \n", encoding="utf-8")
+    assert read_prompts(given) == ("The for statement", "Class definitions")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe prompt")
+    with pytest.raises(SpecbuildError, match=r"bad\.txt: the prompt file is not UTF-8"):
+        read_prompts(bad)
+    result = CliRunner().invoke(app, ["tune", str(tmp_path / "none.yaml"), "--load-prompts", str(given)])
+    assert result.exit_code != 0 and "without --served they would be ignored" in result.output
 
 
 def test_an_undeployed_spec_is_told_to_deploy(tmp_path: Path, demo_models: dict[str, Path]) -> None:
@@ -91,11 +114,30 @@ def test_the_schedule_is_measured_on_the_deployed_repository_at_each_length(depl
     """The Medusa deployment (8-node tree, max batch 4): one server per length, each running that length from
     batch size 2 on (its log says the override replaced the repository's schedule), tokens/s at batch 2 and 4
     for 0 tree paths, all 8 and their halvings (4, 2, 1), and the schedule built from them keeps the full tree at
-    batch size 1."""
+    batch size 1. Measured on the load's own prompts (--load-prompts): those, and only those, are sent."""
+    from specbuild.bench import load
+    from specbuild.tune.report import _calibration
+
     spec = deployed.specs["medusa"]
     text = spec.path.read_text(encoding="utf-8")
-    options = TuneOptions(served=True, repeats=1, prompts=2, new_tokens=8, write=False)
-    report = run_tune(spec.path, options, console=QUIET, out=QUIET)
+    sent: list[tuple[str, ...]] = []
+    real_run_load = load.run_load
+
+    def recorded(url: str, given: load.Load, **kwargs: object) -> load.Summary:  # the real load, its prompts noted
+        sent.append(tuple(given.prompts))
+        return real_run_load(url, given, **kwargs)  # type: ignore[arg-type]
+
+    options = TuneOptions(served=True, repeats=1, new_tokens=8, write=False,
+                          load_prompts=("The for statement", "", "Class definitions"))
+    load.run_load = recorded  # type: ignore[assignment]
+    try:
+        report = run_tune(spec.path, options, console=QUIET, out=QUIET)
+    finally:
+        load.run_load = real_run_load  # type: ignore[assignment]
+    assert set(sent) == {("The for statement", "Class definitions")}, "the load's prompts, not the calibration's"
+    calibration = _calibration(report)[0]
+    assert calibration["load_prompts"] == ["The for statement", "Class definitions"]
+    assert calibration["prompts"] == 2 and calibration["new_tokens"] == 8
     t = report.schedule
     assert t is not None and t.served and t.full_length == 8
     assert sorted(t.tokens_per_second) == [2, 4]

@@ -45,6 +45,8 @@ def read_prompts(path: Path | None) -> tuple[str, ...]:
         prompts = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
     except OSError as err:
         raise SpecbuildError(f"{path}: cannot read the prompt file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecbuildError(f"{path}: the prompt file is not UTF-8 text ({err.reason} at byte {err.start})") from None
     if not prompts:
         raise SpecbuildError(f"{path}: no prompts (one per line expected)")
     return prompts

@@ -63,6 +63,12 @@ def tune(
                            "the serving engine). K, layers and tree stay SPEC's: tune them first, then `specbuild "
                            "deploy SPEC`, then tune --served.")
     ] = False,
+    load_prompts: Annotated[
+        Path | None,
+        typer.Option("--load-prompts", metavar="FILE", help="With --served: send these prompts (UTF-8, one per "
+                     "line), the traffic the deployment serves, instead of --calib's: which length pays under load "
+                     "depends on the text and --new-tokens."),
+    ] = None,
 ) -> None:
     """Measure speculation on calibration text with the reference runtime and write the best settings into the
     spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
@@ -80,6 +86,7 @@ def tune(
     serving engine drafts n-grams; set them by hand), and there the PyTorch flow converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
+    from specbuild.bench.run import read_prompts
     from specbuild.tune.stage import TuneOptions, run_tune
 
     with handled_errors():
@@ -88,5 +95,6 @@ def tune(
                               inline=inline, write=not dry_run, threads=threads, schedule=schedule,
                               windows=tuple(window) if window else None, ngrams=tuple(ngram) if ngram else None,
                               verification_sets=tuple(verification_set) if verification_set else None,
-                              layers=tuple(layers) if layers else None, served=served)
+                              layers=tuple(layers) if layers else None, served=served,
+                              load_prompts=read_prompts(load_prompts) if load_prompts is not None else None)
         run_tune(spec_path, options, console=console, out=Console())

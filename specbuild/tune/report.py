@@ -42,9 +42,13 @@ def _calibration(report: TuneReport) -> tuple[dict[str, Any], dict[str, Any]]:
     options = asdict(report.options)
     for name in ("output", "write", "inline", "calib", "prompts", "threads"):
         options.pop(name)
+    load = options.pop("load_prompts")
     calibration = {"source": report.calibration, "prompts": len(report.prompts),
                    **{name: options.pop(name) for name in CALIBRATION}, "greedy": True,
                    "torch_threads": report.torch_threads}
+    if load is not None:  # sent as they are: their texts, not a token count, say what was measured
+        calibration["prompt_tokens"] = None
+        calibration["load_prompts"] = [text for text in load if text.strip()]
     search = {name: list(value) if isinstance(value, tuple) else value for name, value in options.items()}
     return calibration, search
 

@@ -109,6 +109,7 @@ class TuneOptions:
     threads: int | None = 1
     schedule: bool = True  # also measure which draft length pays at which batch size (draft_len_schedule)
     served: bool = False  # measure the schedule behind tritonserver on the deployed repository (tune.served)
+    load_prompts: tuple[str, ...] | None = None  # served: the prompts sent as they are; None: the calibration prompts
     windows: tuple[int, ...] | None = None  # lookahead grid; None: specbuild.tune.lookahead's defaults
     ngrams: tuple[int, ...] | None = None
     verification_sets: tuple[int, ...] | None = None
@@ -126,6 +127,11 @@ class TuneOptions:
             raise SpecbuildError("--nodes must be at least 1")
         if self.layers is not None and (not self.layers or min(self.layers) < 1):
             raise SpecbuildError("--layers values must be at least 1")
+        if self.load_prompts is not None and not self.served:
+            raise SpecbuildError("--load-prompts are the prompts --served sends; without --served they would be "
+                                 "ignored", hint="add --served, or leave out --load-prompts")
+        if self.load_prompts is not None and not any(text.strip() for text in self.load_prompts):
+            raise SpecbuildError("--load-prompts holds no prompt", hint="one prompt per line")
         if self.served and not self.schedule:
             raise SpecbuildError("--served measures the load-aware schedule, which --no-schedule leaves out",
                                  hint="leave out one of them")
@@ -536,6 +542,10 @@ SETTING_FIELDS = {
 """TuneReport.settings' keys and the spec fields they stand for."""
 
 
+LOAD_PROMPTS = "load prompts (--load-prompts)"
+"""TuneReport.calibration where a served tune sent the load's own prompts (TuneOptions.load_prompts)."""
+
+
 @dataclass
 class TuneReport:
     """What one tune measured, on what, and what it chose (specbuild.tune.report writes it out as JSON)."""
@@ -752,18 +762,26 @@ def _calibration(spec: PipelineSpec, options: TuneOptions) -> tuple[Any, Prompts
 
 def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out: Console) -> TuneReport:
     """`tune --served`: only the schedule, measured behind tritonserver for what is deployed (the spec's K, L and
-    tree: tune those first, in-process, and deploy them), on the calibration prompts as text."""
+    tree: tune those first, in-process, and deploy them), on the calibration prompts as text, or on the load's own
+    prompts (`load_prompts`): which length pays under load depends on the traffic (a Lookahead window's n-grams
+    pay on repetitive text and long answers), so a schedule is measured on the prompts the deployment serves."""
     from specbuild.serve.triton_env import DEFAULT_THREADS
 
-    tokenizer, prompts, calib = _calibration(spec, options)
-
     threads = int(os.environ.get("SPECBUILD_SERVER_THREADS") or DEFAULT_THREADS)  # the served models' torch threads
+    if options.load_prompts is None:
+        tokenizer, prompts, calib = _calibration(spec, options)
+        texts = [tokenizer.decode(p) for p in prompts]
+        measured_on = f"{len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}"
+    else:
+        texts = [text for text in options.load_prompts if text.strip()]
+        prompts = [[] for _ in texts]  # sent as text; the report lists them
+        calib = LOAD_PROMPTS
+        measured_on = f"{len(texts)} {calib}"
     report = TuneReport(spec, prompts, options, calib, threads)
-    out.print(f"calibration: {len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}, "
-              f"{options.new_tokens} new tokens each, served by tritonserver from {spec.deploy.model_repository}",
-              highlight=False)
+    out.print(f"calibration: {measured_on}, {options.new_tokens} new tokens each, served by tritonserver from "
+              f"{spec.deploy.model_repository}", highlight=False)
     with _progress(console) as phase:
-        report.schedule = _served_schedule(spec, [tokenizer.decode(p) for p in prompts], options, phase)
+        report.schedule = _served_schedule(spec, texts, options, phase)
     settings = report.settings
     k = settings.get("num_draft_tokens")
     # The engine verifies up to the K the spec had (its max_draft_len): kept, so a smaller K needs no rebuild and
