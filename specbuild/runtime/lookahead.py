@@ -234,13 +234,15 @@ def ancestors(parents: Sequence[int], node: int) -> list[int]:
 
 
 def tree_mask(parents: Sequence[int]) -> torch.Tensor:
-    """[T, T] bool: token i may attend to token j when j is i or one of its ancestors."""
+    """[T, T] bool: token i may attend to token j when j is i or one of its ancestors (a parent comes before its
+    children). Built as lists, one tensor at the end: each step builds one per row."""
     size = len(parents)
-    mask = torch.eye(size, dtype=torch.bool)
+    rows: list[list[bool]] = []
     for node, parent in enumerate(parents):
-        if parent >= 0:
-            mask[node] |= mask[parent]
-    return mask
+        row = list(rows[parent]) if parent >= 0 else [False] * size
+        row[node] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool)
 
 
 # -- after the forward ---------------------------------------------------------------------------------------------

@@ -733,19 +733,12 @@ class ServingEngine:
     def _forward(self, start: int, stop: int, blocks: list[_Block]) -> None:
         width = max(len(b.tokens) for b in blocks)
         batch = len(blocks)
-        ids = torch.zeros(batch, width, dtype=torch.long)
-        positions = torch.zeros(batch, width, dtype=torch.long)
+        # Padding: token 0 at any valid position (the row's last); its outputs are dropped.
+        ids = torch.tensor([[*b.tokens, *[0] * (width - len(b.tokens))] for b in blocks], dtype=torch.long)
+        positions = torch.tensor([[*b.positions, *[b.positions[-1]] * (width - len(b.positions))] for b in blocks],
+                                 dtype=torch.long)
         trees = any(b.tree is not None or b.mask is not None for b in blocks)
-        mask = torch.tril(torch.ones(width, width, dtype=torch.bool)).repeat(batch, 1, 1) if trees else None
-        for i, block in enumerate(blocks):
-            n = len(block.tokens)
-            ids[i, :n] = torch.tensor(block.tokens)
-            positions[i, :n] = torch.tensor(block.positions)
-            positions[i, n:] = positions[i, n - 1]  # padding: any valid position, its outputs are dropped
-            block_mask = block.tree.attention_mask if block.tree is not None else block.mask
-            if block_mask is not None and mask is not None:
-                mask[i] = torch.eye(width, dtype=torch.bool)
-                mask[i, :n, :n] = block_mask
+        mask = torch.stack([_row_mask(b, width) for b in blocks]) if trees else None
         view = self.cache.view(start, stop)
         sequences = self.active[start:stop]
         proposer = self.proposer
@@ -916,6 +909,21 @@ class ServingEngine:
                                      accepted_draft_tokens=seq.accepted, draft_tokens=seq.drafted,
                                      reused_tokens=seq.handle.reused_tokens, error=error))
             self._release(seq)
+
+
+def _row_mask(block: _Block, width: int) -> torch.Tensor:
+    """[width, width] bool on the CPU: a tree or Lookahead row's own mask, padded with rows that see only
+    themselves; a causal row's lower triangle."""
+    own = block.tree.attention_mask if block.tree is not None else block.mask
+    if own is None:
+        return torch.ones(width, width, dtype=torch.bool).tril_()
+    own = own.cpu()
+    n = own.shape[0]
+    if n == width:
+        return own
+    mask = torch.eye(width, dtype=torch.bool)
+    mask[:n, :n] = own
+    return mask
 
 
 def _seed(request: EngineRequest, decoding: TokenDecoding) -> int:
