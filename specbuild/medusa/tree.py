@@ -65,16 +65,16 @@ class MedusaTree:
         """Tree nodes excluding the root: the draft tokens verified per step (TensorRT-LLM's max_draft_len)."""
         return len(self.choices)
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return int(self.depth.max())
 
-    @property
+    @cached_property
     def num_heads_needed(self) -> int:
         """Depth d uses head d - 1, so a checkpoint needs at least this many heads."""
         return self.max_depth
 
-    @property
+    @cached_property
     def topk_needed(self) -> tuple[int, ...]:
         """Per depth (1..max_depth), how many of that head's top tokens the tree reads."""
         return tuple(int(self.rank[self.depth == d].max()) + 1 for d in range(1, self.max_depth + 1))
