@@ -45,8 +45,9 @@ schedule alone measured behind tritonserver on the deployed spec (`specbuild tun
 deployments serve it: in-process a response costs nothing, and the schedule measured there turned speculation off at
 loads where the server gains. The served tune sends the serving bench's own load (its prompts and new tokens): which
 length pays under load depends on the traffic: at 8 clients Lookahead's windows measured 3% ahead of plain on tune's
-32-token calibration prompts (64 new tokens), and 0.90x plain in the same served tune on the serving bench's openings
-(48 new tokens), where the serving bench's committed run at 1036a22 had them at 0.89x."""
+32-token calibration prompts with 64 new tokens (bench/results/tune-lookahead.txt at 1036a22), where the serving
+bench then had them at 0.89x; tuned on the serving bench's openings with 48 new tokens they measure below plain there
+and are turned off (bench/results/tune-lookahead.txt)."""
 TUNE_TABLES: dict[str, tuple[str, list[dict[str, Any]]]] = {
     "tune-draft-target": ("configs/demo.yaml", [OWN, SERVED]),
     # the spec's own budget (what demo-medusa.yaml holds), then larger trees to compare, then the served schedule

@@ -80,7 +80,7 @@ def test_list_views_match_the_tensors_and_within_depth_keeps_a_tree(tree: Medusa
     for node, path in enumerate(tree.ancestors[1:], start=1):
         assert tree.parents[path[-1]] == (path[-2] if len(path) > 1 else 0)
         assert len(path) == tree.depths[node]
-    assert tree.leaf_paths == tuple(tuple(n for n in row if n >= 0) for row in tree.retrieve_indices.tolist())
+    assert tree.leaf_paths == ((0, 1, 3), (0, 1, 4), (0, 2, 5))  # [0,0], [0,1], [1,0], root first
     shallow = tree.within_depth(1)
     assert shallow.choices == ((0,), (1,)) and shallow.max_depth == 1
     assert tree.within_depth(2) is tree and tree.within_depth(5) is tree

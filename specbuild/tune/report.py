@@ -48,7 +48,7 @@ def _calibration(report: TuneReport) -> tuple[dict[str, Any], dict[str, Any]]:
                    "torch_threads": report.torch_threads}
     if load is not None:  # sent as they are: their texts, not a token count, say what was measured
         calibration["prompt_tokens"] = None
-        calibration["load_prompts"] = [text for text in load if text.strip()]
+        calibration["load_prompts"] = list(load)
     search = {name: list(value) if isinstance(value, tuple) else value for name, value in options.items()}
     return calibration, search
 

@@ -130,8 +130,10 @@ class TuneOptions:
         if self.load_prompts is not None and not self.served:
             raise SpecbuildError("--load-prompts are the prompts --served sends; without --served they would be "
                                  "ignored", hint="add --served, or leave out --load-prompts")
-        if self.load_prompts is not None and not any(text.strip() for text in self.load_prompts):
-            raise SpecbuildError("--load-prompts holds no prompt", hint="one prompt per line")
+        if self.load_prompts is not None:  # blank ones dropped here, once: what is sent and reported is this
+            object.__setattr__(self, "load_prompts", tuple(text for text in self.load_prompts if text.strip()))
+            if not self.load_prompts:
+                raise SpecbuildError("--load-prompts holds no prompt", hint="one prompt per line")
         if self.served and not self.schedule:
             raise SpecbuildError("--served measures the load-aware schedule, which --no-schedule leaves out",
                                  hint="leave out one of them")
@@ -773,8 +775,11 @@ def _run_served(spec: PipelineSpec, options: TuneOptions, console: Console, out:
         texts = [tokenizer.decode(p) for p in prompts]
         measured_on = f"{len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}"
     else:
-        texts = [text for text in options.load_prompts if text.strip()]
-        prompts = [[] for _ in texts]  # sent as text; the report lists them
+        from specbuild.tokenizer import load_tokenizer
+
+        texts = list(options.load_prompts)
+        tokenizer = load_tokenizer(spec.target.model)
+        prompts = [tokenizer.encode(text, add_special_tokens=False, verbose=False) for text in texts]
         calib = LOAD_PROMPTS
         measured_on = f"{len(texts)} {calib}"
     report = TuneReport(spec, prompts, options, calib, threads)
