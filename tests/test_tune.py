@@ -595,6 +595,21 @@ def test_tune_refuses_what_it_cannot_measure_without_a_loop(tmp_path: Path, flow
     assert "no converted" not in output and "Traceback" not in output
 
 
+@pytest.mark.parametrize("mode", ["sa", "ngram"])
+def test_tune_refuses_a_drafting_without_a_model_on_the_reference_backend(tmp_path: Path, mode: str) -> None:
+    """SA and n-gram specs on the backend tune does measure (build.backend: reference) are refused by name with what
+    to do, not with an AssertionError (SA was, issue 48)."""
+    spec_path = _unconverted_spec(tmp_path, "pytorch", mode)
+    data = yaml.safe_load(spec_path.read_text())
+    data["build"]["backend"] = "reference"
+    spec_path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["tune", str(spec_path)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output
+    assert f"{mode!r}, which `specbuild tune` cannot measure" in output, output
+    assert f"speculative.{mode} by hand" in output and f"specbuild generate CKPT --{mode}" in output, output
+
+
 def test_a_longer_verification_never_counts_as_cheaper_than_a_shorter_one() -> None:
     """The fastest-of-repeats timing of a K + 1 token forward can land below a shorter block's on a busy machine
     (a run of `make bench` timed 6 tokens at 0.81x 4 tokens, and K = 5 won by it): the verify cost never falls as

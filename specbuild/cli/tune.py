@@ -81,9 +81,10 @@ def tune(
     steps is written into speculative.lookahead (with --served, where its windows pay: on or off at each batch
     size, behind tritonserver). A self-draft (draft.source: target_layers): each L is measured
     for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
-    at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the draft_target search. ngram and the
-    PyTorch flow on NVIDIA's backend are refused with what to do instead: tune has no n-gram search yet (the
-    serving engine drafts n-grams; set them by hand), and there the PyTorch flow converts no checkpoint to measure.
+    at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the draft_target search. ngram, sa and the
+    PyTorch flow on NVIDIA's backend are refused with what to do instead: tune has no search for the model-free
+    drafters yet (set them by hand, comparing with `specbuild generate --ngram/--sa`), and there the PyTorch flow
+    converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.bench.run import read_prompts

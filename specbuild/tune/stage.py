@@ -359,10 +359,10 @@ MEASURED_MODES = ("draft_target", "medusa", "lookahead", "eagle3")
 lookahead_decoding.py, eagle3_decoding.py) and tune has a search for."""
 
 UNMEASURED_MODE_REASON = {
-    "ngram": "tune has no search for n-gram settings yet (the reference serving engine drafts n-grams, but tune "
-             "measures through the runtime's single-request decoders, which have none); set "
-             "speculative.num_draft_tokens and speculative.ngram by hand (the llmapi model reports "
-             "acceptance_rate per request to compare settings by)",
+    mode: f"tune has no search for {what} settings yet; set speculative.num_draft_tokens and speculative.{mode} by "
+          f"hand, comparing settings by the tokens per target forward `specbuild generate CKPT --{mode}` prints "
+          "on the target's TensorRT-LLM checkpoint (the llmapi model also reports acceptance_rate per request)"
+    for mode, what in (("ngram", "n-gram"), ("sa", "suffix-automaton"))
 }
 """Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
 
@@ -384,14 +384,13 @@ def refuse_unmeasurable(spec: PipelineSpec, spec_path: Path) -> None:
     if mode == "none":
         raise SpecbuildError(f"{spec_path}: speculative.mode is 'none'; there is nothing to tune",
                              hint="set speculative.mode to draft_target or medusa")
-    if mode in UNMEASURED_MODE_REASON:
+    if mode not in MEASURED_MODES:
         raise SpecbuildError(f"{spec_path}: speculative.mode is {mode!r}, which `specbuild tune` cannot measure",
-                             hint=UNMEASURED_MODE_REASON[mode])
+                             hint=UNMEASURED_MODE_REASON.get(mode, f"set {mode}'s settings by hand"))
     refuse_other_flow(spec, "tune")
     if spec.build.flow == PYTORCH and not reference_roles(spec):
         raise SpecbuildError(f"{spec_path}: build.flow is pytorch with build.backend {spec.build.backend}, which "
                              "`specbuild tune` cannot measure", hint=PYTORCH_FLOW_REASON)
-    assert mode in MEASURED_MODES, mode
 
 
 
