@@ -145,6 +145,24 @@ def test_validate_after_init_reports_each_missing_model_once_under_its_own_field
         assert line.startswith(f"{spec_path}:{spec.line_of(tuple(field.split('.')))}: ")
 
 
+@pytest.mark.parametrize(("written", "fix"), [("1.3", "trtllm: '1.3'"), ("1.10", "one of '1.2' or '1.3'")])
+def test_an_unquoted_release_line_is_refused_as_the_number_yaml_read(tmp_path: Path, written: str, fix: str) -> None:
+    """`trtllm: 1.3` unquoted is the float 1.3 to YAML (and 1.10 the float 1.1): `validate` says a number was read
+    and to quote it, at the field's line, instead of "must be one of '1.2' or '1.3' (got 1.3)"; quoted, it loads."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli.app import app
+
+    pytorch = MINIMAL.replace("build:\n", "build:\n  flow: pytorch\n  trtllm: {}\n")
+    spec_path = write(tmp_path, pytorch.format(written))
+    result = CliRunner().invoke(app, ["validate", str(spec_path)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output
+    assert f"{spec_path}:{line_of(spec_path, 'trtllm:')}: build.trtllm: YAML read the unquoted" in output, output
+    assert "as a number" in output and f"quote it: {fix}" in output, output
+    assert load_spec(write(tmp_path, pytorch.format("'1.3'"), "quoted.yaml")).build.trtllm == "1.3"
+
+
 # --- located errors -----------------------------------------------------------------------------------------
 
 

@@ -449,6 +449,18 @@ class BuildSpec(_Section):
     `build` warns when weights + KV cache for the limits above would not fit.
     Default: the named GPU's memory, or what nvidia-smi shows."""
 
+    @field_validator("trtllm", mode="before")
+    @classmethod
+    def _quoted_line(cls, value: object) -> object:
+        """YAML reads an unquoted 1.3 as a number, and 1.10 as 1.1: a release line given as a number is refused as
+        such, with the quotes that fix it, not compared with the lines as the number it became."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            lines = get_args(TrtllmLine)
+            fix = f"trtllm: '{value}'" if str(value) in lines else f"one of {' or '.join(map(repr, lines))}"
+            raise_issues([((), f"YAML read the unquoted {show(value)} as a number, not a release line (1.10 would "
+                           f"even read as 1.1); quote it: {fix}", None)])
+        return value
+
     @model_validator(mode="after")
     def _check_line(self) -> BuildSpec:
         if self.flow == "engine" and self.trtllm not in (None, ENGINE_TRTLLM_LINE):
