@@ -17,11 +17,12 @@ from specbuild.cli.medusa import medusa_app
 app = App(
     name="specbuild",
     help=(
-        "Hugging Face checkpoints to a speculative-decoding service on Triton Inference Server.\n\n"
-        "Typical flow: `specbuild init pipeline.yaml` writes a commented spec; edit it; `specbuild validate` it; "
-        "then `convert` (TensorRT-LLM checkpoints: target, ModelOpt-quantized draft, Medusa heads), `build` "
-        "(engines, or reference bundles without a GPU), optionally `tune` (K or the Medusa tree), `deploy` "
-        "(the Triton model repository), `serve` (tritonserver) and `bench` (client-side figures). Each stage "
+        "Hugging Face checkpoints to a speculative-decoding service on Triton Inference Server (TensorRT-LLM), "
+        "NVIDIA Dynamo, vLLM or SGLang.\n\n"
+        "Typical flow: `specbuild init pipeline.yaml` writes a commented spec; edit it, `validate` it; `convert` and "
+        "`build` (TensorRT-LLM checkpoints and engines, or reference bundles without a GPU); optionally `tune`; "
+        "`deploy` (a Triton model repository, or with deploy.target: dynamo a Dynamo deployment); `serve` it; "
+        "`bench` it. For vLLM or SGLang, `export vllm|sglang SPEC` writes the engine's serve command. Each stage "
         "checks everything first, writes atomically, and skips itself when its inputs are unchanged."
     ),
 )

@@ -2,13 +2,16 @@
 
 Typer's rich help keeps a docstring's single line breaks after the first paragraph, so a docstring wrapped at the
 source's 120 columns printed sentences broken mid-line. Here a paragraph's lines are joined (a paragraph that
-starts with `\\b` keeps its lines, as in click), so help text reflows to the terminal. Flags get no type column
+starts with `\\b` keeps its lines, as in click), so help text reflows to the terminal. A group lists each command on
+one line (`summary`): typer shows a command's whole first paragraph there, and one long paragraph (tune's was 30
+lines) pushed `specbuild --help` past a screen. Flags get no type column
 (`--force`, not `--force <bool>`), and the usage line spells arguments as the argument table does: `SPEC` when
 required, `[SPEC]` when optional (typer writes `{SPEC}` and, for an optional metavar, `[[SPEC]]`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import typer
@@ -27,6 +30,35 @@ def reflowed(text: str | None) -> str | None:
         else:
             paragraphs.append(" ".join(line for line in lines if line))
     return "\n\n".join(paragraphs)
+
+
+SUMMARY_CHARS = 83
+"""The most characters of a command's line in its group's help: what the commands panel holds at 100 columns."""
+
+
+def _clauses(sentence: str) -> list[int]:
+    """Where the sentence's top-level clauses end: before a `: `, `; ` or ` (` outside parentheses and backticks."""
+    ends, depth, quoted = [], 0, False
+    for index, char in enumerate(sentence):
+        quoted ^= char == "`"
+        depth += (char == "(") - (char == ")")
+        if not quoted and depth == 0 and sentence[index:index + 2] in (": ", "; ", " ("):
+            ends.append(index)
+    return ends
+
+
+def summary(text: str | None) -> str | None:
+    """A command's one line in its group's help: the first sentence of its help; when longer than SUMMARY_CHARS, its
+    first leading clause of 30 characters or more (so it still says something) that fits, else the sentence cut at
+    a word with "...". The command's own --help keeps the whole text."""
+    first = (reflowed(text) or "").split("\n\n", 1)[0]
+    sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z`])", first, maxsplit=1)[0]
+    if len(sentence) <= SUMMARY_CHARS:
+        return sentence or None
+    fitting = [end for end in _clauses(sentence) if 30 <= end <= SUMMARY_CHARS]
+    if fitting:
+        return sentence[:fitting[0]]
+    return sentence[:SUMMARY_CHARS - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
 
 
 _VALUE_WORDS = {"<str>": "TEXT", "<int>": "INTEGER", "<int range>": "INTEGER", "<float>": "NUMBER",
@@ -62,10 +94,11 @@ def _usage_name(argument: TyperArgument) -> str:
 
 
 class Command(TyperCommand):
-    """A command whose help reflows, whose flags show no type and whose usage line names arguments plainly."""
+    """A command whose help reflows, listed on one line by its group, whose flags show no type and whose usage line
+    names arguments plainly."""
 
-    def __init__(self, *args: Any, help: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, help=reflowed(help), **kwargs)
+    def __init__(self, *args: Any, help: str | None = None, short_help: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, help=reflowed(help), short_help=short_help or summary(help), **kwargs)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_flags(super().get_params(ctx), ctx)
@@ -78,8 +111,8 @@ class Command(TyperCommand):
 class Group(TyperGroup):
     """A command group with the same help conventions as `Command`."""
 
-    def __init__(self, *args: Any, help: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, help=reflowed(help), **kwargs)
+    def __init__(self, *args: Any, help: str | None = None, short_help: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, help=reflowed(help), short_help=short_help or summary(help), **kwargs)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_flags(super().get_params(ctx), ctx)
