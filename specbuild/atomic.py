@@ -12,6 +12,9 @@ everything is written, so an interrupted or failed run leaves the previous outpu
 - **Leftovers of dead runs are removed.** Temporary (`.NAME.tmp-*`) and moved-aside (`.NAME.old-*`) siblings carry
   the writer's pid and its process start time; the next run on the output removes those whose process is gone
   (or whose pid now belongs to another process), never a live run's.
+- **An output that is a symlink is followed.** The user pointed it at another disk: the swap happens beside the
+  link's target and the link stays (`output_target`); renaming over the link would replace it with a local
+  directory and leave its target as it was.
 - **A full filesystem is one message.** ENOSPC/EDQUOT while writing (from any library) becomes a `SpecbuildError`
   naming the directory, the space free and, when the caller knows it, the space needed; with a known size the
   check runs before anything is written.
@@ -123,6 +126,18 @@ def remove_stale_temporaries(final: Path) -> list[Path]:
     return removed
 
 
+def output_target(final: Path) -> Path:
+    """Where the output `final` really is: a symbolic link there is followed to its target (which need not exist
+    yet), so every run on the link writes, locks and cleans up beside the target; any other path is itself."""
+    if not final.is_symlink():
+        return final
+    try:
+        return final.resolve()
+    except (OSError, RuntimeError) as err:  # RuntimeError: a loop of links
+        raise SpecbuildError(f"{final}: the output is a symbolic link that cannot be followed ({err})",
+                             hint="point the link at a directory (or where one may be written), or remove it") from err
+
+
 # -- one writer per output ------------------------------------------------------------------------------------------
 _held: dict[Path, list[int]] = {}  # lock path -> [fd, depth]: re-entrant within this process (flock is per open file)
 _held_guard = threading.Lock()
@@ -177,7 +192,9 @@ def output_lock(final: Path, *, wait: bool = False) -> Iterator[None]:
     same process (a stage that locks its outputs before atomic_directory locks each again) is a no-op.
 
     A held lock is an `OutputLocked` error at once, unless `wait`: then this waits for the holder to finish (the
-    demo models, where parallel test sessions should share one build rather than fail)."""
+    demo models, where parallel test sessions should share one build rather than fail). A symlinked output is
+    locked at its target (`output_target`), so a run through the link and one on the target exclude each other."""
+    final = output_target(final)
     path = Path(os.path.abspath(lock_path(final)))
     with _held_guard:
         if path in _held:
@@ -335,7 +352,9 @@ def atomic_directory(final: Path, *, needed_bytes: int | None = None,
     `replaceable` says is not ours (default: `check_replaceable`) or that overlaps one of `inputs`
     (`refuse_overlap`), and refuses before writing when `needed_bytes` (what the caller will write, if it knows)
     are not free. A full filesystem while writing ends in one
-    `NoSpaceError`; either way the previous output is untouched and the temporary directory gone."""
+    `NoSpaceError`; either way the previous output is untouched and the temporary directory gone. A symlink at
+    `final` is followed (`output_target`): its target is replaced, the link stays."""
+    final = output_target(final)
     with output_lock(final):
         if inputs:
             refuse_overlap(final, inputs, output_name=output_name)

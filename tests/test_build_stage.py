@@ -141,7 +141,7 @@ def test_dry_run_writes_build_scripts_with_the_plans_arguments(tmp_path: Path, m
         expected = result.plan.command(output_dir=Path("$tmp"))
         expected[expected.index("--checkpoint_dir") + 1] = "$CHECKPOINT_DIR"
         assert command == expected
-        assert f'CHECKPOINT_DIR="${{CHECKPOINT_DIR:-{result.plan.checkpoint_dir}}}"' in text
+        assert f"CHECKPOINT_DIR=${{CHECKPOINT_DIR:-{shlex.quote(str(result.plan.checkpoint_dir))}}}" in text
         assert "nvcr.io/nvidia/tensorrt-llm/release:1.2.0" in text and "1.2.*)" in text
         engine_json = text.split("<<'SPECBUILD_ENGINE_JSON'\n")[1].split("\nSPECBUILD_ENGINE_JSON")[0]
         assert json.loads(engine_json) == {**result.info.to_json(), "backend": "tensorrt"}

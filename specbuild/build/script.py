@@ -45,7 +45,9 @@ def _argument_lines(plan: BuildPlan) -> list[str]:
 
 
 def render_build_script(plan: BuildPlan, info: EngineInfo, pipeline: str) -> str:
-    """The script's text (bash; `bash -n` clean)."""
+    """The script's text (bash; `bash -n` clean). Paths are single-quoted words (in an assignment's default, where
+    they are one word whatever they hold: quotes, `$`, a newline); the comments name only the spec's name (its
+    repr: one line) and fixed text."""
     engine_json = json.dumps(info.to_json(), indent=2)
     manifest = json.dumps(
         {"stage": "build", "written_by": SCRIPT_NAME, "backend": "tensorrt", "plan": plan.to_json()}, indent=2
@@ -57,8 +59,8 @@ def render_build_script(plan: BuildPlan, info: EngineInfo, pipeline: str) -> str
 # with the checkpoint mounted at the same path (or set CHECKPOINT_DIR and ENGINE_DIR).
 set -euo pipefail
 
-CHECKPOINT_DIR="${{CHECKPOINT_DIR:-{plan.checkpoint_dir}}}"
-ENGINE_DIR="${{ENGINE_DIR:-{plan.output_dir}}}"
+CHECKPOINT_DIR=${{CHECKPOINT_DIR:-{shlex.quote(str(plan.checkpoint_dir))}}}
+ENGINE_DIR=${{ENGINE_DIR:-{shlex.quote(str(plan.output_dir))}}}
 
 version="$(python3 -c 'import tensorrt_llm; print(tensorrt_llm.__version__)' 2>/dev/null | tail -n 1 || true)"
 case "$version" in

@@ -27,10 +27,17 @@ class ExportResult:
     status: Status
 
 
+def comment(text: str) -> str:
+    """`text` as shell comment lines: a newline in it (a spec path may hold one) starts another comment line, where
+    it would otherwise end the comment and the shell would run the rest."""
+    return "\n".join(f"# {line}" for line in text.split("\n"))
+
+
 def serve_script(plan: ExportPlan, spec_path: str) -> str:
-    lines = ["#!/bin/sh", f"# Written by `specbuild export {plan.engine}` from {spec_path}.",
-             "# Names from: " + "; ".join(str(source) for source in plan.sources)]
-    lines += [f"# Note: {note}" for note in plan.notes]
+    """serve.sh: the notes as comments, then the command, every word quoted (`ExportPlan.command`)."""
+    lines = ["#!/bin/sh", comment(f"Written by `specbuild export {plan.engine}` from {spec_path}."),
+             comment("Names from: " + "; ".join(str(source) for source in plan.sources))]
+    lines += [comment(f"Note: {note}") for note in plan.notes]
     lines.append(f'exec {plan.command()} "$@"')
     return "\n".join(lines) + "\n"
 

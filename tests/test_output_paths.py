@@ -1,0 +1,136 @@
+"""Outputs the user pointed somewhere, and paths that reach a shell.
+
+An output path that is a symbolic link (output_dir on another disk, an export or repository directory linked there)
+is followed: its target is written and the link stays, never replaced by a local directory that leaves the target
+as it was. A path that reaches a generated script is one word there, comments included: a spec path or a model
+path holding a newline, quotes or `$(...)` runs nothing. The scripts are run by the shell, with stand-ins for the
+engines' programs that record the words they were given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbuild.atomic import atomic_directory
+from specbuild.build.plan import BuildPlan
+from specbuild.build.script import render_build_script
+from specbuild.cli import app
+from specbuild.contracts.engine_info import EngineInfo
+from specbuild.errors import SpecbuildError
+from specbuild.export import build_plan
+
+runner = CliRunner()
+ODD = "odd 'dir' \"q\" $(touch PWNED) `touch PWNED`\ntouch PWNED\n# x"
+"""A directory name a shell would run something from, were it not quoted: quotes, substitutions, a newline."""
+
+
+def _spec(root: Path) -> Path:
+    """A plain vLLM-exportable spec, and the model it names, both under a directory named ODD."""
+    home = root / ODD
+    model = home / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"hidden_size": 8, "vocab_size": 16}), encoding="utf-8")
+    spec = home / "pipeline.yaml"
+    spec.write_text(yaml.safe_dump({"name": "odd", "target": {"model": str(model)}, "build": {
+        "dtype": "float16", "max_batch_size": 2, "max_input_len": 16, "max_output_len": 8}}), encoding="utf-8")
+    return spec
+
+
+def _stand_in(bin_dir: Path, program: str, record: Path, prints: str = "") -> None:
+    """An executable `program` that writes its arguments (NUL-separated) to `record` and prints `prints`."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / program
+    path.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{record}"\nprintf "%s" "{prints}"\n', encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name or ".old-" in p.name or
+                  p.name.endswith(".lock"))
+
+
+# -- symlinked outputs ---------------------------------------------------------------------------------------------
+def test_an_export_through_a_symlink_writes_the_target_and_keeps_the_link(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    disk = tmp_path / "disk"
+    (disk / "vllm").mkdir(parents=True)
+    link = tmp_path / "export-link"
+    link.symlink_to(disk / "vllm")
+    for _ in range(2):  # a new output, then the replacement of the previous one
+        result = runner.invoke(app, ["export", "vllm", str(spec), "--output", str(link)])
+        assert result.exit_code == 0, result.output
+        assert link.is_symlink() and link.readlink() == disk / "vllm"
+        assert (disk / "vllm" / "serve.sh").is_file() and (disk / "vllm" / "manifest.json").is_file()
+        assert _leftovers(tmp_path) == [] and _leftovers(disk) == []
+
+
+def test_a_dangling_link_is_followed_and_one_that_leads_nowhere_is_refused(tmp_path: Path) -> None:
+    dangling = tmp_path / "out"
+    dangling.symlink_to(tmp_path / "elsewhere" / "out")
+    with atomic_directory(dangling) as tmp:
+        (tmp / "manifest.json").write_text("{}", encoding="utf-8")
+    assert dangling.is_symlink() and (tmp_path / "elsewhere" / "out" / "manifest.json").is_file()
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    followed = "loop: the output is a symbolic link that cannot be followed"
+    with pytest.raises(SpecbuildError, match=followed) as error, atomic_directory(loop):
+        pytest.fail("a loop of links was written through")
+    assert error.value.hint and loop.is_symlink()
+
+    file_link = tmp_path / "file-link"
+    (tmp_path / "notes.txt").write_text("keep", encoding="utf-8")
+    file_link.symlink_to(tmp_path / "notes.txt")
+    with pytest.raises(SpecbuildError, match="exists and is not a directory"), atomic_directory(file_link):
+        pytest.fail("a file was replaced")
+    assert file_link.is_symlink() and (tmp_path / "notes.txt").read_text(encoding="utf-8") == "keep"
+
+
+# -- paths in scripts ----------------------------------------------------------------------------------------------
+def test_serve_sh_runs_only_its_command_whatever_the_spec_path_holds(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    out = tmp_path / "export"
+    result = runner.invoke(app, ["export", "vllm", str(spec), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    script = out / "serve.sh"
+    header = script.read_text(encoding="utf-8").split("\nexec ", 1)[0]
+    assert all(line.startswith("#") for line in header.splitlines()), header
+    record, work = tmp_path / "argv", tmp_path / "work"
+    work.mkdir()
+    _stand_in(tmp_path / "bin", "vllm", record)
+    done = subprocess.run(["sh", str(script), "--port", "9"], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    from specbuild.spec import load_spec
+
+    expected = build_plan(load_spec(spec), "vllm", out).argv
+    assert record.read_text(encoding="utf-8").split("\0")[:-1] == [*expected[1:], "--port", "9"]  # one word each
+    assert list(work.iterdir()) == [], "the script ran something besides its command"
+
+
+def test_build_sh_takes_its_paths_as_one_word_each(tmp_path: Path) -> None:
+    checkpoint, engines = tmp_path / ODD / "checkpoint", tmp_path / ODD / "engines"
+    plan = BuildPlan(role="target", max_batch_size=2, max_input_len=16, max_seq_len=24, max_num_tokens=64,
+                     checkpoint_dir=checkpoint, output_dir=engines)
+    info = EngineInfo(role="target", backend="tensorrt", architecture="LlamaForCausalLM", dtype="float16",
+                      vocab_size=16, tp_size=1, pp_size=1, max_batch_size=2, max_input_len=16, max_seq_len=24,
+                      max_num_tokens=64)
+    script = tmp_path / "build.sh"
+    script.write_text(render_build_script(plan, info, "odd"), encoding="utf-8")
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    _stand_in(tmp_path / "bin", "python3", tmp_path / "argv", prints="1.2.0")  # the TensorRT-LLM version check
+    done = subprocess.run(["bash", str(script)], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    # No checkpoint there yet: the script stops at its first use of the path, naming it as given.
+    assert done.returncode == 1 and f"build.sh: {checkpoint} has no config.json" in done.stderr, done.stderr
+    assert list(work.iterdir()) == [] and not engines.exists()
