@@ -33,9 +33,13 @@ def migrate(
     EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead -> NGram, an int8_sq draft -> fp8, the
     load-aware schedule carried over, engine-only settings dropped; comments are kept. Then run `specbuild
     validate OUT.yaml`."""
+    from specbuild.migrate.measure import calibration_ids, figures_table, measure_migration
     from specbuild.migrate.rewrite import migrate_spec
+    from specbuild.spec import load_spec
 
     with handled_errors():
+        # The measurement's prompts first: a bad --text (or a target without a tokenizer) writes nothing.
+        prompts = calibration_ids(load_spec(spec_path), text) if measure else None
         migration = migrate_spec(spec_path, out, line=line, to=to)
     console.print(f"wrote {out}: speculative.mode {migration.old_mode} -> {migration.new_mode}, build.flow: pytorch, "
                   f"TensorRT-LLM {migration.line}")
@@ -50,12 +54,9 @@ def migrate(
                 raise typer.Exit(status)
         else:
             console.print(f"next: {shlex.join(migration.train_command)}  (or rerun with --train)")
-    if measure:
-        from specbuild.migrate.measure import figures_table, measure_migration
-        from specbuild.spec import load_spec
-
+    if prompts is not None:
         with handled_errors():
-            figures = measure_migration(load_spec(spec_path), load_spec(out), text=text)
+            figures = measure_migration(load_spec(spec_path), load_spec(out), ids=prompts)
         console.print("reference runtime, greedy, on " + (str(text) if text else "tune's held-out pydoc topics") + ":")
         for line_text in figures_table(figures):
             console.print(f"  {line_text}", markup=False, soft_wrap=True)

@@ -68,29 +68,18 @@ def _convert(name: str, source: Path, out: Path, dtype: str, **extra: Any) -> Pa
 
 def _method(spec: PipelineSpec) -> str:
     speculative = spec.speculative
-    if speculative.mode == "lookahead" and speculative.lookahead is not None:
-        la = speculative.lookahead
+    if speculative.mode == "lookahead":
+        la = speculative.lookahead_config()
         return f"lookahead (W, N, G) = ({la.window_size}, {la.ngram_size}, {la.verification_set_size})"
     if speculative.mode == "medusa" and spec.medusa is not None:
         return f"medusa ({len(spec.medusa.resolved_choices())}-node tree)"
     return f"{speculative.mode} (K {speculative.num_draft_tokens})"
 
 
-def measure_migration(old: PipelineSpec, new: PipelineSpec, *, text: Path | None = None, prompts: int = 4,
-                      prompt_tokens: int = 32, new_tokens: int = 32) -> list[Figure]:
-    """Plain greedy, then `old`'s method and `new`'s, on the same prompts; a method that cannot run yet (an EAGLE-3
-    draft not trained) is reported with None and why."""
-    import torch
-
-    from specbuild.runtime.model import CausalLM
-    from specbuild.runtime.proposers import (
-        Eagle3Proposer,
-        ModelProposer,
-        NGramConfig,
-        NGramProposer,
-        SAConfig,
-        SAProposer,
-    )
+def calibration_ids(spec: PipelineSpec, text: Path | None = None, prompts: int = 4,
+                    prompt_tokens: int = 32) -> list[list[int]]:
+    """The measurement's prompts as the target tokenizer's ids, from `text` (default: tune's held-out pydoc
+    topics); `migrate` asks for them before it writes anything, so a bad --text writes nothing."""
     from specbuild.tokenizer import load_tokenizer
     from specbuild.tune.measure import calibration_prompts
 
@@ -102,13 +91,40 @@ def measure_migration(old: PipelineSpec, new: PipelineSpec, *, text: Path | None
         try:
             texts = [text.read_text(encoding="utf-8")]
         except (OSError, UnicodeDecodeError) as err:
-            raise SpecbuildError(f"cannot read calibration text {text}: {err}") from err
-    tokenizer = load_tokenizer(old.target.model)
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise SpecbuildError(f"--text {text}: cannot read the calibration text: {reason}",
+                                 hint="name a UTF-8 text file, or leave --text out for tune's held-out text") from None
     try:
-        ids = calibration_prompts(lambda s: tokenizer.encode(s, add_special_tokens=False, verbose=False), texts,
-                                  prompts, prompt_tokens)
+        tokenizer = load_tokenizer(spec.target.model)
+    except SpecbuildError as err:
+        raise SpecbuildError(f"measuring the migration: {err.message}",
+                             hint="--no-measure writes the new spec without measuring") from None
+    try:
+        return calibration_prompts(lambda s: tokenizer.encode(s, add_special_tokens=False, verbose=False), texts,
+                                   prompts, prompt_tokens)
     except ValueError as err:
-        raise SpecbuildError(str(err)) from err
+        raise SpecbuildError(f"--text {text}: {err}" if text else str(err)) from None
+
+
+def measure_migration(old: PipelineSpec, new: PipelineSpec, *, text: Path | None = None, prompts: int = 4,
+                      prompt_tokens: int = 32, new_tokens: int = 32,
+                      ids: list[list[int]] | None = None) -> list[Figure]:
+    """Plain greedy, then `old`'s method and `new`'s, on the same prompts (`ids`, else `calibration_ids`); a
+    method that cannot run yet (an EAGLE-3 draft not trained) is reported with None and why."""
+    import torch
+
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.proposers import (
+        Eagle3Proposer,
+        ModelProposer,
+        NGramConfig,
+        NGramProposer,
+        SAConfig,
+        SAProposer,
+    )
+
+    if ids is None:
+        ids = calibration_ids(old, text, prompts, prompt_tokens)
     dtype = old.build.dtype
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="specbuild-migrate-") as work, torch.inference_mode():
@@ -127,10 +143,10 @@ def measure_migration(old: PipelineSpec, new: PipelineSpec, *, text: Path | None
                                                           medusa_heads=spec.medusa.heads,
                                                           medusa_tree_nodes=len(choices)))
                 run = _serve(model, ids, new_tokens, len(choices) + 1, medusa_choices=choices)
-            elif mode == "lookahead" and speculative.lookahead is not None:
+            elif mode == "lookahead":
                 from specbuild.runtime.lookahead import max_block_tokens
 
-                config = speculative.lookahead.config
+                config = speculative.lookahead_config().config
                 run = _serve(target, ids, new_tokens, max_block_tokens(config), lookahead=config)
             elif mode == "ngram":
                 ngram = speculative.ngram
