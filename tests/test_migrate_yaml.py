@@ -105,23 +105,31 @@ def test_every_spec_migrates_alike_in_block_and_flow_style(tmp_path: Path, name:
     assert outcomes["block"] == outcomes["flow"] == outcomes["sections"], name
 
 
-def test_the_readme_spec_with_engine_settings_keeps_its_sections(tmp_path: Path) -> None:
-    """The README's one-line sections with engine-only settings added (speculative.max_draft_len,
-    build.gather_context_logits): only those two go, every other entry of their line stays (a line-wise removal
-    would drop the whole section)."""
+@pytest.mark.parametrize("style", ["sections", "block"])
+def test_engine_settings_go_and_everything_else_stays(tmp_path: Path, style: str) -> None:
+    """The README's spec with engine-only settings added (speculative.max_draft_len, build.gather_context_logits
+    last in its section, deploy.exclude_input_in_output its section's only key), as written (one line a section)
+    and in block style: only those go, every other entry stays (a line-wise removal would drop a one-line section),
+    deploy stays an (empty) mapping, and the comments are kept."""
     assert README_SPEC is not None, "README.md: the quickstart spec's heredoc moved"
     text = README_SPEC.group(1).replace("$PWD", str(ROOT))
     text = text.replace("num_draft_tokens: 3}", "num_draft_tokens: 3, max_draft_len: 3}")
     text = text.replace("max_output_len: 64}", "max_output_len: 64, gather_context_logits: false}")
+    text = "# quickstart\n" + text + "deploy: {exclude_input_in_output: false}\n"
+    if style == "block":
+        text = "# quickstart\n" + yaml.safe_dump(yaml.safe_load(text), sort_keys=False)
     source, out = tmp_path / "pipeline.yaml", tmp_path / "migrated.yaml"
     source.write_text(text)
     result = runner.invoke(app, ["migrate", str(source), str(out), "--no-measure"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     rewritten = _assert_only_named_changed(source, out)
-    assert {("speculative", "max_draft_len"), ("build", "gather_context_logits")} <= set(rewritten)
+    assert {("speculative", "max_draft_len"), ("build", "gather_context_logits"),
+            ("deploy", "exclude_input_in_output")} <= set(rewritten)
     old, new = load_spec(source), load_spec(out)
     assert (new.speculative.mode, new.speculative.num_draft_tokens) == (old.speculative.mode, 3)
     assert new.build.max_input_len == old.build.max_input_len and new.draft.model == old.draft.model
+    assert yaml.safe_load(out.read_text())["deploy"] == {}
+    assert "# quickstart" in out.read_text() and "not kept" not in result.output
 
 
 def test_lookahead_on_default_windows_becomes_ngram(tmp_path: Path) -> None:

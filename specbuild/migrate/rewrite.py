@@ -171,7 +171,6 @@ def plan(spec: PipelineSpec, data: dict[str, Any], *, line: str = NEWEST_TRTLLM_
             notes.append(f"{'.'.join(loc)} removed: an engine-flow setting")
     changes.append(Change(("build", "flow"), "pytorch"))
     changes.append(Change(("build", "trtllm"), line))
-    # Last: where output_dir is added at the file's end, after what is added to the section ending there.
     changes.append(Change(("output_dir",), os.path.relpath(output_dir, spec.path.parent)))
     return Migration("", line, mode, new_mode, notes, train, changes)
 
@@ -221,6 +220,8 @@ def _edit(text: str, root: yaml.MappingNode, change: Change) -> Edit | None:
             after = re.compile(r"\s*,\s*").match(text, end)
             before = re.search(r",\s*$", text[:start])
             return Edit(start, after.end(), "") if after else Edit(before.start() if before else start, end, "")
+        if len(parent.value) == 1 and section is not None:  # its section's only entry: the section stays, empty
+            return Edit(section[0].end_mark.index, _line_end(text, end), ": {}")
         return Edit(text.rfind("\n", 0, start) + 1, min(_line_end(text, end) + 1, len(text)), "")  # whole lines
     if change.key is not None:  # the entry becomes another one, where it was
         # in a block, to the line's end: a trailing comment there speaks of the old value
@@ -279,8 +280,10 @@ def _edited(spec: PipelineSpec, text: str, changes: list[Change], want: dict[str
             out: Path) -> tuple[str, list[str]]:
     """`text` with `changes` made and its relative paths rebased to OUT's directory, and the keys rebased; a
     ValueError where the result is not `want` (rebased), which means `here` at SPEC's place."""
-    root = spec_edit.compose(text, spec.where)
-    body = _applied(text, [edit for change in changes if (edit := _edit(text, root, change)) is not None])
+    body = text
+    for change in changes:  # one at a time, each on the text the last one left: no two edits meet
+        edit = _edit(body, spec_edit.compose(body, "the edited text"), change)
+        body = body if edit is None else _applied(body, [edit])
     if yaml.safe_load(body) != want:
         raise ValueError("an anchor or alias would carry a change to a key not named here")
     new_dir = Path(os.path.abspath(out)).parent  # lexical, as the spec resolves its paths (spec.fields.resolve)
