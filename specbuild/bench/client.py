@@ -26,7 +26,8 @@ import numpy as np
 from specbuild.contracts.llm_api import SAMPLING_PARAM_INPUTS, STREAMING_INPUT
 from specbuild.errors import SpecbuildError
 
-Protocol = Literal["grpc", "http"]
+Protocol = Literal["grpc", "http", "openai"]
+"""Triton's gRPC streaming, Triton's HTTP generate, or an OpenAI server's /v1/completions (specbuild.bench.openai)."""
 ACCEPTANCE_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 COUNT_OUTPUT = "num_output_tokens"
 _TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
@@ -44,7 +45,9 @@ class Generation:
     response_times: list[float] = field(default_factory=list)
     latency_s: float = 0.0
     reported_tokens: int | None = None
-    """Sum of the model's `num_output_tokens` outputs, when it returns them."""
+    """Sum of the model's `num_output_tokens` outputs, when it returns them (an OpenAI server: its usage's count)."""
+    reported_as: str = COUNT_OUTPUT
+    """Where `reported_tokens` came from, for the report."""
     acceptance_rate: float | None = None
     accepted_draft_tokens: int | None = None
     draft_tokens: int | None = None
@@ -138,8 +141,7 @@ class LLMClient:
                 self._http = requests.Session()
                 self._http.trust_env = False  # like tritonclient: talk to the server directly, not via http_proxy
                 if model is None:
-                    index = self._http.post(f"http://{self.url}/v2/repository/index", json={}, timeout=30)
-                    model = entry_model([m["name"] for m in index.json()])
+                    model = entry_model(self._repository_index())
                 response = self._http.get(f"http://{self.url}/v2/models/{model}/config", timeout=30)
                 if response.status_code != 200:
                     raise SpecbuildError(f"{self.url}: model {model!r}: {_http_error(response)}")
@@ -155,10 +157,24 @@ class LLMClient:
         self.model = ModelInterface.from_config(config)
         self._stream_open = False
 
-    def close(self) -> None:
+    def _repository_index(self) -> list[str]:
+        """The model names Triton's repository index lists; an error saying what answered when it is no Triton."""
+        index = self._http.post(f"http://{self.url}/v2/repository/index", json={}, timeout=30)
+        try:
+            listed = index.json()
+            return [str(entry["name"]) for entry in listed]
+        except (ValueError, TypeError, KeyError):
+            raise SpecbuildError(f"{self.url} is not a Triton HTTP endpoint: /v2/repository/index answered "
+                                 f"{_http_error(index)}",
+                                 hint="for an OpenAI endpoint (Dynamo's frontend, trtllm-serve, vLLM, SGLang) "
+                                      "give --protocol openai, or leave --protocol out to detect it") from None
+
+    def close(self, cancel: bool = False) -> None:
+        """Close the connection; `cancel`: cancel the requests in flight on the gRPC stream instead of awaiting
+        them (a run cut short)."""
         if self._grpc is not None:
             if getattr(self, "_stream_open", False):
-                self._grpc.stop_stream()
+                self._grpc.stop_stream(cancel_requests=cancel)
             self._grpc.close()
             self._grpc = None
         if self._http is not None:
@@ -326,10 +342,13 @@ def _strip_scheme(url: str) -> str:
 
 
 def _http_error(response: Any) -> str:
+    """The server's message: Triton's `{"error": ...}`, OpenAI's `{"error": {"message": ...}}`, else the body."""
     try:
-        return str(response.json().get("error", response.text))
+        body = response.json()
     except ValueError:
         return f"HTTP {response.status_code}: {response.text.strip()[:500]}"
+    error = body.get("error", body) if isinstance(body, dict) else body
+    return str(error.get("message", error) if isinstance(error, dict) else error)
 
 
 def _grpc_message(error: Any) -> str:

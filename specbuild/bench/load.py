@@ -10,6 +10,7 @@ model's `num_output_tokens` outputs, else as whitespace-separated words; the rep
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import statistics
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from specbuild.bench.client import Generation, LLMClient, Protocol
+from specbuild.bench.openai import OpenAIClient
 from specbuild.errors import SpecbuildError
 from specbuild.tokenizer import load_tokenizer
 
@@ -76,10 +78,40 @@ class Load:
     """None: stream when the model is decoupled (see LLMClient.generate)."""
     num_draft_tokens: int | None = None
     warmup: bool = True
+    duration_s: float | None = None
+    """A time bound: the run stops this many seconds after its start (warm-up excluded), with what completed."""
+    halt: Halt | None = field(default=None, compare=False, repr=False)
+    """Stops the run from outside (Ctrl-C, SIGTERM) as its time bound would."""
+    progress: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
+    """Told (requests answered, of them failed) after each measured request."""
 
     @property
     def total_requests(self) -> int:
         return self.requests or max(len(self.prompts), self.per_client * self.concurrency)
+
+
+class Halt:
+    """Ends runs early, from a signal handler or a time bound: a run then stops sending, leaves the requests in
+    flight uncounted and reports the ones that completed. A child (`Halt(parent)`) is set when its parent is: one
+    run's time bound does not stop the next run, a Ctrl-C stops them all."""
+
+    def __init__(self, parent: Halt | None = None) -> None:
+        self.parent = parent
+        self._reason: str | None = None
+        self._event = threading.Event()
+
+    def __call__(self, reason: str) -> None:
+        self._reason = self._reason or reason
+        self._event.set()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run stopped early (the first reason given), or None while it has not."""
+        return self._reason or (self.parent.reason if self.parent is not None else None)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether it is set, waiting up to `timeout_s` for its own event (a parent is polled)."""
+        return self._event.wait(timeout_s) or self.reason is not None
 
 
 class TokenCounter:
@@ -96,7 +128,7 @@ class TokenCounter:
         if self._encode is not None:
             return self._encode(generation.text), "tokenizer"
         if generation.reported_tokens is not None:
-            return generation.reported_tokens, "num_output_tokens"
+            return generation.reported_tokens, generation.reported_as
         return len(generation.text.split()), "words"
 
 
@@ -128,7 +160,8 @@ class Summary:
     itl_ms: dict[str, float]
     latency_ms: dict[str, float]
     acceptance_rate: float | None
-    """Accepted draft tokens / draft tokens over all requests (None when the model reports no drafts)."""
+    """Accepted draft tokens / draft tokens over all requests (None when the model reports no drafts, or reports
+    no acceptance at all: see `acceptance_reported`)."""
     mean_request_acceptance_rate: float | None
     accepted_draft_tokens: int
     draft_tokens: int
@@ -141,6 +174,11 @@ class Summary:
     longest_gap_ms: dict[str, float] = field(default_factory=dict)
     """Each request's longest wait between two responses that carried text: its stream's coarsest step."""
     extra: dict[str, Any] = field(default_factory=dict)
+    acceptance_reported: bool = True
+    """Whether any answer carried acceptance figures (an OpenAI server other than specbuild's Dynamo workers may
+    not): False, and the figures are not reported rather than zero."""
+    cut_short: str | None = None
+    """Why the run stopped before its last request (a signal, its time bound): the figures are of what completed."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,18 +195,19 @@ def run_load(
 ) -> Summary:
     """Drive `url` with `load` and summarise; a SpecbuildError when no request succeeds."""
     counter = counter or TokenCounter()
-    clients: list[LLMClient] = []
+    clients: list[LLMClient | OpenAIClient] = []
+    halt = Halt(load.halt)  # this run's own: its time bound ends it alone
     try:
         for _ in range(load.concurrency):  # inside the try: a later one failing to connect closes the rest
-            clients.append(LLMClient(url, model, protocol, timeout_s))
-        if load.stream is None:
-            load = replace(load, stream=clients[0].model.decoupled)
+            clients.append(OpenAIClient(url, model, timeout_s) if protocol == "openai"
+                           else LLMClient(url, model, protocol, timeout_s))
+        load = replace(load, halt=halt, stream=clients[0].model.decoupled if load.stream is None else load.stream)
         results, wall = closed_loop(load, lambda index, prompt: clients[index].generate(
             prompt, load.max_tokens, stream=load.stream, num_draft_tokens=load.num_draft_tokens), SpecbuildError)
     finally:
         for client in clients:
-            client.close()
-    return summarise(url, clients[0].model.name, protocol, load, results, wall, counter)
+            client.close(cancel=halt.reason is not None)  # cut short: its requests in flight are not awaited
+    return summarise(url, clients[0].model.name, protocol, load, results, wall, counter, cut_short=halt.reason)
 
 
 Outcome = tuple[Generation | None, str | None]
@@ -181,40 +220,73 @@ def closed_loop(load: Load, send: Callable[[int, str], Generation],
     """`load.concurrency` clients in a closed loop: each sends one warm-up request (its failure ignored), all
     start together, and each takes the next of `load.total_requests` prompts as soon as its last answer is in.
     `send(client index, prompt)` makes one request; one raising `failures` is an outcome described by
-    `describe`. Returns the outcomes and the seconds from the start to the last answer."""
+    `describe`. Returns the outcomes and the seconds from the start to the last answer — or, when `load.halt` is
+    set or `load.duration_s` runs out first, the outcomes so far and the seconds to that moment (the requests then
+    in flight are left to their threads, which take no more and whose answers are not counted)."""
     jobs = iter(range(load.total_requests))
     lock = threading.Lock()
     results: list[Outcome] = []
-    barrier = threading.Barrier(load.concurrency + 1)
+    halt = load.halt or Halt()
+    started: list[float] = []
+    ended: list[float] = []
+    barrier = threading.Barrier(load.concurrency, action=lambda: started.append(time.perf_counter()))
+    running = [load.concurrency]
 
-    def client(index: int) -> None:
+    def attempt(index: int, prompt: str) -> Outcome | None:
+        """One request's outcome; None when it broke because the run was cut short (its client closed)."""
         try:
-            if load.warmup:
-                send(index, load.prompts[index % len(load.prompts)])
-        except failures:
-            pass
-        finally:
-            barrier.wait()
-        while True:
+            return send(index, prompt), None
+        except failures as err:
+            return None, describe(err)
+        except Exception:
+            if halt.reason is not None:
+                return None
+            raise
+
+    def measured(index: int) -> None:
+        """Client `index`'s measured requests, one after another, until none are left or the run is cut short."""
+        while halt.reason is None:
             with lock:
                 job = next(jobs, None)
             if job is None:
                 return
-            try:
-                outcome: Outcome = (send(index, load.prompts[job % len(load.prompts)]), None)
-            except failures as err:
-                outcome = (None, describe(err))
+            outcome = attempt(index, load.prompts[job % len(load.prompts)])
             with lock:
+                if outcome is None or halt.reason is not None:
+                    return
                 results.append(outcome)
+                if load.progress is not None:
+                    load.progress(len(results), sum(error is not None for _, error in results))
+
+    def client(index: int) -> None:
+        try:
+            try:
+                if load.warmup:
+                    attempt(index, load.prompts[index % len(load.prompts)])
+            finally:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait()
+            measured(index)
+        finally:
+            with lock:
+                running[0] -= 1
+                if not running[0]:
+                    ended.append(time.perf_counter())
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(load.concurrency)]
     for thread in threads:
         thread.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return results, time.perf_counter() - start
+    while not started and not halt.wait(0.05):  # the warm-up
+        pass
+    if not started:
+        barrier.abort()
+        return [], 0.0
+    deadline = None if load.duration_s is None else started[0] + load.duration_s
+    while not ended and not halt.wait(0.05):
+        if deadline is not None and time.perf_counter() >= deadline:
+            halt(f"the {load.duration_s:g} s time bound")
+    with lock:  # a copy: threads still in flight append nothing more, but the list is theirs
+        return list(results), (ended[0] if ended else time.perf_counter()) - started[0]
 
 
 def median_round(rounds: list[Summary]) -> Summary:
@@ -234,11 +306,16 @@ def summarise(
     results: list[tuple[Generation | None, str | None]],
     wall_s: float,
     counter: TokenCounter,
+    cut_short: str | None = None,
 ) -> Summary:
+    """The figures of the requests that completed; `cut_short`: why the run stopped before its last one."""
     done = [g for g, _ in results if g is not None]
     errors = [e for _, e in results if e is not None]
+    if not done and errors:
+        raise SpecbuildError(f"{url} ({model}): every request failed: {errors[0]}")
     if not done:
-        raise SpecbuildError(f"{url} ({model}): every request failed: {errors[0] if errors else 'no requests'}")
+        raise SpecbuildError(f"{url} ({model}): no request completed before {cut_short or 'the end'}",
+                             hint="give the run more time (--duration) or fewer --max-tokens")
     counted = [counter.count(g) for g in done]
     tokens = [n for n, _ in counted]
     sources = sorted({s for _, s in counted})
@@ -265,6 +342,7 @@ def summarise(
         tokens_per_response=sum(tokens) / responses if responses else None,
         longest_gap_ms=_stats(gaps),
         extra={"stream": load.stream, "max_tokens": load.max_tokens, "num_draft_tokens": load.num_draft_tokens},
+        acceptance_reported=any(g.draft_tokens is not None for g in done), cut_short=cut_short,
     )
 
 

@@ -143,6 +143,8 @@ def choose_tokenizer(url: str, protocol: Protocol, *, tokenizer: Path | None = N
         source = (repository / PREPROCESSING / "config.pbtxt").exists()
         return TokenizerChoice(found, f"{repository / PREPROCESSING / 'config.pbtxt'} {TOKENIZER_PARAMETER}" if source
                                else f"{repository} tensorrt_llm/1/model.yaml")
+    if protocol == "openai":
+        return TokenizerChoice(None, f"{url} is an OpenAI endpoint, whose tokenizer cannot be asked for")
     value = server_tokenizer_parameter(url, protocol)
     if value is None:
         return TokenizerChoice(None, f"{url} has no {PREPROCESSING} model with a {TOKENIZER_PARAMETER} parameter")
