@@ -31,8 +31,9 @@ def migrate(
 ) -> None:
     """Rewrite an engine-flow spec (TensorRT-LLM 1.2) as a `build.flow: pytorch` spec for a later line: Medusa ->
     EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead -> NGram, an int8_sq draft -> fp8, the
-    load-aware schedule carried over, engine-only settings dropped; comments are kept. Then run `specbuild
-    validate OUT.yaml`."""
+    load-aware schedule carried over, engine-only settings dropped. Only the keys named at the top of OUT change;
+    comments, layout and anchors are kept. Nothing is written if any input is bad. Then run `specbuild validate
+    OUT.yaml`."""
     from specbuild.migrate.measure import calibration_ids, figures_table, measure_migration
     from specbuild.migrate.rewrite import migrate_spec
     from specbuild.spec import load_spec
