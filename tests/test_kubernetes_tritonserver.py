@@ -188,14 +188,16 @@ def test_a_repository_apart_from_its_engines_keeps_deploy_and_says_why_no_manife
         shutil.rmtree(elsewhere, ignore_errors=True)
 
 
-@pytest.mark.parametrize("name", ["demo", "Trt_Demo.v2", "démo-日本", "---", "x" * 80])
+@pytest.mark.parametrize("name", ["demo", "Trt_Demo.v2", "démo-日本", "---", "x" * 80, "7b-medusa", "1", "9" * 64])
 def test_every_spec_name_becomes_a_valid_object_name(name: str) -> None:
-    """The one rule both manifests (tritonserver's here, Dynamo's DynamoGraphDeployment) name their objects by:
-    an RFC 1123 label, as Kubernetes requires of a Deployment's and a Service's name."""
+    """The one rule both manifests (tritonserver's here, Dynamo's DynamoGraphDeployment) name their objects by: an
+    RFC 1035 label, as Kubernetes requires of a Service's name (kubernetes/kubernetes
+    pkg/apis/core/validation/validation.go @000f2605, `ValidateServiceName = NameIsDNS1035Label`; the pattern is
+    apimachinery's dns1035LabelFmt), so a spec name that starts with a digit gets a letter in front."""
     import re
 
     from specbuild.spec.kubernetes import object_name
 
     label = object_name(name)
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", label) and len(label) <= 63
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", label) and len(label) <= 63
     assert object_name(label) == label

@@ -1,5 +1,6 @@
 """The spec's `deploy.kubernetes` section: what the tritonserver Kubernetes manifests of an engine-flow repository
-need from the cluster (specbuild.serve.kubernetes writes them), and the one rule for Kubernetes object names.
+need from the cluster (specbuild.serve.kubernetes writes them), and the one rule for the names of the objects every
+manifest specbuild writes creates (`object_name`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,21 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from specbuild.contracts.images import TRITON_ENGINE_IMAGE
 
+NAME_PREFIX = "specbuild"
+"""What an object name starts with when the spec's name cannot (it starts with a digit, or has no letter or digit)."""
+
 
 def object_name(spec_name: str) -> str:
-    """A spec's name as a Kubernetes object name (an RFC 1123 label: lower-case ASCII letters, digits and '-', at
-    most 63 characters), for every manifest specbuild writes."""
+    """A spec's name as the name of every object specbuild's manifests create: an RFC 1035 label (lower-case ASCII
+    letters, digits and '-', starting with a letter, at most 63 characters). Kubernetes asks that of a Service
+    (kubernetes/kubernetes pkg/apis/core/validation/validation.go @000f2605: `ValidateServiceName =
+    NameIsDNS1035Label`), and it is a valid Deployment (RFC 1123 subdomain) and DynamoGraphDeployment name too. A
+    name that starts with a digit gets NAME_PREFIX in front (`7b-medusa` -> `specbuild-7b-medusa`), not refused:
+    the spec's name may start with one for every other use."""
     text = "".join(c if c.isascii() and c.isalnum() else "-" for c in spec_name.lower()).strip("-")
-    return text[:63].strip("-") or "specbuild"
+    if text[:1].isdigit():
+        text = f"{NAME_PREFIX}-{text}"
+    return text[:63].strip("-") or NAME_PREFIX
 
 
 class KubernetesSpec(BaseModel):

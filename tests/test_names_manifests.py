@@ -1,0 +1,78 @@
+"""Names Dynamo's operator reads, judged on the DynamoGraphDeployments `specbuild deploy` writes.
+
+The operator runs a DGD as a Grove PodCliqueSet named as the DGD, with a PodClique per service named as the
+service lower-cased (ai-dynamo/dynamo deploy/operator/internal/dynamo/graph.go @d4872d7e), and Grove refuses a
+PodCliqueSet whose name plus a PodClique's exceed 45 characters (ai-dynamo/grove
+operator/internal/webhook/admission/pcs/validation/podcliqueset.go @4d416a5c, validatePodNameConstraints). The
+sums below are that arithmetic on the written manifest; the service names come from the manifest, not from
+specbuild's tables. Tiny model directories (a config.json) are enough, as in tests/test_dynamo_deploy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specbuild.spec import PipelineSpec, load_spec
+from specbuild.spec.dynamo import name_problem
+
+GROVE_LIMIT = 45
+CASES = {"trtllm": {}, "vllm-disaggregated": {"engine": "vllm", "mode": "disaggregated", "kv_transfer": "nixl"},
+         "sglang": {"engine": "sglang"}}
+
+
+def _model(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"hidden_size": 8, "vocab_size": 16}), encoding="utf-8")
+    return path
+
+
+def _spec(tmp: Path, name: str, dynamo: dict[str, Any]) -> PipelineSpec:
+    data = {"name": name, "output_dir": str(tmp / "out"), "target": {"model": str(_model(tmp / "target"))},
+            "build": {"flow": "pytorch", "dtype": "float16", "max_batch_size": 2, "max_input_len": 16,
+                      "max_output_len": 8},
+            "deploy": {"target": "dynamo", "dynamo": dynamo}}
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_spec(path)
+
+
+def _manifest(spec: PipelineSpec) -> dict[str, Any]:
+    """The DynamoGraphDeployment `specbuild deploy` writes for `spec`."""
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.dynamo.write import MANIFEST, deploy_dynamo
+
+    if spec.deploy.dynamo.engine == "trtllm":
+        build_llm_api(spec)
+    return yaml.safe_load((deploy_dynamo(spec).directory / MANIFEST).read_text(encoding="utf-8"))
+
+
+def _pod_name_parts(manifest: dict[str, Any]) -> int:
+    """Grove's sum for the manifest's longest service: the PodCliqueSet's name plus the PodClique's."""
+    return len(manifest["metadata"]["name"]) + max(len(service.lower()) for service in manifest["spec"]["services"])
+
+
+@pytest.mark.parametrize("dynamo", CASES.values(), ids=CASES.keys())
+def test_the_longest_name_accepted_fits_grove_and_one_more_character_is_refused(tmp_path: Path,
+                                                                                dynamo: dict[str, Any]) -> None:
+    short = _manifest(_spec(tmp_path / "short", "d", dynamo))
+    room = GROVE_LIMIT - max(len(service) for service in short["spec"]["services"])
+    longest = _spec(tmp_path / "longest", "n" * room, dynamo)
+    assert name_problem(longest.name, longest.deploy.dynamo) is None
+    assert _pod_name_parts(_manifest(longest)) == GROVE_LIMIT
+
+    problem = name_problem("n" * (room + 1), longest.deploy.dynamo)
+    assert problem is not None and f"at most {GROVE_LIMIT} characters" in problem and f"may have {room}" in problem
+    suggested = re.search(r"e\.g\. '([^']+)'", problem)
+    assert suggested and name_problem(suggested.group(1), longest.deploy.dynamo) is None
+
+
+def test_a_name_starting_with_a_digit_names_the_deployment_with_a_letter_first(tmp_path: Path) -> None:
+    manifest = _manifest(_spec(tmp_path, "7b-dynamo", {"engine": "vllm"}))
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", manifest["metadata"]["name"])
+    assert manifest["metadata"]["name"].endswith("7b-dynamo")
