@@ -218,3 +218,19 @@ def test_a_bad_out_or_text_is_refused_before_anything_is_written(tmp_path: Path,
     assert isinstance(result.exception, SystemExit), result.exception  # a message, not a traceback
     assert named in result.output and "hint:" in result.output, result.output
     assert _listing(tmp_path) == before
+
+
+def test_a_text_too_short_to_measure_on_is_refused_before_out_is_written(tmp_path: Path,
+                                                                         demo_models: dict[str, Path]) -> None:
+    """The measurement's prompts come from --text through the target's tokenizer: a text with too few tokens for
+    them is refused, naming --text, and OUT keeps what it held."""
+    source, out, text = tmp_path / "la.yaml", tmp_path / "out.yaml", tmp_path / "short.txt"
+    source.write_text((ROOT / "configs" / "demo-lookahead.yaml").read_text().replace(
+        "../demo/models/target", str(demo_models["target"])))
+    out.write_text("kept\n")
+    text.write_text("far too short\n")
+    result = runner.invoke(app, ["migrate", str(source), str(out), "--text", str(text)], env={"COLUMNS": "300"})
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"--text {text}" in result.output and "too few" in result.output, result.output
+    assert out.read_text() == "kept\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "la.yaml", "out.yaml", "short.txt"]
