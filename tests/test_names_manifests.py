@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from specbuild.spec import PipelineSpec, load_spec
-from specbuild.spec.dynamo import name_problem
+from specbuild.spec.kubernetes import dynamo_name_problem
 
 GROVE_LIMIT = 45
 CASES = {"trtllm": {}, "vllm-disaggregated": {"engine": "vllm", "mode": "disaggregated", "kv_transfer": "nixl"},
@@ -63,13 +63,13 @@ def test_the_longest_name_accepted_fits_grove_and_one_more_character_is_refused(
     short = _manifest(_spec(tmp_path / "short", "d", dynamo))
     room = GROVE_LIMIT - max(len(service) for service in short["spec"]["services"])
     longest = _spec(tmp_path / "longest", "n" * room, dynamo)
-    assert name_problem(longest.name, longest.deploy.dynamo) is None
+    assert dynamo_name_problem(longest.name, longest.deploy.dynamo) is None
     assert _pod_name_parts(_manifest(longest)) == GROVE_LIMIT
 
-    problem = name_problem("n" * (room + 1), longest.deploy.dynamo)
+    problem = dynamo_name_problem("n" * (room + 1), longest.deploy.dynamo)
     assert problem is not None and f"at most {GROVE_LIMIT} characters" in problem and f"may have {room}" in problem
     suggested = re.search(r"e\.g\. '([^']+)'", problem)
-    assert suggested and name_problem(suggested.group(1), longest.deploy.dynamo) is None
+    assert suggested and dynamo_name_problem(suggested.group(1), longest.deploy.dynamo) is None
 
 
 def test_a_name_starting_with_a_digit_names_the_deployment_with_a_letter_first(tmp_path: Path) -> None:

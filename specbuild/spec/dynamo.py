@@ -10,13 +10,6 @@ Facts the checks rest on:
 - Disaggregated prefill/decode moves the KV cache between workers: TensorRT-LLM's `cache_transceiver_config.backend`
   (NIXL, UCX, MPI), vLLM's `--kv-transfer-config` NixlConnector, SGLang's `--disaggregation-transfer-backend`
   (nixl, mooncake); the 1.6.1 wheel's dynamo/profiler/templates/dgd/{trtllm,vllm,sglang}/disagg.yaml set them.
-- The operator runs a DynamoGraphDeployment as one Grove PodCliqueSet named as the DGD, with a PodClique per service
-  named as the service lower-cased (ai-dynamo/dynamo deploy/operator/internal/dynamo/graph.go @d4872d7e,
-  GenerateGrovePodCliqueSet), and Grove refuses a PodCliqueSet whose name and a PodClique's add up to more than 45
-  characters, the rest of a pod's name being indices, hyphens and a random suffix (ai-dynamo/grove
-  operator/internal/webhook/admission/pcs/validation/podcliqueset.go @4d416a5c, validatePodNameConstraints;
-  ai-dynamo/dynamo deploy/operator/internal/consts/consts.go @0367e404, MaxCombinedGroveResourceNameLength): so the
-  spec's name is refused when it and the longest service name pass 45 (`name_problem`).
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from specbuild.spec.fields import Count
-from specbuild.spec.kubernetes import object_name
 
 Engine = Literal["trtllm", "vllm", "sglang"]
 KvTransfer = Literal["nixl", "ucx", "mpi", "mooncake"]
@@ -42,8 +34,6 @@ FRONTEND_SERVICE = "Frontend"
 WORKER_SERVICES: dict[str, str] = {"trtllm": "TRTLLMWorker", "vllm": "VllmWorker", "sglang": "SGLangWorker"}
 """The DynamoGraphDeployment's services: the frontend, and an aggregated worker's by engine (disaggregated workers'
 are their roles, `prefill` and `decode`)."""
-POD_NAME_PARTS = 45
-"""Grove's limit on a PodCliqueSet's name plus a PodClique's: the DGD's name plus a service's (module docstring)."""
 
 
 class DynamoSpec(BaseModel):
@@ -91,15 +81,3 @@ class DynamoSpec(BaseModel):
         """The DynamoGraphDeployment's services: the frontend, then one per worker role."""
         workers = [WORKER_SERVICES[self.engine] if role == "worker" else role for role in self.worker_counts()]
         return [FRONTEND_SERVICE, *workers]
-
-
-def name_problem(spec_name: str, dynamo: DynamoSpec) -> str | None:
-    """Why Dynamo's operator would refuse the DynamoGraphDeployment of a spec named `spec_name` (its pods' names
-    would be too long, module docstring), with the longest name that fits; None when it would not."""
-    name, service = object_name(spec_name), max(dynamo.service_names(), key=len)
-    room = POD_NAME_PARTS - len(service)
-    if len(name) <= room:
-        return None
-    return (f"too long for a Dynamo deployment: Grove names its pods from the DynamoGraphDeployment's name "
-            f"({name!r}, {len(name)} characters) and the service's ({service.lower()!r}), together at most "
-            f"{POD_NAME_PARTS} characters, so the name may have {room} (e.g. {name[:room].rstrip('-')!r})")

@@ -1,6 +1,13 @@
 """The spec's `deploy.kubernetes` section: what the tritonserver Kubernetes manifests of an engine-flow repository
-need from the cluster (specbuild.serve.kubernetes writes them), and the one rule for the names of the objects every
-manifest specbuild writes creates (`object_name`).
+need from the cluster (specbuild.serve.kubernetes writes them), and the rules for the names in every manifest
+specbuild writes: `object_name` for the objects, `dynamo_name_problem` for the pods Dynamo's operator makes.
+
+Dynamo's operator runs a DynamoGraphDeployment as one Grove PodCliqueSet named as the DGD, with a PodClique per
+service named as the service lower-cased (ai-dynamo/dynamo deploy/operator/internal/dynamo/graph.go @d4872d7e,
+GenerateGrovePodCliqueSet); Grove refuses a PodCliqueSet whose name plus a PodClique's pass 45 characters, the rest
+of a pod's name being indices, hyphens and a random suffix (ai-dynamo/grove
+operator/internal/webhook/admission/pcs/validation/podcliqueset.go @4d416a5c, validatePodNameConstraints; the same
+45 in ai-dynamo/dynamo deploy/operator/internal/consts/consts.go @0367e404, MaxCombinedGroveResourceNameLength).
 """
 
 from __future__ import annotations
@@ -10,9 +17,12 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from specbuild.contracts.images import TRITON_ENGINE_IMAGE
+from specbuild.spec.dynamo import DynamoSpec
 
 NAME_PREFIX = "specbuild"
 """What an object name starts with when the spec's name cannot (it starts with a digit, or has no letter or digit)."""
+POD_NAME_PARTS = 45
+"""Grove's limit on a PodCliqueSet's name plus a PodClique's: a DGD's name plus a service's (module docstring)."""
 
 
 def object_name(spec_name: str) -> str:
@@ -26,6 +36,18 @@ def object_name(spec_name: str) -> str:
     if text[:1].isdigit():
         text = f"{NAME_PREFIX}-{text}"
     return text[:63].strip("-") or NAME_PREFIX
+
+
+def dynamo_name_problem(spec_name: str, dynamo: DynamoSpec) -> str | None:
+    """Why Dynamo's operator would refuse the DynamoGraphDeployment of a spec named `spec_name` (its pods' names
+    would be too long, module docstring), with the longest name that fits; None when it would not."""
+    name, service = object_name(spec_name), max(dynamo.service_names(), key=len)
+    room = POD_NAME_PARTS - len(service)
+    if len(name) <= room:
+        return None
+    return (f"too long for a Dynamo deployment: Grove names its pods from the DynamoGraphDeployment's name "
+            f"({name!r}, {len(name)} characters) and the service's ({service.lower()!r}), together at most "
+            f"{POD_NAME_PARTS} characters, so the name may have {room} (e.g. {name[:room].rstrip('-')!r})")
 
 
 class KubernetesSpec(BaseModel):
