@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from specbuild.bench.client import Generation, LLMClient, entry_model
+from specbuild.bench.client import Generation, LLMClient, ModelInterface, entry_model
 from specbuild.errors import SpecbuildError
 from specbuild.serve.lifetime import serve_until_stopped, stopped_on_signal
 from specbuild.serve.server import TritonServer
@@ -45,6 +45,7 @@ class ServeOptions:
 
 def serve(options: ServeOptions, console: Console, out: Console) -> None:
     """Serve until Ctrl-C (or, with prompts, answer them and stop). Raises SpecbuildError on failure."""
+    refuse_unsent_draft_length(options)
     server = TritonServer(
         options.repository, http_port=options.http_port, grpc_port=options.grpc_port,
         metrics_port=options.metrics_port, log_file=options.log_file, ready_timeout_s=options.ready_timeout_s,
@@ -119,6 +120,32 @@ def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Cons
             out.print(f"[bold]HTTP generate[/]: {escape(whole.text)}", highlight=False, soft_wrap=True)
             out.print(f"  {acceptance_line(streamed)}; {streamed.latency_s * 1e3:.0f} ms "
                       f"(first text after {streamed.ttft_s * 1e3:.0f} ms)", highlight=False, soft_wrap=True)
+
+
+def refuse_unsent_draft_length(options: ServeOptions) -> None:
+    """--num-draft-tokens is sent with --prompt's requests as the asked model's `num_draft_tokens` input (the
+    TensorRT-LLM backend's and its BLS's). Without --prompt, or to a model without that input (Triton's llmapi
+    model: the LLM API drafts its speculative_config's length for every request; an ensemble), the requests
+    would draft as deployed while the option said otherwise, so it is refused before anything starts."""
+    if options.num_draft_tokens is None:
+        return
+    keep = "leave out --num-draft-tokens to draft as deployed"
+    if not options.prompts:
+        raise SpecbuildError("--num-draft-tokens is the draft length of --prompt's requests, and no --prompt is "
+                             "given", hint=f"add --prompt TEXT, or {keep}; a client sets it per request")
+    from specbuild.deploy.pbtxt import read_model
+
+    names = sorted(p.parent.name for p in options.repository.glob("*/config.pbtxt"))
+    if not names or (options.model and options.model not in names):
+        return  # no repository, no model or an unknown --model-name: the server's start or the asking says so
+    model = options.model or entry_model(names)
+    interface = ModelInterface.from_config({"name": model, **read_model(options.repository / model)[1]})
+    if interface.names.num_draft_tokens not in interface.inputs:
+        raise SpecbuildError(
+            f"--num-draft-tokens {options.num_draft_tokens}: model {model} ({interface.names.interface} interface) "
+            "has no num_draft_tokens input, so its requests would draft as deployed",
+            hint=f"{keep}, or deploy the draft length you want (speculative.num_draft_tokens; speculative.mode: none "
+                 "decodes plainly)")
 
 
 def acceptance_line(generation: Generation) -> str:
