@@ -134,3 +134,35 @@ def test_build_sh_takes_its_paths_as_one_word_each(tmp_path: Path) -> None:
     # No checkpoint there yet: the script stops at its first use of the path, naming it as given.
     assert done.returncode == 1 and f"build.sh: {checkpoint} has no config.json" in done.stderr, done.stderr
     assert list(work.iterdir()) == [] and not engines.exists()
+
+
+def test_a_linked_llmapi_repository_is_written_through_and_its_trtllm_serve_sh_quotes_every_path(
+        tmp_path: Path) -> None:
+    """`deploy` on the PyTorch flow into a model repository that is a symlink, from a spec and model under ODD."""
+    from specbuild.build.llm_api import build_llm_api
+    from specbuild.contracts.llm_api import SERVE_OPTIONS, SERVE_SCRIPT, serve_command
+    from specbuild.deploy.llmapi import _built_settings, deploy_llm_api
+    from specbuild.spec import load_spec
+
+    path = _spec(tmp_path)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["build"]["flow"] = "pytorch"
+    link, target = tmp_path / "repository", tmp_path / "disk" / "repository"
+    target.mkdir(parents=True)
+    link.symlink_to(target)
+    data["deploy"] = {"model_repository": str(link)}
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    spec = load_spec(path)
+    build_llm_api(spec)
+    assert deploy_llm_api(spec).status == "written"
+    assert link.is_symlink() and (target / SERVE_SCRIPT).is_file() and _leftovers(tmp_path) == []
+
+    record, work = tmp_path / "argv", tmp_path / "work"
+    work.mkdir()
+    _stand_in(tmp_path / "bin", "trtllm-serve", record)
+    done = subprocess.run(["sh", str(link / SERVE_SCRIPT)], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    command, _ = serve_command(spec, _built_settings(spec), str(link / SERVE_OPTIONS))
+    assert record.read_text(encoding="utf-8").split("\0")[:-1] == command[1:]
+    assert list(work.iterdir()) == []
