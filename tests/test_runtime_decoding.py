@@ -308,8 +308,10 @@ def test_generate_cli_json(demo_checkpoints: dict[str, Path]) -> None:
 
 def test_generate_cli_every_method_gives_plain_greedy_text(demo_checkpoints: dict[str, Path],
                                                            demo_extra: Callable[[str], Path]) -> None:
-    """`specbuild generate` with EAGLE-3 (chain and tree), Lookahead and a shared-cache self-draft: the same text
-    as plain greedy decoding of the same checkpoint, in fewer target forwards; two methods at once are refused."""
+    """`specbuild generate` with EAGLE-3 (chain and tree), Lookahead, a shared-cache self-draft, n-grams and SA
+    (the docs say every method: these two were missing, issue 48): the same text as plain greedy decoding of the
+    same checkpoint, in no more target forwards; two methods at once, or an option of a method not chosen (it was
+    ignored), are refused."""
     runner = CliRunner()
     base = ["generate", str(demo_checkpoints["target"]), "--tokenizer", str(demo_checkpoints["tokenizer"]),
             "--prompt", "The for statement", "--prompt", "A module", "--max-tokens", "16", "--json"]
@@ -320,7 +322,9 @@ def test_generate_cli_every_method_gives_plain_greedy_text(demo_checkpoints: dic
     for extra in (["--eagle3", str(eagle), "--num-draft-tokens", "3"],
                   ["--eagle3", str(eagle), "--eagle3-choices", "mc_sim_7b_top8"],
                   ["--lookahead", "4,3,4"],
-                  ["--self-draft", "2", "--num-draft-tokens", "3"]):
+                  ["--self-draft", "2", "--num-draft-tokens", "3"],
+                  ["--ngram", "--num-draft-tokens", "3"],
+                  ["--sa", "--num-draft-tokens", "3", "--max-matching-ngram-size", "2"]):
         result = runner.invoke(app, [*base, *extra])
         assert result.exit_code == 0, (extra, result.output)
         report = json.loads(result.stdout)
@@ -330,3 +334,11 @@ def test_generate_cli_every_method_gives_plain_greedy_text(demo_checkpoints: dic
     assert both.exit_code != 0 and "choose one speculative method" in both.output
     bad = runner.invoke(app, [*base, "--lookahead", "4,3"])
     assert bad.exit_code != 0 and "W,N,G" in bad.output
+    for extra, says in ((["--max-matching-ngram-size", "2"], "without a speculative method: it belongs to --ngram"),
+                        (["--lookahead", "4,3,4", "--num-draft-tokens", "3"], "with --lookahead: it belongs to"),
+                        (["--ngram", "--adaptive-k"], "with --ngram: it belongs to --draft, --self-draft"),
+                        (["--typical"], "--typical would change nothing without")):
+        ignored = runner.invoke(app, [*base, *extra])  # each would be ignored: refused by name instead
+        assert ignored.exit_code == 1 and says in " ".join(ignored.output.split()), (extra, ignored.output)
+    zero = runner.invoke(app, [*base, "--sa", "--max-matching-ngram-size", "0"])
+    assert zero.exit_code == 1 and "--max-matching-ngram-size 0: max_matching_ngram_size must be > 0" in zero.output

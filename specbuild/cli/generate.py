@@ -23,14 +23,18 @@ def generate(
         Path | None,
         typer.Option("--draft", metavar="CHECKPOINT", help="Draft checkpoint: draft-target speculative decoding."),
     ] = None,
-    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", min=1, help="K: tokens per draft round.")] = 4,
+    num_draft_tokens: Annotated[
+        int | None, typer.Option("--num-draft-tokens", min=1, metavar="K", help="Tokens per draft round of --draft, "
+                                 "--eagle3, --self-draft, --ngram or --sa (default 4).")
+    ] = None,
     adaptive: Annotated[
         bool, typer.Option("--adaptive-k", help="Choose K per request from its running acceptance rate.")
     ] = False,
     medusa: Annotated[bool, typer.Option("--medusa", help="Medusa decoding with the checkpoint's heads.")] = False,
     medusa_choices: Annotated[
-        str, typer.Option("--medusa-choices", help="Tree: preset name (e.g. mc_sim_7b_63) or a JSON file.")
-    ] = "mc_sim_7b_63",
+        str | None, typer.Option("--medusa-choices", metavar="TREE", help="With --medusa: the tree, a preset name or "
+                                 "a JSON file (default mc_sim_7b_63).")
+    ] = None,
     typical: Annotated[
         bool, typer.Option("--typical", help="Medusa typical acceptance (needs --temperature > 0).")
     ] = False,
@@ -59,6 +63,18 @@ def generate(
         typer.Option("--adapter", metavar="CHECKPOINT", help="With --self-draft: the self-draft checkpoint convert "
                      "wrote with draft.adapter (its adapter layer is used)."),
     ] = None,
+    ngram: Annotated[
+        bool, typer.Option("--ngram", help="Prompt-lookup (n-gram) drafting of K tokens, no draft model "
+                           "(TensorRT-LLM's NGram).")
+    ] = False,
+    sa: Annotated[
+        bool, typer.Option("--sa", help="Suffix-automaton drafting of K tokens, no draft model (TensorRT-LLM's SA).")
+    ] = False,
+    max_matching_ngram_size: Annotated[
+        int | None,
+        typer.Option("--max-matching-ngram-size", metavar="N", help="With --ngram or --sa: the longest suffix "
+                     "matched (default: --ngram 2, --sa -1, the longest match).")
+    ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="New tokens per prompt at most.")] = 64,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="0 = no top-k cut.")] = 0,
@@ -86,7 +102,7 @@ def generate(
         adaptive=adaptive, medusa=medusa, medusa_choices=medusa_choices, typical=typical, max_tokens=max_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], device=device,
         threads=threads, eagle3=eagle3, eagle3_choices=eagle3_choices, lookahead=window, self_draft=self_draft,
-        self_draft_adapter=adapter,
+        self_draft_adapter=adapter, ngram=ngram, sa=sa, max_matching_ngram_size=max_matching_ngram_size,
     )
     with handled_errors():
         report = run_generate(options)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from specbuild.runtime.sampling import SamplingParams
 from specbuild.runtime.sequence import GenerationResult, StopCriteria
 from specbuild.tokenizer import load_tokenizer
 
+if TYPE_CHECKING:
+    from specbuild.runtime.proposers import Proposer
+
 
 @dataclass
 class GenerateOptions:
@@ -27,15 +30,18 @@ class GenerateOptions:
     tokenizer: Path
     prompts: list[str]
     draft: Path | None = None
-    num_draft_tokens: int = 4
+    num_draft_tokens: int | None = None  # K; None: DEFAULT_K
     adaptive: bool = False
     medusa: bool = False
-    medusa_choices: str = "mc_sim_7b_63"
+    medusa_choices: str | None = None  # None: DEFAULT_MEDUSA_TREE
     eagle3: Path | None = None  # an EAGLE-3 draft directory (specbuild.eagle.format)
     eagle3_choices: str | None = None  # a tree (preset name or JSON file) instead of the K chain; greedy only
     lookahead: tuple[int, int, int] | None = None  # (W, N, G)
     self_draft: int | None = None  # L: the target's first L layers draft, sharing its weights and KV cache
     self_draft_adapter: Path | None = None  # the self-draft checkpoint convert wrote with draft.adapter
+    ngram: bool = False  # prompt lookup (NGramProposer), K drafts
+    sa: bool = False  # suffix automaton (SAProposer), K drafts
+    max_matching_ngram_size: int | None = None  # --ngram/--sa's; None: each config's default
     typical: bool = False
     max_tokens: int = 64
     temperature: float = 0.0
@@ -55,22 +61,48 @@ def _tokenizer(directory: Path) -> Any:
     return load_tokenizer(directory)
 
 
+DEFAULT_K = 4
+DEFAULT_MEDUSA_TREE = "mc_sim_7b_63"
+K_METHODS = ("--draft", "--eagle3", "--self-draft", "--ngram", "--sa")
+"""The methods that draft K (--num-draft-tokens) tokens a round."""
+BELONGS_TO = {"--num-draft-tokens": K_METHODS, "--adaptive-k": ("--draft", "--self-draft"),
+              "--medusa-choices": ("--medusa",), "--typical": ("--medusa",), "--eagle3-choices": ("--eagle3",),
+              "--adapter": ("--self-draft",), "--max-matching-ngram-size": ("--ngram", "--sa")}
+"""Each method's own options: given without one of its methods, an option would change nothing, so it is refused."""
+
+
 def _methods(options: GenerateOptions) -> list[str]:
     """The speculative methods the options ask for (at most one may be chosen)."""
     chosen = {"--draft": options.draft is not None, "--medusa": options.medusa, "--eagle3": options.eagle3 is not None,
-              "--lookahead": options.lookahead is not None, "--self-draft": options.self_draft is not None}
+              "--lookahead": options.lookahead is not None, "--self-draft": options.self_draft is not None,
+              "--ngram": options.ngram, "--sa": options.sa}
     return [name for name, on in chosen.items() if on]
+
+
+def check_options(options: GenerateOptions) -> None:
+    """One method at most, and no option of a method not chosen (it would be ignored), before anything loads."""
+    methods = _methods(options)
+    if len(methods) > 1:
+        raise SpecbuildError(f"choose one speculative method, not {' and '.join(methods)}")
+    given = {"--num-draft-tokens": options.num_draft_tokens is not None, "--adaptive-k": options.adaptive,
+             "--medusa-choices": options.medusa_choices is not None, "--typical": options.typical,
+             "--eagle3-choices": options.eagle3_choices is not None,
+             "--adapter": options.self_draft_adapter is not None,
+             "--max-matching-ngram-size": options.max_matching_ngram_size is not None}
+    for option, owners in BELONGS_TO.items():
+        if given[option] and not set(methods) & set(owners):
+            chosen = f"with {methods[0]}" if methods else "without a speculative method"
+            raise SpecbuildError(f"{option} would change nothing {chosen}: it belongs to {', '.join(owners)}",
+                                 hint=f"leave out {option}, or give {' or '.join(owners)}")
 
 
 def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params: SamplingParams,
          stop: StopCriteria) -> GenerationResult:
-    methods = _methods(options)
-    if len(methods) > 1:
-        raise SpecbuildError(f"choose one speculative method, not {' and '.join(methods)}")
-    if options.self_draft_adapter is not None and options.self_draft is None:
-        raise SpecbuildError("--adapter is the self-draft's: give --self-draft L too")
-    if options.eagle3_choices is not None and options.eagle3 is None:
-        raise SpecbuildError("--eagle3-choices is EAGLE-3's tree: give --eagle3 DIR too")
+    k = options.num_draft_tokens or DEFAULT_K
+    if options.ngram or options.sa:
+        from specbuild.runtime.generation import generate_proposed
+
+        return generate_proposed(model, ids, _lookup_proposer(options, k, len(ids)), params, stop)
     if options.eagle3 is not None:
         from specbuild.runtime.eagle3 import Eagle3Draft
         from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
@@ -81,7 +113,7 @@ def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params
 
             choices = tuple(tuple(c) for c in load_choices(options.eagle3_choices))
         drafter = Eagle3Draft.from_directory(options.eagle3, model, dtype=model.dtype)
-        k = max([options.num_draft_tokens, *(len(c) for c in choices or ())])
+        k = max([k, *(len(c) for c in choices or ())])
         return generate_eagle3(model, drafter, ids, Eagle3Config(k, choices), params, stop)
     if options.lookahead is not None:
         from specbuild.runtime.lookahead_decoding import LookaheadConfig, generate_lookahead
@@ -91,26 +123,43 @@ def _run(options: GenerateOptions, model: CausalLM, ids: list[list[int]], params
         from specbuild.runtime.self_draft import generate_self_draft
         from specbuild.runtime.speculative import DraftTargetConfig
 
-        config = DraftTargetConfig(num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive)
+        config = DraftTargetConfig(num_draft_tokens=k, adaptive=options.adaptive)
         return generate_self_draft(model, options.self_draft, ids, config, params, stop,
                                    adapter=options.self_draft_adapter)
     if options.draft is not None:
         from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 
         draft = CausalLM.from_checkpoint(options.draft, device=options.device)
-        config = DraftTargetConfig(num_draft_tokens=options.num_draft_tokens, adaptive=options.adaptive)
+        config = DraftTargetConfig(num_draft_tokens=k, adaptive=options.adaptive)
         return generate_draft_target(model, draft, ids, params, stop, config)
     if options.medusa:
         from specbuild.medusa.tree import load_choices
         from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
 
-        choices = tuple(tuple(c) for c in load_choices(options.medusa_choices))
+        choices = tuple(tuple(c) for c in load_choices(options.medusa_choices or DEFAULT_MEDUSA_TREE))
         return generate_medusa(model, ids, MedusaConfig(choices, typical=options.typical), params, stop)
     return generate(model, ids, params, stop)
 
 
+def _lookup_proposer(options: GenerateOptions, k: int, batch: int) -> Proposer:
+    """The serving engine's n-gram or SA proposer at K = --num-draft-tokens: generate drafts as the server does.
+    A bad --max-matching-ngram-size is the config's ValueError, in TensorRT-LLM's words."""
+    from specbuild.runtime.proposers import NGramConfig, NGramProposer, SAConfig, SAProposer
+
+    n = options.max_matching_ngram_size
+    size = {} if n is None else {"max_matching_ngram_size": n}
+    try:
+        if options.ngram:
+            return NGramProposer(NGramConfig(k, **size))
+        return SAProposer(SAConfig(k, **size), max_batch=batch)
+    except ValueError as err:
+        raise SpecbuildError(f"--max-matching-ngram-size {n}: {err}",
+                             hint="give a size of at least 1 (--sa also takes -1, the longest match)") from err
+
+
 def run_generate(options: GenerateOptions) -> dict[str, Any]:
     """Generate for every prompt; the report has `results` [{text, output_ids}] and the statistics."""
+    check_options(options)
     check_device(options.device)  # before loading anything: one message, not an assertion from deep in torch
     if options.threads is not None:
         torch.set_num_threads(options.threads)
