@@ -44,3 +44,24 @@ def test_the_summary_says_how_coarsely_each_answer_streamed() -> None:
     assert summary.longest_gap_ms["p50"] == pytest.approx(25.0)  # 10 ms (fine) and 40 ms (coarse): one answer
     alone = summarise("u", "m", "grpc", Load(), [(whole, None)], 1.0, TokenCounter())
     assert alone.tokens_per_response == 8 and math.isnan(alone.longest_gap_ms["p50"])  # no second response
+
+
+def test_acceptance_an_answer_does_not_carry_is_not_reported_rather_than_zero() -> None:
+    """An OpenAI server other than specbuild's Dynamo workers may answer without acceptance figures: the summary and
+    the table say "not reported", where a server that reported zero drafts shows none."""
+    from rich.console import Console
+
+    from specbuild.bench.report import table
+
+    silent = Generation(text="a b", response_times=[0.1, 0.2], latency_s=0.2)
+    none_drafted = Generation(text="a b", response_times=[0.1, 0.2], latency_s=0.2, acceptance_rate=0.0,
+                              accepted_draft_tokens=0, draft_tokens=0)
+    quiet = summarise("u", "m", "openai", Load(), [(silent, None)], 1.0, TokenCounter())
+    plain = summarise("u", "m", "grpc", Load(), [(none_drafted, None)], 1.0, TokenCounter())
+    assert (quiet.acceptance_reported, quiet.acceptance_rate) == (False, None)
+    assert (plain.acceptance_reported, plain.acceptance_rate) == (True, None)
+    console = Console(width=200, record=True)
+    console.print(table({"quiet": quiet, "plain": plain}))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if line.count("│") > 2}
+    assert rows["acceptance rate"].count("not reported") == 1
+    assert rows["accepted / draft tokens"].count("not reported") == 1

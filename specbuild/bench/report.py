@@ -91,6 +91,8 @@ def table(columns: dict[str, Summary], baseline: str | None = None, title: str |
 
 
 def _cell(summary: Summary, path: str) -> str:
+    if path in ("acceptance_rate", "accepted_draft_tokens") and not summary.acceptance_reported:
+        return "not reported"  # the server's answers carry none (e.g. an OpenAI server other than Dynamo's workers)
     if path == "accepted_draft_tokens":
         return f"{summary.accepted_draft_tokens} / {summary.draft_tokens}" if summary.draft_tokens else "–"
     if path == "requests":
