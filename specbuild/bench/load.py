@@ -90,6 +90,10 @@ class Load:
         return self.requests or max(len(self.prompts), self.per_client * self.concurrency)
 
 
+POLL_S = 0.05
+"""How often a run's wait looks at its Halt (a signal handler cannot wake a thread's wait)."""
+
+
 class Halt:
     """Ends runs early, from a signal handler or a time bound: a run then stops sending, leaves the requests in
     flight uncounted and reports the ones that completed. A child (`Halt(parent)`) is set when its parent is: one
@@ -98,20 +102,14 @@ class Halt:
     def __init__(self, parent: Halt | None = None) -> None:
         self.parent = parent
         self._reason: str | None = None
-        self._event = threading.Event()
 
     def __call__(self, reason: str) -> None:
         self._reason = self._reason or reason
-        self._event.set()
 
     @property
     def reason(self) -> str | None:
         """Why the run stopped early (the first reason given), or None while it has not."""
         return self._reason or (self.parent.reason if self.parent is not None else None)
-
-    def wait(self, timeout_s: float) -> bool:
-        """Whether it is set, waiting up to `timeout_s` for its own event (a parent is polled)."""
-        return self._event.wait(timeout_s) or self.reason is not None
 
 
 class TokenCounter:
@@ -229,7 +227,8 @@ def closed_loop(load: Load, send: Callable[[int, str], Generation],
     halt = load.halt or Halt()
     started: list[float] = []
     ended: list[float] = []
-    barrier = threading.Barrier(load.concurrency, action=lambda: started.append(time.perf_counter()))
+    warm, done = threading.Event(), threading.Event()  # waited on with a timeout: a halt is polled
+    barrier = threading.Barrier(load.concurrency, action=lambda: (started.append(time.perf_counter()), warm.set()))
     running = [load.concurrency]
 
     def attempt(index: int, prompt: str) -> Outcome | None:
@@ -272,17 +271,17 @@ def closed_loop(load: Load, send: Callable[[int, str], Generation],
                 running[0] -= 1
                 if not running[0]:
                     ended.append(time.perf_counter())
+                    done.set()
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(load.concurrency)]
     for thread in threads:
         thread.start()
-    while not started and not halt.wait(0.05):  # the warm-up
-        pass
-    if not started:
-        barrier.abort()
-        return [], 0.0
+    while not warm.wait(POLL_S):  # the warm-up
+        if halt.reason is not None:
+            barrier.abort()
+            return [], 0.0
     deadline = None if load.duration_s is None else started[0] + load.duration_s
-    while not ended and not halt.wait(0.05):
+    while not done.wait(POLL_S) and halt.reason is None:
         if deadline is not None and time.perf_counter() >= deadline:
             halt(f"the {load.duration_s:g} s time bound")
     with lock:  # a copy: threads still in flight append nothing more, but the list is theirs
