@@ -42,3 +42,25 @@ def test_serve_refuses_a_draft_length_without_a_prompt_to_send_it_with(llmapi_re
     output = " ".join(result.output.split())
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output
     assert "--num-draft-tokens is the draft length of --prompt's requests" in output, output
+
+
+def test_a_sequence_the_engine_fails_is_an_error_not_a_short_output(tmp_path: Path) -> None:
+    """GPT-2 has learned positions: past them the engine ends the sequence with an error. `generate` (and every
+    batch method) used to return the tokens so far as if the sequence had finished; it raises, naming why."""
+    import torch
+
+    from specbuild.convert.pipeline import convert_checkpoint
+    from specbuild.convert.request import ConvertRequest
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.sequence import StopCriteria
+    from tests.tiny_models import make_checkpoint
+
+    hf = make_checkpoint(tmp_path / "gpt2", "gpt2", dtype=torch.float32)
+    convert_checkpoint(ConvertRequest("target", hf, tmp_path / "ckpt", "float32"))
+    model = CausalLM.from_checkpoint(tmp_path / "ckpt")
+    positions = model.config.max_position_embeddings
+    fits = generate(model, [[1, 2, 3]], stop=StopCriteria(positions - 3))  # no end id: runs to its length
+    assert len(fits.output_ids[0]) == positions - 3
+    with pytest.raises(ValueError, match=rf"prompt 1 failed after \d+ tokens: .*past the model's {positions} learned"):
+        generate(model, [[1, 2, 3]], stop=StopCriteria(positions))

@@ -54,7 +54,8 @@ def run_to_completion(
     proposer: Proposer | None = None,
 ) -> GenerationResult:
     """Every prompt as one request of a serving engine sized for the whole batch, stepped until all finish:
-    the batch methods and the server run the same steps and the same stop rules."""
+    the batch methods and the server run the same steps and the same stop rules. A sequence the engine failed
+    (e.g. past a model's learned positions) raises ValueError, never a silently short output."""
     from specbuild.runtime.serving import EngineRequest, ServingEngine
 
     check_prompts(prompts, model.config.vocab_size)
@@ -73,7 +74,11 @@ def run_to_completion(
                                            stop.stop_words, stop.include_stop_words, typical=typical))
                for row, p in enumerate(prompts)]
     engine.run_until_idle()
-    outputs = [handle.wait(0).tokens for handle in handles]
+    results = [handle.wait(0) for handle in handles]
+    failed = next(((row, r.error) for row, r in enumerate(results) if r.reason == "error"), None)
+    if failed is not None:  # the engine ends a failed sequence early: its tokens so far are not the answer
+        raise ValueError(f"prompt {failed[0] + 1} failed after {len(results[failed[0]].tokens)} tokens: {failed[1]}")
+    outputs = [result.tokens for result in results]
     stats = engine.stats.acceptance
     stats.target_forwards = engine.stats.forwards
     stats.generated_tokens = sum(len(o) for o in outputs)
