@@ -64,3 +64,13 @@ def test_a_sequence_the_engine_fails_is_an_error_not_a_short_output(tmp_path: Pa
     assert len(fits.output_ids[0]) == positions - 3
     with pytest.raises(ValueError, match=rf"prompt 1 failed after \d+ tokens: .*past the model's {positions} learned"):
         generate(model, [[1, 2, 3]], stop=StopCriteria(positions))
+
+
+def test_generate_on_a_hugging_face_directory_says_to_convert_it(demo_models: dict[str, Path]) -> None:
+    """The likeliest first mistake with `generate`: the model's own directory instead of its converted checkpoint.
+    It used to read "architecture None is not supported by the reference runtime"."""
+    target = demo_models["target"]
+    result = CliRunner().invoke(app, ["generate", str(target), "--tokenizer", str(target), "--prompt", "Lists are"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output
+    assert "a Hugging Face checkpoint" in output and f"specbuild convert --model {target} --output CKPT" in output

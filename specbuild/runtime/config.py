@@ -126,6 +126,11 @@ def _field(config: dict[str, Any], path: Path, name: str, kind: Callable[[Any], 
 
 def _check_supported(config: dict[str, Any], path: Path) -> str:
     architecture = config.get("architecture")
+    if architecture is None and "architectures" in config:  # transformers' key: an HF checkpoint, not converted
+        raise RuntimeCheckpointError(
+            f"{path}: a Hugging Face checkpoint (config.json names `architectures`), not a TensorRT-LLM one",
+            hint=f"convert it first: `specbuild convert --model {path.parent} --output CKPT`, then give CKPT",
+        )
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise RuntimeCheckpointError(
             f"{path}: architecture {architecture!r} is not supported by the reference runtime",
