@@ -478,6 +478,21 @@ def stage_text(path: Path, text: str) -> Path:
     return temporary
 
 
+def replace_text(path: Path, text: str, check: Callable[[Path], None] | None = None) -> Path:
+    """Replace the file `path` with `text` whole (readers see the old file or the new one), after `check` passed on
+    the staged copy; a symbolic link at `path` is followed (`output_target`): its target is replaced, the link
+    stays. Nothing is left behind when `check` or the write fails. Returns the file written."""
+    target = output_target(path)
+    temporary = stage_text(target, text)
+    try:
+        if check is not None:
+            check(temporary)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return target
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

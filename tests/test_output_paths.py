@@ -166,3 +166,28 @@ def test_a_linked_llmapi_repository_is_written_through_and_its_trtllm_serve_sh_q
     command, _ = serve_command(spec, _built_settings(spec), str(link / SERVE_OPTIONS))
     assert record.read_text(encoding="utf-8").split("\0")[:-1] == command[1:]
     assert list(work.iterdir()) == []
+
+
+def test_file_outputs_through_a_symlink_write_the_target_and_keep_the_link(tmp_path: Path) -> None:
+    """`init --force` and `migrate`'s OUT name a file that is a link (a spec kept in another checkout): the file
+    the link points at gets the new text and the link stays a link, with no temporary left beside either."""
+    elsewhere, here = tmp_path / "elsewhere", tmp_path / "here"
+    elsewhere.mkdir()
+    here.mkdir()
+    (elsewhere / "pipeline.yaml").write_text("# the user's old spec\n", encoding="utf-8")
+    (here / "pipeline.yaml").symlink_to(elsewhere / "pipeline.yaml")
+    result = runner.invoke(app, ["init", str(here / "pipeline.yaml"), "--force"])
+    assert result.exit_code == 0, result.output
+    assert (here / "pipeline.yaml").is_symlink()
+    assert "speculative:" in (elsewhere / "pipeline.yaml").read_text(encoding="utf-8")
+
+    source = here / "la.yaml"
+    source.write_text("name: la\ntarget:\n  model: models/target\nspeculative:\n  mode: lookahead\nbuild:\n"
+                      "  dtype: float32\n  max_batch_size: 4\n  max_input_len: 64\n  max_output_len: 32\n")
+    (elsewhere / "out.yaml").write_text("# replaced by migrate\n", encoding="utf-8")
+    (here / "out.yaml").symlink_to(elsewhere / "out.yaml")
+    result = runner.invoke(app, ["migrate", str(source), str(here / "out.yaml"), "--no-measure"])
+    assert result.exit_code == 0, result.output
+    assert (here / "out.yaml").is_symlink()
+    assert "mode: ngram" in (elsewhere / "out.yaml").read_text(encoding="utf-8")
+    assert _leftovers(here) == _leftovers(elsewhere) == []

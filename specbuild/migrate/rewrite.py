@@ -37,7 +37,7 @@ from typing import Any, get_args
 
 import yaml
 
-from specbuild.atomic import stage_text
+from specbuild.atomic import replace_text
 from specbuild.errors import SpecError
 from specbuild.spec.load import load_spec, parse_spec
 from specbuild.spec.schema import ENGINE_TRTLLM_LINE, NEWEST_TRTLLM_LINE, PipelineSpec, TrtllmLine
@@ -353,13 +353,9 @@ def _check_out(spec_path: Path, out: Path) -> None:
 
 def _write(out: Path, text: str) -> None:
     """OUT replaced whole, or left as it was (no temporary file left) with why."""
-    staged: Path | None = None
     try:
-        staged = stage_text(out, text)
-        os.replace(staged, out)
+        replace_text(out, text)
     except OSError as err:
-        if staged is not None:
-            staged.unlink(missing_ok=True)
         raise SpecError(f"{out}: cannot write OUT: {err.strerror or err}",
                         hint="name OUT in a directory you can write") from None
 

@@ -6,7 +6,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from specbuild.atomic import stage_text
+from specbuild.atomic import replace_text
 from specbuild.errors import SpecError
 
 
@@ -23,5 +23,5 @@ def write_starter_spec(path: str | os.PathLike[str], force: bool = False) -> Pat
         raise SpecError(f"{target}: is a directory", hint=f"give a file, e.g. {target / 'pipeline.yaml'}")
     if target.exists() and not force:
         raise SpecError(f"{target}: already exists; not overwriting it", hint="pass --force to replace it")
-    os.replace(stage_text(target, starter_spec_text()), target)  # never a truncated spec
+    replace_text(target, starter_spec_text())  # never a truncated spec; a link is written through
     return target

@@ -11,13 +11,12 @@ on.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specbuild.atomic import stage_text
+from specbuild.atomic import replace_text
 from specbuild.spec import PipelineSpec
 from specbuild.tune.stage import SETTING_FIELDS, DraftLengthTuning, TreeTuning, TuneReport
 from specbuild.tune.tree import nodes_per_depth
@@ -171,7 +170,7 @@ def write_report(path: Path, reports: Sequence[TuneReport], machine: Mapping[str
             settings.update(run["settings"])
     data = {"format": FORMAT, "spec": for_spec or shown, **({"tuned_copy": shown} if for_spec else {}),
             "settings": settings, "machine": dict(machine), "runs": runs}
-    os.replace(stage_text(path, _dumps(data) + "\n"), path)
+    replace_text(path, _dumps(data) + "\n")
     return data
 
 

@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from specbuild.atomic import stage_text
+from specbuild.atomic import replace_text
 from specbuild.contracts.checkpoint_facts import stale_conversion
 from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
 from specbuild.contracts.lookahead import max_draft_len as lookahead_max_draft_len
@@ -478,14 +478,14 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     # The edited spec can only be checked with its tree file in place: put it there, and put back what was there
     # before (an earlier tune's tree, which the old spec may name) if the check fails.
     previous = tree_path.read_bytes() if tree_path.is_file() else None
-    os.replace(stage_text(tree_path, tree_text + "\n"), tree_path)
+    replace_text(tree_path, tree_text + "\n")
     try:
         _replace_checked(final, new_text, update)
     except BaseException:
         if previous is None:
             tree_path.unlink(missing_ok=True)
         else:
-            os.replace(stage_text(tree_path, previous.decode("utf-8")), tree_path)
+            replace_text(tree_path, previous.decode("utf-8"))
         raise
     return [tree_path, final]
 
@@ -502,12 +502,7 @@ def _lookahead_edits(text: str, root: Any, config: LookaheadConfig) -> list[tune
 
 
 def _replace_checked(final: Path, text: str, update: SpecUpdate) -> None:
-    temporary = stage_text(final, text)
-    try:
-        _check_written(temporary, update)
-        os.replace(temporary, final)
-    finally:
-        temporary.unlink(missing_ok=True)
+    replace_text(final, text, check=lambda staged: _check_written(staged, update))
 
 
 def _check_written(path: Path, update: SpecUpdate) -> None:
