@@ -610,6 +610,23 @@ def test_tune_refuses_a_drafting_without_a_model_on_the_reference_backend(tmp_pa
     assert f"speculative.{mode} by hand" in output and f"specbuild generate CKPT --{mode}" in output, output
 
 
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--window", "4"], "--window would change nothing on SPEC: it is for lookahead specs, and this spec's "
+                        "speculation is draft_target"),
+    (["--inline"], "--inline would change nothing on SPEC: it is for medusa specs"),
+    (["--layers", "2"], "--layers would change nothing on SPEC: it is for self-draft specs"),
+    (["--served", "--nodes", "3"], "--nodes would change nothing with --served, which measures only the schedule"),
+])
+def test_tune_refuses_a_search_option_its_spec_would_ignore(tmp_path: Path, extra: list[str], says: str) -> None:
+    """Lookahead's, Medusa's and the self-draft's options on a draft-model spec (or any of them with --served) were
+    ignored without a word; they are refused by name before anything is measured."""
+    spec_path = _unconverted_spec(tmp_path, "engine", "draft_target")
+    result = CliRunner().invoke(app, ["tune", str(spec_path), *extra])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output
+    assert says.replace("SPEC", str(spec_path)) in output, output
+
+
 def test_a_longer_verification_never_counts_as_cheaper_than_a_shorter_one() -> None:
     """The fastest-of-repeats timing of a K + 1 token forward can land below a shorter block's on a busy machine
     (a run of `make bench` timed 6 tokens at 0.81x 4 tokens, and K = 5 won by it): the verify cost never falls as

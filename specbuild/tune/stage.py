@@ -394,6 +394,29 @@ def refuse_unmeasurable(spec: PipelineSpec, spec_path: Path) -> None:
 
 
 
+KIND_OPTIONS = {"nodes": ("--nodes", "medusa"), "inline": ("--inline", "medusa"), "windows": ("--window", "lookahead"),
+                "ngrams": ("--ngram", "lookahead"), "verification_sets": ("--verification-set", "lookahead"),
+                "layers": ("--layers", "self-draft")}
+"""The search options of one kind of speculation (TuneOptions field -> option, kind)."""
+
+
+def refuse_unused_options(spec: PipelineSpec, spec_path: Path, options: TuneOptions) -> None:
+    """A search option of another kind of speculation than SPEC's, or any with --served (which measures only the
+    schedule), would change nothing: refused by name before any model loads, not ignored."""
+    draft = spec.draft
+    kind = ("self-draft" if spec.speculative.mode == "draft_target" and draft is not None and draft.is_self_draft
+            else spec.speculative.mode)
+    for name, (option, owner) in KIND_OPTIONS.items():
+        if getattr(options, name) in (None, False):
+            continue
+        if options.served:
+            raise SpecbuildError(f"{option} would change nothing with --served, which measures only the schedule",
+                                 hint=f"give {option} to a tune without --served, or leave it out")
+        if owner != kind:
+            raise SpecbuildError(f"{option} would change nothing on {spec_path}: it is for {owner} specs, and this "
+                                 f"spec's speculation is {kind}", hint=f"leave out {option}")
+
+
 def _checkpoint(spec: PipelineSpec, role: str) -> Path:
     directory = spec.checkpoint_dir(role)
     if not (directory / "config.json").is_file():
@@ -613,6 +636,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     out = out or Console()
     spec = load_spec(spec_path)
     refuse_unmeasurable(spec, spec_path)
+    refuse_unused_options(spec, spec_path, options)
     mode = spec.speculative.mode
     if options.served:  # before any model is loaded: nothing to serve, or no schedule to measure
         deployed_repository(spec)
