@@ -22,6 +22,14 @@ import xxhash
 from specbuild import __version__
 from specbuild.atomic import MANIFEST
 
+
+def comment(text: str) -> str:
+    """`text` as `#` comment lines of a generated file (a shell script, a YAML manifest): a newline in it (a path may
+    hold one) starts another comment line, where it would otherwise end the comment and what followed would be read
+    as code or YAML."""
+    return "\n".join(f"# {line}" for line in text.split("\n"))
+
+
 Status = Literal["written", "up to date", "planned"]
 """What a stage did with one output, the same three words for convert, build and deploy: wrote it, found it up to
 date (`is_fresh`), or only planned it (`--dry-run`)."""

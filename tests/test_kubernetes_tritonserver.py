@@ -201,3 +201,12 @@ def test_every_spec_name_becomes_a_valid_object_name(name: str) -> None:
     label = object_name(name)
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", label) and len(label) <= 63
     assert object_name(label) == label
+
+
+def test_a_path_holding_a_newline_stays_inside_the_manifest_comments(deployed: Deployed, tmp_path: Path) -> None:
+    """The header names the spec, the repository and the volume's root; a newline in those paths starts another
+    comment line, where it used to end the comment and put the rest of the path into the YAML."""
+    home = tmp_path / "builds\nkind: Secret"
+    home.mkdir()
+    objects = deploy(tensorrt_pipeline(deployed, home))
+    assert [o["kind"] for o in objects] == ["Deployment", "Service"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from specbuild.atomic import Inputs, atomic_directory
 from specbuild.contracts.llm_api import quantized_draft_dir
 from specbuild.export.plan import ExportPlan
-from specbuild.manifest import Status, write_manifest
+from specbuild.manifest import Status, comment, write_manifest
 from specbuild.spec import PipelineSpec
 
 SCRIPT = "serve.sh"
@@ -25,12 +25,6 @@ class ExportResult:
     plan: ExportPlan
     directory: Path
     status: Status
-
-
-def comment(text: str) -> str:
-    """`text` as shell comment lines: a newline in it (a spec path may hold one) starts another comment line, where
-    it would otherwise end the comment and the shell would run the rest."""
-    return "\n".join(f"# {line}" for line in text.split("\n"))
 
 
 def serve_script(plan: ExportPlan, spec_path: str) -> str:

@@ -25,7 +25,7 @@ import yaml
 
 from specbuild.atomic import atomic_directory
 from specbuild.errors import SpecbuildError
-from specbuild.manifest import output_sizes, write_manifest
+from specbuild.manifest import comment, output_sizes, write_manifest
 from specbuild.serve.launch import (
     Ports,
     TensorrtModels,
@@ -131,10 +131,10 @@ def manifest_text(spec: PipelineSpec, repository: Path) -> str | None:
     if not trt.names:
         return None
     root = build_root(repository)
-    header = (f"# tritonserver for {repository},\n# written by specbuild deploy from {spec.where}.\n"
-              f"# The PersistentVolumeClaim {spec.deploy.kubernetes.models_pvc} must hold {root}\n"
-              "# (the model repository and the engines) as it is on the machine that ran deploy: it is mounted at "
-              "the same path.\n# Apply with `kubectl apply -f` this file.\n")
+    header = comment(f"tritonserver for {repository},\nwritten by specbuild deploy from {spec.where}.\n"
+                     f"The PersistentVolumeClaim {spec.deploy.kubernetes.models_pvc} must hold {root}\n(the model "
+                     "repository and the engines) as it is on the machine that ran deploy: it is mounted at the same "
+                     "path.\nApply with `kubectl apply -f` this file.") + "\n"
     return header + yaml.dump_all(manifests(spec, repository, trt, root), Dumper=_PlainDumper, sort_keys=False)
 
 

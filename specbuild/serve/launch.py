@@ -36,9 +36,6 @@ from specbuild.contracts.engine_info import ENGINE_INFO, read_engine_info
 from specbuild.errors import SpecbuildError
 
 _BACKEND = re.compile(r'^\s*backend\s*:\s*"([^"]+)"', re.MULTILINE)
-_ENGINE_PATH = re.compile(
-    r'key\s*:\s*"gpt_model_path"\s*,?\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"', re.DOTALL
-)
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./+,:@%=-]+")
@@ -164,10 +161,10 @@ def tensorrt_models(repository: Path) -> TensorrtModels:
         if backend is None or backend.group(1) != "tensorrtllm":
             continue
         names.append(config.parent.name)
-        match = _ENGINE_PATH.search(text)
-        if match is None or "${" in match.group(1):
+        path = dict(string_parameters(text, config)).get("gpt_model_path")  # escapes decoded, as Triton reads it
+        if not path or "${" in path:
             raise SpecbuildError(f"{config}: tensorrtllm model without a filled gpt_model_path parameter")
-        engine = Path(match.group(1))
+        engine = Path(path)
         if not engine.is_absolute():
             engine = (repository / engine).resolve()
         world = max(world, engine_world_size(engine))
