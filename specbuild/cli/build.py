@@ -16,7 +16,7 @@ BACKENDS = ("auto", "tensorrt", "reference")
 
 
 def validate(spec_path: Spec) -> None:
-    """Check a pipeline spec and everything it names, without loading weights or writing anything: the schema;
+    """Check a spec and everything it names, without loading weights or writing anything. Checked: the schema;
     every model's directory, config.json, weight headers and shapes, tp/pp, the draft/target pair, the target's
     tokenizer files, the Medusa heads and tree, the draft's quantization (format vs build.gpu, int4 alignment,
     calibration text); that the draft is the kind the mode needs and fits the target (an EAGLE-3 draft's width,

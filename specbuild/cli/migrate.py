@@ -29,11 +29,12 @@ def migrate(
     text: Annotated[Path | None, typer.Option("--text", metavar="FILE", help="Calibration text for the measurement "
                                               "(default: tune's held-out pydoc topics).")] = None,
 ) -> None:
-    """Rewrite an engine-flow spec (TensorRT-LLM 1.2) as a `build.flow: pytorch` spec for a later line: Medusa ->
-    EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead -> NGram, an int8_sq draft -> fp8, the
-    load-aware schedule carried over, engine-only settings dropped. Only the keys named at the top of OUT change;
-    comments, layout and anchors are kept. Nothing is written if any input is bad. Then run `specbuild validate
-    OUT.yaml`."""
+    """Rewrite a TensorRT-LLM 1.2 engine-flow spec for the PyTorch flow of a later line.
+
+    As a `build.flow: pytorch` spec: Medusa -> EAGLE-3 (its draft trained by `specbuild eagle train`), Lookahead ->
+    NGram, an int8_sq draft -> fp8, the load-aware schedule carried over, engine-only settings dropped. Only the
+    keys named at the top of OUT change; comments, layout and anchors are kept. Nothing is written if any input is
+    bad. Then run `specbuild validate OUT.yaml`."""
     from specbuild.migrate.measure import calibration_ids, figures_table, measure_migration
     from specbuild.migrate.rewrite import migrate_spec
     from specbuild.spec import load_spec
