@@ -627,6 +627,20 @@ def test_tune_refuses_a_search_option_its_spec_would_ignore(tmp_path: Path, extr
     assert says.replace("SPEC", str(spec_path)) in output, output
 
 
+def test_tune_refuses_an_output_it_could_not_write_before_measuring(tmp_path: Path) -> None:
+    """--output under a file ended, after the whole measurement, in a FileExistsError traceback; a directory was
+    refused only then. Both are refused first (the unconverted spec shows nothing was measured or looked up)."""
+    spec_path = _unconverted_spec(tmp_path, "engine", "draft_target")
+    (tmp_path / "a-file").write_text("x")
+    for output, says in ((tmp_path / "a-file" / "new.yaml", f"{tmp_path / 'a-file'} is a file, so nothing can be "
+                                                            "written under it"),
+                         (tmp_path, f"--output {tmp_path} is a directory")):
+        result = CliRunner().invoke(app, ["tune", str(spec_path), "--output", str(output)])
+        output_text = " ".join(result.output.split())
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output_text
+        assert says in output_text and "no converted" not in output_text, output_text
+
+
 def test_a_longer_verification_never_counts_as_cheaper_than_a_shorter_one() -> None:
     """The fastest-of-repeats timing of a K + 1 token forward can land below a shorter block's on a busy machine
     (a run of `make bench` timed 6 tokens at 0.81x 4 tokens, and K = 5 won by it): the verify cost never falls as

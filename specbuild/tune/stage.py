@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from specbuild.atomic import replace_text
+from specbuild.atomic import is_no_space, replace_text
 from specbuild.contracts.checkpoint_facts import stale_conversion
 from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
 from specbuild.contracts.lookahead import max_draft_len as lookahead_max_draft_len
@@ -462,9 +462,8 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
     new spec there (relative paths rebased so it names the same models). The result is re-loaded and checked
     before it replaces anything. Returns the files written."""
     source = spec.path
+    check_output(output)
     final = (output if output is not None else source).absolute()
-    if final.is_dir():
-        raise SpecbuildError(f"{final} is a directory; give the new spec's file name")
     text = source.read_text(encoding="utf-8")
     root = tune_yaml.compose(text, str(source))
     edits: list[tune_yaml.Edit] = []
@@ -511,6 +510,20 @@ def write_spec(spec: PipelineSpec, update: SpecUpdate, output: Path | None, inli
             replace_text(tree_path, previous.decode("utf-8"))
         raise
     return [tree_path, final]
+
+
+def check_output(output: Path | None) -> None:
+    """Refuse an --output no spec can be written to (a directory, or a path under a file), before tune measures
+    for minutes and then fails to write."""
+    if output is None:
+        return
+    final = output.absolute()
+    if final.is_dir():
+        raise SpecbuildError(f"--output {output} is a directory", hint="give the new spec's file name")
+    existing = next(parent for parent in final.parents if parent.exists())  # the root always exists
+    if not existing.is_dir():
+        raise SpecbuildError(f"--output {output}: {existing} is a file, so nothing can be written under it",
+                             hint="give a path under a directory")
 
 
 def _lookahead_edits(text: str, root: Any, config: LookaheadConfig) -> list[tune_yaml.Edit]:
@@ -637,6 +650,7 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     spec = load_spec(spec_path)
     refuse_unmeasurable(spec, spec_path)
     refuse_unused_options(spec, spec_path, options)
+    check_output(options.output if options.write else None)
     mode = spec.speculative.mode
     if options.served:  # before any model is loaded: nothing to serve, or no schedule to measure
         deployed_repository(spec)
@@ -757,7 +771,13 @@ def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, consol
     if update.draft_len_schedule is None:
         update.draft_len_schedule = _carried_schedule(spec, update, out)
     if options.write:
-        report.written = write_spec(spec, update, options.output, options.inline)
+        try:
+            report.written = write_spec(spec, update, options.output, options.inline)
+        except OSError as err:  # e.g. a directory the user may not write to: the measurements were printed above
+            if is_no_space(err):
+                raise
+            raise SpecbuildError(f"cannot write the tuned spec to {options.output or spec.path}: "
+                                 f"{err.strerror or err}", hint="give --output a path you may write") from None
         for path in report.written:
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
         if update.choices is not None and len(update.choices) != spec.full_draft_len:
