@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from specbuild.cli import app
 from specbuild.spec import PipelineSpec, load_spec
 from specbuild.spec.kubernetes import dynamo_name_problem
 
@@ -76,3 +78,24 @@ def test_a_name_starting_with_a_digit_names_the_deployment_with_a_letter_first(t
     manifest = _manifest(_spec(tmp_path, "7b-dynamo", {"engine": "vllm"}))
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", manifest["metadata"]["name"])
     assert manifest["metadata"]["name"].endswith("7b-dynamo")
+
+
+def _validate(spec: PipelineSpec, name: str) -> str:
+    """`specbuild validate` on `spec` renamed `name`: its output, after checking it refused (exit 1, no traceback)."""
+    data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
+    data["name"] = name
+    spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(spec.path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    return " ".join(result.output.split())
+
+
+def test_validate_refuses_a_name_too_long_for_dynamo_naming_name_before_anything_is_written(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "d", {})
+    text = _validate(spec, "n" * (GROVE_LIMIT - len("TRTLLMWorker") + 1))
+    assert "name" in text and f"at most {GROVE_LIMIT} characters" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_name_ending_in_a_newline_is_refused_naming_name(tmp_path: Path) -> None:
+    assert "name: must be 1-64 letters" in _validate(_spec(tmp_path, "d", {}), "demo\n")

@@ -36,7 +36,7 @@ from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
 from specbuild.spec.dynamo import KV_TRANSFERS, DynamoSpec
 from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
-from specbuild.spec.kubernetes import KubernetesSpec
+from specbuild.spec.kubernetes import KubernetesSpec, dynamo_name_problem
 from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES, as_paths, load_preset
 from specbuild.spec.problems import (
     Issue,
@@ -554,7 +554,7 @@ class PipelineSpec(_Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
+        if not _NAME_RE.fullmatch(value):  # not match: its `$` lets a trailing newline through
             raise custom_error(
                 "name_pattern",
                 f"must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit "
@@ -711,6 +711,8 @@ def dynamo_issues(spec: PipelineSpec) -> list[Issue]:
                      None)]
         return []
     dynamo, issues = deploy.dynamo, []
+    if (problem := dynamo_name_problem(spec.name, dynamo)) is not None:
+        issues.append((("name",), problem, None))
     here = ("deploy", "dynamo")
     given = dynamo.model_fields_set
     if dynamo.engine == "trtllm" and spec.build.flow != "pytorch":
