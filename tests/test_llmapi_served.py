@@ -184,3 +184,23 @@ def test_bench_load_generator_speaks_llmapi(eagle3_server: Any, greedy_reference
     assert summary.errors == 0 and summary.requests == 2, summary.first_error
     assert summary.sample_answer in {greedy_reference[p] for p in PROMPTS[:2]}, summary.sample_answer
     assert summary.draft_tokens > 0 and summary.acceptance_rate is not None
+
+
+def test_bench_refuses_a_draft_length_the_llmapi_model_cannot_take(llmapi_server: Any, dt_server: Any) -> None:
+    """`bench --num-draft-tokens` on the llmapi model (no num_draft_tokens input: the LLM API drafts its
+    speculative_config's length) used to drop the option and measure the deployed K, silently. Measuring it is
+    refused naming the option and the model; as the --compare baseline of an endpoint that takes the option it is
+    measured as deployed, and bench says so."""
+    from typer.testing import CliRunner
+
+    from specbuild.cli import app
+
+    refused = CliRunner().invoke(app, ["bench", llmapi_server.grpc_url, "--num-draft-tokens", "0", "--requests", "1"])
+    output = " ".join(refused.output.split())
+    assert refused.exit_code == 1 and "Traceback" not in output, output
+    assert "--num-draft-tokens 0: model" in output and "has no num_draft_tokens input" in output, output
+    compared = CliRunner().invoke(app, ["bench", dt_server.grpc_url, "--num-draft-tokens", "2", "--requests", "1",
+                                        "--max-tokens", "4", "--compare", llmapi_server.grpc_url])
+    output = " ".join(compared.output.split())
+    assert compared.exit_code == 0, output
+    assert "note: compare" in output and "has no num_draft_tokens input" in output, output

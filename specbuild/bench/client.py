@@ -84,6 +84,11 @@ REQUEST_NAMES = (
 """Each interface's names, the one a model declares the max-tokens input of first; the last is the default."""
 
 
+DEPLOY_DRAFT_LENGTH = ("deploy the draft length you want (speculative.num_draft_tokens; speculative.mode: none "
+                       "decodes plainly)")
+"""What to do when a model cannot take a request's draft length."""
+
+
 @dataclass(frozen=True)
 class ModelInterface:
     """What a deployed model accepts: input name → Triton datatype, batching, decoupled."""
@@ -97,6 +102,15 @@ class ModelInterface:
     def names(self) -> RequestNames:
         """The interface this model speaks, by the max-tokens input it declares."""
         return next((n for n in REQUEST_NAMES if n.max_tokens in self.inputs), REQUEST_NAMES[-1])
+
+    def draft_length_problem(self, num_draft_tokens: int | None) -> str | None:
+        """Why a request's draft length cannot reach this model (None: it can, or none is asked): a model without
+        the `num_draft_tokens` input (Triton's llmapi model, whose LLM API drafts its speculative_config's length;
+        an ensemble) drafts as deployed whatever the request says."""
+        if num_draft_tokens is None or self.names.num_draft_tokens in self.inputs:
+            return None
+        return (f"--num-draft-tokens {num_draft_tokens}: model {self.name} ({self.names.interface} interface) has no "
+                "num_draft_tokens input, so its requests would draft as deployed")
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelInterface:
@@ -194,8 +208,8 @@ class LLMClient:
         fields: dict[str, Any] = {"text_input": prompt, names.max_tokens: max_tokens}
         if names.stream in declared:
             fields[names.stream] = stream
-        if num_draft_tokens is not None and names.num_draft_tokens in declared:
-            fields[names.num_draft_tokens] = num_draft_tokens
+        if num_draft_tokens is not None and self.model.draft_length_problem(num_draft_tokens) is None:
+            fields[names.num_draft_tokens] = num_draft_tokens  # bench and serve refuse it up front otherwise
         if names.exclude_input in declared:
             fields[names.exclude_input] = True  # the completion only: both interfaces' defaults add the prompt
         if names.perf_metrics in declared:

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specbuild.bench.client import Protocol
+from specbuild.bench.client import DEPLOY_DRAFT_LENGTH, LLMClient, Protocol
 from specbuild.bench.load import DEFAULT_PROMPTS, Halt, Load, Summary, TokenCounter, run_load
 from specbuild.bench.openai import OPENAI_PATH, USAGE_TOKENS, speaks_openai
 from specbuild.bench.report import counted_by, plot, speedup, table, unit
@@ -133,6 +133,22 @@ def progress_shown(console: Console, what: str, total: int) -> Iterator[Callable
     yield line
 
 
+def _check_draft_length(options: BenchOptions, endpoints: dict[str, tuple[str, str | None]],
+                        protocols: dict[str, Protocol], console: Console) -> None:
+    """--num-draft-tokens is refused where the measured endpoint's model has no num_draft_tokens input (it would
+    draft as deployed); a --compare model without it (a plain baseline, say) is told, not refused."""
+    for label, (url, model) in endpoints.items():
+        if protocols[label] == "openai":
+            continue
+        with LLMClient(url, model, protocols[label]) as client:
+            problem = client.model.draft_length_problem(options.num_draft_tokens)
+        if problem is not None and label == "endpoint":
+            raise SpecbuildError(problem, hint=f"leave out --num-draft-tokens to measure it as deployed, or "
+                                               f"{DEPLOY_DRAFT_LENGTH}")
+        if problem is not None:
+            console.print(f"note: {label} {url}: {problem}", highlight=False, soft_wrap=True)
+
+
 def run_bench(options: BenchOptions, console: Console, out: Console) -> dict[str, Any]:
     """Every concurrency against the URL (and the comparison URL); returns the JSON report it printed, with
     `cut_short` (why, e.g. SIGINT) when it stopped early."""
@@ -146,6 +162,8 @@ def run_bench(options: BenchOptions, console: Console, out: Console) -> dict[str
             raise SpecbuildError(f"--num-draft-tokens: {endpoints[label][0]} is an OpenAI endpoint, whose requests "
                                  "carry no draft length (its K is the deployment's speculative.num_draft_tokens)",
                                  hint="leave --num-draft-tokens out, or measure a Triton endpoint")
+    if options.num_draft_tokens is not None:
+        _check_draft_length(options, endpoints, protocols, console)
     counter = _counter(options, protocols, console)
     runs: dict[str, list[Summary]] = {label: [] for label in endpoints}
     halt = Halt()

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from specbuild.bench.client import Generation, LLMClient, ModelInterface, entry_model
+from specbuild.bench.client import DEPLOY_DRAFT_LENGTH, Generation, LLMClient, ModelInterface, entry_model
 from specbuild.errors import SpecbuildError
 from specbuild.serve.lifetime import serve_until_stopped, stopped_on_signal
 from specbuild.serve.server import TritonServer
@@ -140,12 +140,9 @@ def refuse_unsent_draft_length(options: ServeOptions) -> None:
         return  # no repository, no model or an unknown --model-name: the server's start or the asking says so
     model = options.model or entry_model(names)
     interface = ModelInterface.from_config({"name": model, **read_model(options.repository / model)[1]})
-    if interface.names.num_draft_tokens not in interface.inputs:
-        raise SpecbuildError(
-            f"--num-draft-tokens {options.num_draft_tokens}: model {model} ({interface.names.interface} interface) "
-            "has no num_draft_tokens input, so its requests would draft as deployed",
-            hint=f"{keep}, or deploy the draft length you want (speculative.num_draft_tokens; speculative.mode: none "
-                 "decodes plainly)")
+    problem = interface.draft_length_problem(options.num_draft_tokens)
+    if problem is not None:
+        raise SpecbuildError(problem, hint=f"{keep}, or {DEPLOY_DRAFT_LENGTH}")
 
 
 def acceptance_line(generation: Generation) -> str:
