@@ -481,15 +481,21 @@ def stage_text(path: Path, text: str) -> Path:
 def replace_text(path: Path, text: str, check: Callable[[Path], None] | None = None) -> Path:
     """Replace the file `path` with `text` whole (readers see the old file or the new one), after `check` passed on
     the staged copy; a symbolic link at `path` is followed (`output_target`): its target is replaced, the link
-    stays. Nothing is left behind when `check` or the write fails. Returns the file written."""
+    stays. Nothing is left behind when `check` or the write fails; a write the filesystem refuses (a directory
+    there, a parent that is a file, no permission) is a SpecbuildError naming `path`. Returns the file written."""
     target = output_target(path)
-    temporary = stage_text(target, text)
+    temporary: Path | None = None
     try:
+        temporary = stage_text(target, text)
         if check is not None:
             check(temporary)
         os.replace(temporary, target)
+    except OSError as err:
+        raise SpecbuildError(f"{path}: cannot write it ({err.strerror or err})",
+                             hint="name a file in a directory you may write to") from None
     finally:
-        temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
     return target
 
 

@@ -191,3 +191,14 @@ def test_file_outputs_through_a_symlink_write_the_target_and_keep_the_link(tmp_p
     assert (here / "out.yaml").is_symlink()
     assert "mode: ngram" in (elsewhere / "out.yaml").read_text(encoding="utf-8")
     assert _leftovers(here) == _leftovers(elsewhere) == []
+
+
+def test_a_file_output_the_filesystem_refuses_is_a_message_naming_it(tmp_path: Path) -> None:
+    """`init` under a file (the parent cannot be made) ended in a FileExistsError traceback; every whole-file
+    output (init, migrate's OUT, tune's spec and report) now says which path and what to do, and writes nothing."""
+    (tmp_path / "notes.txt").write_text("mine\n", encoding="utf-8")
+    result = runner.invoke(app, ["init", str(tmp_path / "notes.txt" / "pipeline.yaml")])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), output
+    assert "notes.txt/pipeline.yaml: cannot write it" in output and "hint:" in output, output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

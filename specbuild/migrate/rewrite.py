@@ -351,15 +351,6 @@ def _check_out(spec_path: Path, out: Path) -> None:
         raise SpecError(f"{out}: {above} is a file, so OUT cannot be written under it", hint="name OUT in a directory")
 
 
-def _write(out: Path, text: str) -> None:
-    """OUT replaced whole, or left as it was (no temporary file left) with why."""
-    try:
-        replace_text(out, text)
-    except OSError as err:
-        raise SpecError(f"{out}: cannot write OUT: {err.strerror or err}",
-                        hint="name OUT in a directory you can write") from None
-
-
 def migrate_spec(spec_path: Path, out: Path, *, line: str = NEWEST_TRTLLM_LINE, to: str = "ngram") -> Migration:
     """Migrate the spec at `spec_path` and write OUT atomically (relative paths rebased to OUT's directory); OUT
     and the new spec are checked first, so a migration that would not load, or a bad OUT, writes nothing."""
@@ -372,5 +363,5 @@ def migrate_spec(spec_path: Path, out: Path, *, line: str = NEWEST_TRTLLM_LINE, 
     migration.text = _header(spec, migration, rebased, lost) + body
     if lost is not None:
         migration.notes.append(f"comments and layout not kept ({lost}): OUT is the migrated data as plain YAML")
-    _write(out, migration.text)
+    replace_text(out, migration.text)
     return migration

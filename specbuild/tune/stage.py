@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from specbuild.atomic import is_no_space, replace_text
+from specbuild.atomic import replace_text
 from specbuild.contracts.checkpoint_facts import stale_conversion
 from specbuild.contracts.llm_api import PYTORCH, reference_roles, refuse_other_flow
 from specbuild.contracts.lookahead import max_draft_len as lookahead_max_draft_len
@@ -771,13 +771,7 @@ def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, consol
     if update.draft_len_schedule is None:
         update.draft_len_schedule = _carried_schedule(spec, update, out)
     if options.write:
-        try:
-            report.written = write_spec(spec, update, options.output, options.inline)
-        except OSError as err:  # e.g. a directory the user may not write to: the measurements were printed above
-            if is_no_space(err):
-                raise
-            raise SpecbuildError(f"cannot write the tuned spec to {options.output or spec.path}: "
-                                 f"{err.strerror or err}", hint="give --output a path you may write") from None
+        report.written = write_spec(spec, update, options.output, options.inline)  # a refused write says why
         for path in report.written:
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
         if update.choices is not None and len(update.choices) != spec.full_draft_len:
