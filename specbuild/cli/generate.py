@@ -88,7 +88,7 @@ def generate(
     ] = None,
     json_output: JsonOutput = False,
 ) -> None:
-    """Generate text from a TensorRT-LLM checkpoint with the reference runtime, optionally speculating.
+    """Generate text from a TensorRT-LLM checkpoint with the reference runtime.
 
     Prints the text and the statistics: tokens per target forward, acceptance rate per draft position and
     tokens/s. Greedy speculative output is identical to plain greedy output; only the speed differs.

@@ -70,21 +70,21 @@ def tune(
                      "depends on the text and --new-tokens."),
     ] = None,
 ) -> None:
-    """Measure speculation on calibration text with the reference runtime and write the best settings into the
-    spec: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance rate and cost
-    ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured top-k accuracy
-    (kept only where it decodes at least as many tokens per step as the spec's tree and mc_sim_7b_63's prefix of
-    its size), and the load-aware schedule (plain vs speculative at each batch size up to
-    build.max_batch_size; with --served, behind tritonserver on the deployed repository). lookahead: every
-    (W, N, G) of the --window x --ngram x --verification-set grid that the
-    spec's engine limits allow is run, and the one with the most tokens per second by the measured cost of its
-    steps is written into speculative.lookahead (with --served, where its windows pay: on or off at each batch
-    size, behind tritonserver). A self-draft (draft.source: target_layers): each L is measured
-    for acceptance and draft cost, the best by the expected-speedup formula becomes draft.layers, and K is tuned
-    at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the draft_target search. ngram, sa and the
-    PyTorch flow on NVIDIA's backend are refused with what to do instead: tune has no search for the model-free
-    drafters yet (set them by hand, comparing with `specbuild generate --ngram/--sa`), and there the PyTorch flow
-    converts no checkpoint to measure.
+    """Measure speculation on calibration text and write the best settings into the spec.
+
+    With the reference runtime: K for draft_target (Leviathan et al.'s expected speedup from the measured acceptance
+    rate and cost ratio, next to a sweep of every K), or a Medusa tree grown greedily from each head's measured
+    top-k accuracy (kept only where it decodes at least as many tokens per step as the spec's tree and
+    mc_sim_7b_63's prefix of its size), and the load-aware schedule (plain vs speculative at each batch size up to
+    build.max_batch_size; with --served, behind tritonserver on the deployed repository). lookahead: every (W, N, G)
+    of the --window x --ngram x --verification-set grid that the spec's engine limits allow is run, and the one with
+    the most tokens per second by the measured cost of its steps is written into speculative.lookahead (with
+    --served, where its windows pay: on or off at each batch size, behind tritonserver). A self-draft (draft.source:
+    target_layers): each L is measured for acceptance and draft cost, the best by the expected-speedup formula
+    becomes draft.layers, and K is tuned at it. eagle3 (build.flow: pytorch, build.backend: reference): K by the
+    draft_target search. ngram, sa and the PyTorch flow on NVIDIA's backend are refused with what to do instead:
+    tune has no search for the model-free drafters yet (set them by hand, comparing with `specbuild generate
+    --ngram/--sa`), and there the PyTorch flow converts no checkpoint to measure.
 
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.bench.run import read_prompts
