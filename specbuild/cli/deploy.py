@@ -1,4 +1,5 @@
-"""`specbuild deploy`: write the Triton model repository of a built pipeline, or check an existing one."""
+"""`specbuild deploy`: write the Triton model repository or the Dynamo deployment of a built pipeline, or check an
+existing repository."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ def deploy(
     force: Force = False,
     dry_run: DryRun = False,
 ) -> None:
-    """Write the Triton model repository (preprocessing, tensorrt_llm[_draft], tensorrt_llm_bls, postprocessing,
-    ensemble) for a built pipeline, or check one with `--check REPOSITORY`.
+    """Write what serves a built pipeline, by the spec's deploy.target: the Triton model repository, or the NVIDIA
+    Dynamo deployment; or check a Triton repository with `--check REPOSITORY`.
 
-    For TensorRT-LLM engines it also writes `<output_dir>/k8s/tritonserver.yaml`: a Kubernetes Deployment and
-    Service running the same tritonserver launch as `specbuild serve` (mpirun for tp×pp > 1) on the GPUs the
-    engines need, ready on /v2/health/ready (`deploy.kubernetes`: the volume claim and the image)."""
+    Triton (the default target): the model repository (preprocessing, tensorrt_llm[_draft], tensorrt_llm_bls,
+    postprocessing, ensemble); for TensorRT-LLM engines also `<output_dir>/k8s/tritonserver.yaml`, a Kubernetes
+    Deployment and Service running the same tritonserver launch as `specbuild serve` (mpirun for tp×pp > 1) on the
+    GPUs the engines need, ready on /v2/health/ready (`deploy.kubernetes`: the volume claim and the image).
+
+    Dynamo (`deploy.target: dynamo`): `<output_dir>/dynamo/` with launch.json (what `specbuild serve` starts:
+    Dynamo's frontend on deploy.http_port and the reference workers), launch.sh (the same on a GPU host), the
+    engine settings, and a Kubernetes DynamoGraphDeployment."""
     from specbuild.deploy.check import check_repository
 
     out = Console(width=max(Console().width, 132))  # the wiring table is unreadable folded into 80 columns

@@ -1,4 +1,5 @@
-"""`specbuild serve`: tritonserver on a model repository, optionally asked a few prompts and stopped."""
+"""`specbuild serve`: tritonserver on a model repository, or NVIDIA Dynamo on a Dynamo deployment directory,
+optionally asked a few prompts and stopped."""
 
 from __future__ import annotations
 
@@ -9,32 +10,45 @@ import typer
 from rich.console import Console
 
 from specbuild.cli.errors import console, handled_errors
-from specbuild.cli.options import MaxTokens, ModelName, NumDraftTokens, Repository
+from specbuild.cli.options import MaxTokens, NumDraftTokens
 from specbuild.errors import SpecbuildError
 
 
 def serve(
-    repository: Repository,
-    http_port: Annotated[int | None, typer.Option("--http-port", help="HTTP port (default: a free port).")] = None,
-    grpc_port: Annotated[int | None, typer.Option("--grpc-port", help="gRPC port (default: a free port).")] = None,
+    repository: Annotated[Path, typer.Argument(
+        metavar="DIR", help="What `specbuild deploy` wrote: a Triton model repository, or a Dynamo deployment "
+        "(<output_dir>/dynamo, deploy.target: dynamo).")],
+    http_port: Annotated[int | None, typer.Option("--http-port", help="HTTP port (default: Triton a free port, "
+                                                  "Dynamo the spec's deploy.http_port).")] = None,
+    grpc_port: Annotated[int | None, typer.Option("--grpc-port", help="Triton's gRPC port (default: a free "
+                                                  "port).")] = None,
     metrics_port: Annotated[
-        int | None, typer.Option("--metrics-port", help="Metrics port (default: a free port).")
+        int | None, typer.Option("--metrics-port", help="Triton's metrics port (default: a free port; "
+                                 "Dynamo serves /metrics on the HTTP port).")
     ] = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 for every interface).")] = (
-        "127.0.0.1"),
+    host: Annotated[str, typer.Option("--host", help="Address the HTTP (and Triton's gRPC and metrics) server "
+                                      "listens on; 0.0.0.0 for every interface. Dynamo's internal planes stay on "
+                                      "127.0.0.1.")] = "127.0.0.1",
     log_file: Annotated[
         Path | None,
-        typer.Option("--log-file", metavar="PATH", help="Server log (default: tritonserver.log beside REPOSITORY)."),
+        typer.Option("--log-file", metavar="PATH", help="Triton: the server log (default: tritonserver.log beside "
+                     "DIR). Dynamo: the directory of the frontend's and workers' logs (default: dynamo-logs beside "
+                     "DIR)."),
     ] = None,
-    ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for every model.")] = 600.0,
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", help="Seconds to wait for every model "
+                                                 "(Dynamo: every worker).")] = 600.0,
     prompt: Annotated[
         list[str] | None,
-        typer.Option("--prompt", metavar="TEXT", help="Once ready, ask this over gRPC streaming and HTTP generate, "
-                     "print the answers and acceptance statistics, then stop. Repeatable."),
+        typer.Option("--prompt", metavar="TEXT", help="Once ready, ask this (Triton: over gRPC streaming and HTTP "
+                     "generate; Dynamo: /v1/completions streamed), print the answers and acceptance statistics, "
+                     "then stop. Repeatable."),
     ] = None,
     max_tokens: MaxTokens = 32,
     num_draft_tokens: NumDraftTokens = None,
-    model_name: ModelName = None,
+    model_name: Annotated[str | None, typer.Option(
+        "--model-name", metavar="NAME", help="Triton: the model --prompt asks (default: the repository's entry "
+        "model: tensorrt_llm_bls when a draft is deployed, else ensemble). Dynamo: the name the deployment serves "
+        "under (default: the spec's name).")] = None,
     draft_len_schedule: Annotated[
         str | None,
         typer.Option("--draft-len-schedule", metavar="JSON", help="Serve this load-aware schedule (batch size -> "
@@ -44,21 +58,26 @@ def serve(
                      "Reference backend."),
     ] = None,
 ) -> None:
-    """Start tritonserver on REPOSITORY, wait until every model is ready, and serve until Ctrl-C.
+    """Serve DIR until Ctrl-C: tritonserver on a Triton model repository, or NVIDIA Dynamo (its OpenAI frontend and
+    router, and the reference workers) on a Dynamo deployment.
 
-    Uses `tritonserver` from PATH (NGC containers) or the one bundled in nvidia-pytriton; sharded TensorRT-LLM
-    engines (tp×pp > 1) get one MPI rank per GPU. Exits non-zero with the failing model's error."""
+    Triton: `tritonserver` from PATH (NGC containers) or the one bundled in nvidia-pytriton; sharded TensorRT-LLM
+    engines (tp×pp > 1) get one MPI rank per GPU. Dynamo: /v1/chat/completions, /v1/completions and /v1/models on
+    the HTTP port, one serve per deployment at a time; --grpc-port, --metrics-port, --num-draft-tokens and
+    --draft-len-schedule act on tritonserver and are refused there. Exits non-zero with the failing model's or
+    process's error."""
     from specbuild.dynamo.launch import is_dynamo_deployment
 
     if is_dynamo_deployment(repository):  # `deploy.target: dynamo` wrote a Dynamo launch (specbuild.dynamo)
+        from specbuild.dynamo.launch import refuse_triton_only
         from specbuild.dynamo.launch import serve as serve_dynamo
 
         with handled_errors():
-            if draft_len_schedule is not None:
-                raise SpecbuildError("--draft-len-schedule overrides a Triton repository's schedule; a Dynamo "
-                                     "deployment's workers read deploy's", hint="redeploy with the schedule in SPEC")
-            serve_dynamo(repository, http_port=http_port, log_dir=log_file, ready_timeout_s=ready_timeout,
-                         prompts=tuple(prompt or ()), max_tokens=max_tokens, console=console, out=Console())
+            refuse_triton_only({"--grpc-port": grpc_port, "--metrics-port": metrics_port,
+                                "--num-draft-tokens": num_draft_tokens, "--draft-len-schedule": draft_len_schedule})
+            serve_dynamo(repository, http_port=http_port, host=host, model_name=model_name, log_dir=log_file,
+                         ready_timeout_s=ready_timeout, prompts=tuple(prompt or ()), max_tokens=max_tokens,
+                         console=console, out=Console())
         return
     from specbuild.serve.run import ServeOptions
     from specbuild.serve.run import serve as run_serve

@@ -48,9 +48,9 @@ class Completion:
 def complete(url: str, model: str, prompt: str, max_tokens: int, *, stream: bool = False,
              timeout_s: float = 120.0, client: Any = None, **extra: Any) -> Completion:
     """One greedy completion (temperature 0 unless `extra` says otherwise). Raises httpx.HTTPStatusError with the
-    server's text on a refusal. `client`: an httpx.Client to reuse (its kept-alive connection); without one a
-    client is made for this request, which costs tens of milliseconds (httpx builds its SSL context each time), so
-    a benchmark passes one per concurrent caller."""
+    server's text on a refusal, httpx.HTTPError on an error event in a stream. `client`: an httpx.Client to reuse
+    (its kept-alive connection); without one a client is made for this request, which costs tens of milliseconds
+    (httpx builds its SSL context each time), so a benchmark passes one per concurrent caller."""
     import httpx
 
     if client is None:
@@ -83,6 +83,8 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, *, stream: bool
             if payload == "[DONE]":
                 break
             chunk = json.loads(payload)
+            if chunk.get("error"):  # a refusal after the stream began (200): Dynamo's `data: {"error": {...}}`
+                raise httpx.HTTPError(f"the stream ended in an error: {chunk['error'].get('message', chunk['error'])}")
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or []:
@@ -92,3 +94,20 @@ def complete(url: str, model: str, prompt: str, max_tokens: int, *, stream: bool
                 reason = choice.get("finish_reason") or reason
     latency = time.perf_counter() - start
     return Completion("".join(parts), reason, usage, times[0] if times else latency, latency, times)
+
+
+def ask(url: str, model: str, prompt: str, max_tokens: int) -> Completion:
+    """`complete`, streamed, for `specbuild serve --prompt`: a refusal or a lost connection is a SpecbuildError
+    with the server's own words (e.g. which of the deployment's limits the prompt breaks), not a traceback."""
+    import httpx
+
+    from specbuild.errors import SpecbuildError
+
+    try:
+        return complete(url, model, prompt, max_tokens, stream=True)
+    except httpx.HTTPStatusError as err:
+        raise SpecbuildError(f"--prompt {prompt!r}: {url} answered {err.response.status_code}: "
+                             f"{err.response.text.strip()}", hint="the frontend's and workers' logs say more") from None
+    except httpx.HTTPError as err:
+        raise SpecbuildError(f"--prompt {prompt!r}: {url}: {err}",
+                             hint="the frontend's and workers' logs say more") from None

@@ -2,14 +2,23 @@
 
 Registers with the Dynamo runtime as ai-dynamo/dynamo examples/custom_backend/hello_world/hello_world.py
 (@757d8dc5) and the wheel's `dynamo/_core.pyi` (ai-dynamo-runtime 1.6.1) describe: `DistributedRuntime(loop,
-"file", "tcp", event_plane="zmq")`, `register_model(ModelInput.Tokens, ...)` on `NS.COMPONENT.generate`, then
-`endpoint.serve_endpoint(generate)`. The frontend tokenizes and detokenizes; a request carries `token_ids`,
+"file", "tcp", event_plane="zmq")`, `register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions,
+...)` on `NS.COMPONENT.generate`, then `endpoint.serve_endpoint(generate)`; the registration's
+`ModelRuntimeConfig.context_length` is the deployment's max_seq_len, which /v1/models advertises. The frontend
+tokenizes, applies the tokenizer's chat template for /v1/chat/completions, and detokenizes; a request carries
+`token_ids`,
 `stop_conditions` and `sampling_options`, and the worker yields `{"token_ids": [...]}` chunks, the last with a
 `finish_reason`. The engine is the one the deployment's LLM-API settings ask for
 (`specbuild.python_models.llmapi_model.load_runner`: the same settings `trtllm-serve` and Triton's llmapi model get),
 so the worker's speculation (draft-target, EAGLE-3, n-gram) and in-flight batching are the reference runtime's. The
 engine runs in a child process (`EngineProcess`, requests and updates over a pipe): in the worker's own process
 Dynamo's Python bridge and the engine thread shared one GIL, which halved the engine's tokens/s.
+
+The deployment's limits are enforced here, with `InvalidArgument` (which the frontend answers as a 400 carrying
+the message; tried here): a prompt over `--max-input-len` (build.max_input_len), prompt + max_tokens over the
+engine's max_seq_len. A request the frontend migrates from a dead worker arrives as prompt + the tokens streamed so
+far, with max_tokens less by as many; the frontend migrates one only while that prompt fits max_input_len
+(`--migration-max-seq-len`, specbuild.dynamo.launch).
 
 Every served request is appended to `--requests-log` (one JSON line: prompt length and hash, tokens, acceptance), so
 a caller can count which worker served what. SIGINT and SIGTERM shut the runtime down, which removes this worker's
@@ -81,6 +90,38 @@ class Update:
 
 
 REFUSED = "refused: "
+NO_CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "dynamo" / "no-chat-template.jinja"
+"""The chat template a tokenizer without one is registered with (Dynamo 1.6.1 registers no model at all for chat
+without a template, so /v1/chat/completions answered 404 with an empty body; a template that fails to render
+comes back as a bare "Invalid request"). It renders to a marker only; a prompt ending in the marker's tokens is
+refused with NO_CHAT_MESSAGE, which the client reads."""
+NO_CHAT_MESSAGE = ("this deployment's tokenizer ({}) has no chat template (no chat_template in its "
+                   "tokenizer_config.json, no chat_template.jinja), so /v1/chat/completions cannot build a prompt: "
+                   "ask /v1/completions, or give the target model's tokenizer a chat template and deploy again")
+
+
+def has_chat_template(tokenizer: Path) -> bool:
+    """Whether the frontend finds a chat template with the tokenizer: tokenizer_config.json's chat_template, or a
+    chat_template.jinja / chat_template.json beside it."""
+    if any((tokenizer / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        return bool(json.loads((tokenizer / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def limit_problem(prompt: int, max_tokens: int | None, max_input_len: int, max_seq_len: int) -> str | None:
+    """Which of the deployment's limits a request breaks, in words a client can act on (None: none)."""
+    if prompt > max_input_len:
+        return (f"the prompt is {prompt} tokens, more than this deployment's max_input_len {max_input_len} "
+                "(build.max_input_len)")
+    if prompt + (max_tokens or 1) > max_seq_len:
+        room = max(max_seq_len - prompt, 0)
+        return (f"the prompt's {prompt} tokens + max_tokens {max_tokens or 1} is more than this deployment's "
+                f"max_seq_len {max_seq_len} (build.max_input_len + build.max_output_len): ask for at most {room} "
+                "tokens")
+    return None
 
 
 def load_engine(settings_file: Path, reference_file: Path) -> Any:
@@ -201,8 +242,11 @@ class EngineProcess:
 class Worker:
     """One engine process behind one Dynamo endpoint."""
 
-    def __init__(self, engine: EngineProcess, requests_log: Path | None, index: int) -> None:
-        self.engine, self.requests_log, self.index = engine, requests_log, index
+    def __init__(self, engine: EngineProcess, requests_log: Path | None, index: int, max_input_len: int,
+                 no_chat: tuple[list[int], str] | None = None) -> None:
+        self.engine, self.requests_log, self.index, self.max_input_len = engine, requests_log, index, max_input_len
+        self.no_chat = no_chat
+        """A tokenizer without a chat template: the marker's tokens and the refusal (NO_CHAT_TEMPLATE)."""
         self._log_lock = threading.Lock()
 
     def _log(self, prompt: list[int], tokens: list[int], accepted: int, drafted: int, seconds: float) -> None:
@@ -220,10 +264,16 @@ class Worker:
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
+        from dynamo.llm.exceptions import InvalidArgument
+
         prompt = [int(t) for t in request["token_ids"]]
         stop = request.get("stop_conditions") or {}
-        limit = self.engine.max_seq_len - len(prompt)
-        max_tokens = int(stop.get("max_tokens") or limit)
+        problem = limit_problem(len(prompt), stop.get("max_tokens"), self.max_input_len, self.engine.max_seq_len)
+        if self.no_chat is not None and prompt[-len(self.no_chat[0]):] == self.no_chat[0]:
+            problem = self.no_chat[1]
+        if problem:
+            raise InvalidArgument(problem)
+        max_tokens = int(stop.get("max_tokens") or self.engine.max_seq_len - len(prompt))
         eos = None if stop.get("ignore_eos") else (request.get("eos_token_ids") or [None])[0]
         rid = self.engine.submit(prompt, max_tokens, _sampling(request), eos, int(stop.get("min_tokens") or 0),
                                  lambda update: loop.call_soon_threadsafe(queue.put_nowait, update))
@@ -242,7 +292,7 @@ class Worker:
                 finished = True
                 if update.error:
                     if update.error.startswith(REFUSED):
-                        raise ValueError(f"specbuild reference worker: {update.error.removeprefix(REFUSED)}")
+                        raise InvalidArgument(update.error.removeprefix(REFUSED))
                     raise RuntimeError(f"specbuild reference worker: {update.error}")
                 self._log(prompt, tokens, update.accepted_draft_tokens, update.draft_tokens,
                           time.perf_counter() - started)
@@ -256,11 +306,20 @@ class Worker:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+    from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime
 
     engine = EngineProcess(Path(args.settings), Path(args.reference), args.threads)
-    worker = Worker(engine, Path(args.requests_log) if args.requests_log else None, args.index)
+    tokenizer = Path(args.tokenizer)
+    no_chat = None
+    if not has_chat_template(tokenizer):
+        from specbuild.tokenizer import load_tokenizer
+
+        marker = NO_CHAT_TEMPLATE.read_text(encoding="utf-8").strip()
+        no_chat = (list(load_tokenizer(tokenizer).encode(marker, add_special_tokens=False)),
+                   NO_CHAT_MESSAGE.format(tokenizer))
+    worker = Worker(engine, Path(args.requests_log) if args.requests_log else None, args.index, args.max_input_len,
+                    no_chat)
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
 
@@ -272,11 +331,11 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, shutdown)
     endpoint = runtime.endpoint(f"{args.namespace}.{args.component}.generate")
-    model_type = ModelType.Completions
-    if args.chat:
-        model_type = ModelType.Chat | ModelType.Completions
-    await register_model(ModelInput.Tokens, model_type, endpoint, args.tokenizer, args.model_name,
-                         worker_type=WorkerType.Aggregated, kv_cache_block_size=args.block_size)
+    window = ModelRuntimeConfig()
+    window.context_length = engine.max_seq_len  # the deployment's, not the checkpoint's max_position_embeddings
+    await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, args.tokenizer,
+                         args.model_name, worker_type=WorkerType.Aggregated, kv_cache_block_size=args.block_size,
+                         runtime_config=window, custom_template_path=None if no_chat is None else str(NO_CHAT_TEMPLATE))
     print(f"specbuild dynamo worker {args.index} ready (pid {os.getpid()})", flush=True)
     try:
         await endpoint.serve_endpoint(worker.generate)
@@ -294,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--component", default="backend")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--chat", action="store_true", help="also register for /v1/chat/completions")
+    parser.add_argument("--max-input-len", type=int, required=True, help="the longest prompt served (tokens)")
     parser.add_argument("--requests-log", default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)

@@ -2,8 +2,9 @@
 
 Writes `<output_dir>/dynamo/` atomically:
 - `launch.json`: what `specbuild serve DIR` starts (the frontend's arguments, each worker role's command and
-  replicas, the model name), and `launch.sh`, the same launch for a GPU host with the engines installed: the
-  Dynamo frontend (`python -m dynamo.frontend --router-mode ...`, file discovery, loopback) and N workers.
+  replicas, the model name, the HTTP port deploy.http_port, the longest prompt build.max_input_len), and
+  `launch.sh`, the same launch for a GPU host with the engines installed: the Dynamo frontend (`python -m
+  dynamo.frontend --router-mode ...`, file discovery, loopback, HTTP on DYN_HTTP_HOST or loopback) and N workers.
 - The workers' engine settings, from the one writer each engine has in specbuild: TensorRT-LLM's LLM-API settings
   as `build` checked them (`specbuild.deploy.llmapi`, the same mapping trtllm-serve's options file and Triton's
   llmapi model.yaml carry) in `engine.yaml`, passed as `--extra-engine-args` (ai-dynamo/dynamo
@@ -167,6 +168,7 @@ def launch_plan(spec: PipelineSpec) -> dict[str, Any]:
     return {"engine": dynamo.engine, "mode": dynamo.mode, "model_name": served_name(spec),
             "tokenizer": str(Path(spec.target.model).resolve()), "namespace": NAMESPACE, "component": COMPONENT,
             "kv_block_size": KV_BLOCK_SIZE, "router_mode": dynamo.router_mode, "http_port": spec.deploy.http_port,
+            "max_input_len": spec.build.max_input_len,  # the longest prompt the reference workers serve
             "frontend": ["python3", "-m", "dynamo.frontend", *frontend_args(spec)],
             "workers": roles, "engine_file": engine_file, "reference": REFERENCE_FILE if reference else None}
 
@@ -179,6 +181,8 @@ def launch_script(plan: dict[str, Any]) -> str:
              'cd "$(dirname "$0")" || exit 1',
              'export DYN_FILE_KV="${DYN_FILE_KV:-$(mktemp -d)}" DYN_DISCOVERY_BACKEND=file',
              "export DYN_TCP_RPC_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_EVENT_PLANE_HOST=127.0.0.1",
+             "# the frontend's HTTP on loopback unless DYN_HTTP_HOST says otherwise (Dynamo's own default: 0.0.0.0)",
+             'export DYN_HTTP_HOST="${DYN_HTTP_HOST:-127.0.0.1}"',
              "trap 'kill 0' INT TERM",
              f"{shlex.join(plan['frontend'])} --discovery-backend file &"]
     gpu = 0
