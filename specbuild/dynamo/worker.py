@@ -6,9 +6,8 @@ Registers with the Dynamo runtime as ai-dynamo/dynamo examples/custom_backend/he
 ...)` on `NS.COMPONENT.generate`, then `endpoint.serve_endpoint(generate)`; the registration's
 `ModelRuntimeConfig.context_length` is the deployment's max_seq_len, which /v1/models advertises. The frontend
 tokenizes, applies the tokenizer's chat template for /v1/chat/completions, and detokenizes; a request carries
-`token_ids`,
-`stop_conditions` and `sampling_options`, and the worker yields `{"token_ids": [...]}` chunks, the last with a
-`finish_reason`. The engine is the one the deployment's LLM-API settings ask for
+`token_ids`, `stop_conditions` and `sampling_options`, and the worker yields `{"token_ids": [...]}` chunks, the last
+with a `finish_reason`. The engine is the one the deployment's LLM-API settings ask for
 (`specbuild.python_models.llmapi_model.load_runner`: the same settings `trtllm-serve` and Triton's llmapi model get),
 so the worker's speculation (draft-target, EAGLE-3, n-gram) and in-flight batching are the reference runtime's. The
 engine runs in a child process (`EngineProcess`, requests and updates over a pipe): in the worker's own process
@@ -261,11 +260,11 @@ class Worker:
 
     async def generate(self, request: dict[str, Any], context: Any = None) -> Any:
         """Dynamo's handler: one engine request, streamed back as token chunks."""
+        from dynamo.llm.exceptions import InvalidArgument
+
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
-        from dynamo.llm.exceptions import InvalidArgument
-
         prompt = [int(t) for t in request["token_ids"]]
         stop = request.get("stop_conditions") or {}
         problem = limit_problem(len(prompt), stop.get("max_tokens"), self.max_input_len, self.engine.max_seq_len)
