@@ -190,3 +190,16 @@ def test_serve_here_refuses_what_only_gpu_hosts_run(tmp_path: Path) -> None:
     spec, _, _ = _deploy(disaggregated, data)
     with pytest.raises(SpecbuildError, match=r"mode 'disaggregated'"):
         DynamoServer(spec.output_dir / "dynamo")
+
+
+def test_a_spec_path_holding_a_newline_stays_in_the_manifests_comment(tmp_path: Path) -> None:
+    """The DynamoGraphDeployment's header names the spec; a newline in its path starts another comment line, where it
+    used to end the comment and put the rest of the path into the YAML (deploy wrote a manifest kubectl could not
+    parse, and said it succeeded)."""
+    home = tmp_path / "specs\nkind: Secret"
+    home.mkdir()
+    spec, manifest, _ = _deploy(home, _data(tmp_path, workers=1))
+    text = (spec.output_dir / "dynamo" / "k8s" / "dynamographdeployment.yaml").read_text(encoding="utf-8")
+    comments = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    assert "\n" in str(spec.path) and str(spec.path) in comments, text[:400]
+    jsonschema.validate(manifest, SCHEMA)

@@ -33,8 +33,9 @@ from rich.console import Console
 
 from specbuild.atomic import atomic_directory, refuse_overlap
 from specbuild.errors import SpecbuildError
-from specbuild.manifest import output_sizes, write_manifest
+from specbuild.manifest import comment, output_sizes, write_manifest
 from specbuild.spec import PipelineSpec
+from specbuild.spec.dynamo import FRONTEND_SERVICE, WORKER_SERVICES
 from specbuild.spec.kubernetes import object_name
 
 DEPLOY_DIR = "dynamo"
@@ -48,7 +49,6 @@ NAMESPACE = "specbuild"
 COMPONENT = "backend"
 KV_BLOCK_SIZE = 16
 WORKER_MODULES = {"trtllm": "dynamo.trtllm", "vllm": "dynamo.vllm", "sglang": "dynamo.sglang"}
-WORKER_SERVICES = {"trtllm": "TRTLLMWorker", "vllm": "VllmWorker", "sglang": "SGLangWorker"}
 TRTLLM_KV_BACKENDS = {"nixl": "NIXL", "ucx": "UCX", "mpi": "MPI"}
 """deploy.dynamo.kv_transfer -> TensorRT-LLM's CacheTransceiverConfig.backend (NVIDIA/TensorRT-LLM
 tensorrt_llm/llmapi/llm_args.py: DEFAULT, UCX, NIXL, MPI)."""
@@ -202,9 +202,8 @@ def manifest(spec: PipelineSpec) -> dict[str, Any]:
     image = dynamo.container_image
     gpus = str(spec.build.world_size)
     services: dict[str, Any] = {
-        "Frontend": {"componentType": "frontend", "replicas": 1,
-                     "extraPodSpec": {"mainContainer": {"image": image, "command": ["python3", "-m", "dynamo.frontend"],
-                                                        "args": frontend_args(spec)}}}}
+        FRONTEND_SERVICE: {"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {
+            "image": image, "command": ["python3", "-m", "dynamo.frontend"], "args": frontend_args(spec)}}}}
     for role, count in dynamo.worker_counts().items():
         name = WORKER_SERVICES[dynamo.engine] if role == "worker" else role
         service: dict[str, Any] = {"componentType": "worker", "replicas": count,
@@ -227,9 +226,9 @@ def deployment_files(spec: PipelineSpec) -> dict[str, str]:
     from specbuild.contracts.llm_api import reference_settings
 
     plan = launch_plan(spec)
-    header = (f"# DynamoGraphDeployment for {spec.where}, written by specbuild. The models' PVC "
-              f"({spec.deploy.dynamo.models_pvc}) holds the target at {MODEL_MOUNT}/target and a draft at "
-              f"{MODEL_MOUNT}/draft.\n")
+    header = comment(f"DynamoGraphDeployment for {spec.where}, written by specbuild. The models' PVC "
+                     f"({spec.deploy.dynamo.models_pvc}) holds the target at {MODEL_MOUNT}/target and a draft at "
+                     f"{MODEL_MOUNT}/draft.") + "\n"
     files = {LAUNCH_FILE: json.dumps(plan, indent=2) + "\n", LAUNCH_SCRIPT: launch_script(plan),
              MANIFEST: header + yaml.safe_dump(manifest(spec), sort_keys=False)}
     if plan["engine_file"] is not None:
