@@ -13,9 +13,6 @@ import typer
 
 Spec = Annotated[Path, typer.Argument(help="The pipeline spec (YAML).", metavar="SPEC")]
 OptionalSpec = Annotated[Path | None, typer.Argument(help="The pipeline spec (YAML).", metavar="SPEC")]
-Repository = Annotated[
-    Path, typer.Argument(help="Triton model repository (what `specbuild deploy` wrote).", metavar="REPOSITORY")
-]
 Force = Annotated[bool, typer.Option("--force", help="Do the work even if the manifest says up to date.")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Check everything and print the plan; write nothing.")]
 ModelName = Annotated[
