@@ -7,10 +7,10 @@ settings. Three servers run at once, each idle while another is measured: Dynamo
 reference worker, the same with two, and tritonserver (bundled with nvidia-pytriton) on the llmapi repository. At
 each concurrency (default 1, 8, 16) rounds interleave the three and the median round by tokens/s is kept. Dynamo is
 driven over OpenAI /v1/completions streaming (acceptance from usage.completion_tokens_details), tritonserver over
-gRPC streaming with `specbuild bench`'s client; output tokens are counted with the target's tokenizer for both
-(specbuild.bench.load.TokenCounter), and both are summarised by specbuild.bench.load.summarise. Each concurrent
-client keeps one connection (an httpx.Client; gRPC's stream for tritonserver), so no request pays a connection's
-set-up.
+gRPC streaming, both by `specbuild bench`'s load (specbuild.bench.load.run_load, with its OpenAI and Triton
+clients); output tokens are counted with the target's tokenizer for both (specbuild.bench.load.TokenCounter). Each
+concurrent client keeps one connection (a requests session; gRPC's stream for tritonserver), so no request pays a
+connection's set-up.
 
 Targets: Dynamo with one worker >= 0.9x tritonserver's tokens/s at concurrency 1 (the frontend costs little); two
 workers >= one worker at concurrency 16. Exits 1 on a miss. Writes bench/results/dynamo.json and dynamo.md.
@@ -34,16 +34,13 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
-from specbuild.bench.client import Generation  # noqa: E402
 from specbuild.bench.load import (  # noqa: E402
     DEFAULT_PROMPTS,
     Load,
     Summary,
     TokenCounter,
-    closed_loop,
     median_round,
     run_load,
-    summarise,
 )
 from specbuild.bench.report import table  # noqa: E402
 from specbuild.errors import SpecbuildError  # noqa: E402
@@ -88,30 +85,6 @@ def prepare(path: Path) -> Any:
     return spec
 
 
-def openai_load(url: str, model: str, load: Load, counter: TokenCounter, timeout_s: float = 300.0) -> Summary:
-    """`load` against an OpenAI /v1/completions endpoint, streamed, one thread per concurrent client (warm-up
-    request each, then the measured requests from a shared queue: specbuild.bench.load.closed_loop, as run_load)."""
-    import httpx
-
-    from specbuild.dynamo.client import complete
-
-    def send(index: int, prompt: str) -> Generation:
-        answer = complete(url, model, prompt, load.max_tokens, stream=True, timeout_s=timeout_s, client=https[index])
-        drafted, accepted = answer.drafted, answer.accepted
-        return Generation(text=answer.text, response_times=answer.chunk_times, latency_s=answer.latency_s,
-                          reported_tokens=answer.completion_tokens,
-                          acceptance_rate=accepted / drafted if drafted and accepted is not None else None,
-                          accepted_draft_tokens=accepted, draft_tokens=drafted)
-
-    https = [httpx.Client(timeout=timeout_s) for _ in range(load.concurrency)]  # one kept-alive connection each
-    try:
-        results, wall = closed_loop(load, send, httpx.HTTPError, lambda err: f"{type(err).__name__}: {err}")
-    finally:
-        for http in https:
-            http.close()
-    return summarise(url, model, "openai", load, results, wall, counter)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
@@ -154,8 +127,8 @@ def main() -> int:
                             if name == "tritonserver":
                                 rounds[name].append(run_load(server.grpc_url, load, counter=counter))
                             else:
-                                rounds[name].append(openai_load(dynamos[name].url, dynamos[name].model, load,
-                                                                counter))
+                                rounds[name].append(run_load(dynamos[name].url, load, model=dynamos[name].model,
+                                                             protocol="openai", counter=counter))
                         except SpecbuildError as err:
                             console.print(f"[red]{name} at concurrency {concurrency}:[/] {err}", highlight=False)
             for name in SYSTEMS:

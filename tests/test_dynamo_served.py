@@ -19,7 +19,8 @@ in the kill test):
 Then, on a second deployment (one worker, a tokenizer with a chat template), the options: the tritonserver-only ones
 and a file as the log directory refused by name before anything starts; `--host`, `--http-port` and `--model-name`
 honoured (the bind address read from the frontend's socket) and /v1/chat/completions answered with the chat
-template applied; a worker killed while the deployment starts reported at once, by name.
+template applied; `--prompt` answered, and a prompt over the limit refused in the server's words; a worker killed
+while the deployment starts reported at once, by name.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
+import requests
 
+from specbuild.bench.client import Generation
+from specbuild.bench.openai import OpenAIClient, ServerRefused
 from tests.deploy_fixtures import PROMPTS, pipeline_data, write_spec
 
 pytestmark = pytest.mark.slow
@@ -167,10 +170,10 @@ def served_fixture(deployment: Path) -> Iterator[Served]:
         _stop(process)
 
 
-def _complete(served: Served, prompt: str, *, stream: bool, max_tokens: int = MAX_TOKENS) -> Any:
-    from specbuild.dynamo.client import complete
-
-    return complete(served.url, served.model, prompt, max_tokens, stream=stream, timeout_s=BOUND_S)
+def _complete(served: Served, prompt: str, *, stream: bool, max_tokens: int = MAX_TOKENS) -> Generation:
+    """One greedy completion through specbuild's OpenAI client (what `serve --prompt` and `bench` send)."""
+    with OpenAIClient(served.url, served.model, timeout_s=BOUND_S) as client:
+        return client.generate(prompt, max_tokens, stream=stream)
 
 
 def _served_requests(served: Served) -> dict[int, list[dict[str, Any]]]:
@@ -186,7 +189,7 @@ def _served_requests(served: Served) -> dict[int, list[dict[str, Any]]]:
 
 def test_completions_streamed_and_not_equal_plain_greedy_with_speculation_on(served: Served,
                                                                                deployment: Path) -> None:
-    listed = httpx.get(f"{served.url}/v1/models", timeout=30).json()
+    listed = requests.get(f"{served.url}/v1/models", timeout=30).json()
     assert [entry["id"] for entry in listed["data"]] == [served.model]
     expected = _plain_greedy(deployment)
     drafted = accepted = 0
@@ -195,11 +198,11 @@ def test_completions_streamed_and_not_equal_plain_greedy_with_speculation_on(ser
         streamed = _complete(served, prompt, stream=True)
         assert whole.text == expected[prompt], prompt
         assert streamed.text == expected[prompt], prompt
-        assert len(streamed.chunk_times) > 1  # streamed as it is generated, not in one piece
+        assert len(streamed.response_times) > 1  # streamed as it is generated, not in one piece
         for answer in (whole, streamed):
-            assert answer.completion_tokens > 0
-            drafted += answer.drafted or 0
-            accepted += answer.accepted or 0
+            assert answer.reported_tokens
+            drafted += answer.draft_tokens or 0
+            accepted += answer.accepted_draft_tokens or 0
     assert drafted > 0, "the workers reported no speculation"
     assert 0 <= accepted <= drafted
 
@@ -220,24 +223,23 @@ def test_the_deployments_limits_are_refused_naming_them_and_advertised(served: S
     from specbuild.spec import load_spec
 
     build = load_spec(next((deployment.parent.parent / "spec").glob("*.yaml"))).build
-    listed = httpx.get(f"{served.url}/v1/models", timeout=30).json()["data"][0]
+    listed = requests.get(f"{served.url}/v1/models", timeout=30).json()["data"][0]
     assert listed["context_window"] == build.max_input_len + build.max_output_len
     for prompt, max_tokens, limit in ((" the cat" * build.max_input_len, 4, "max_input_len"),
                                       (PROMPTS[0], build.max_input_len + build.max_output_len, "max_seq_len")):
-        with pytest.raises(httpx.HTTPStatusError) as refused:
+        with pytest.raises(ServerRefused, match=limit) as refused:
             _complete(served, prompt, stream=False, max_tokens=max_tokens)
-        assert refused.value.response.status_code == 400
-        assert limit in refused.value.response.json()["message"], refused.value.response.text
-        with pytest.raises(httpx.HTTPError, match=limit):  # streamed: the stream's error event says it
+        assert refused.value.status == 400
+        with pytest.raises(ServerRefused, match=limit):  # streamed: the stream's error event says it
             _complete(served, prompt, stream=True, max_tokens=max_tokens)
-    assert _complete(served, PROMPTS[0], stream=False, max_tokens=build.max_output_len).completion_tokens > 0
+    assert _complete(served, PROMPTS[0], stream=False, max_tokens=build.max_output_len).reported_tokens
 
 
 def test_chat_without_a_chat_template_is_a_400_naming_it(served: Served) -> None:
     """The demo tokenizer has no chat template: chat is refused saying so (it answered 404 with an empty body)."""
-    answer = httpx.post(f"{served.url}/v1/chat/completions", timeout=BOUND_S,
-                        json={"model": served.model, "messages": [{"role": "user", "content": PROMPTS[0]}],
-                              "max_tokens": 4})
+    answer = requests.post(f"{served.url}/v1/chat/completions", timeout=BOUND_S,
+                           json={"model": served.model, "messages": [{"role": "user", "content": PROMPTS[0]}],
+                                 "max_tokens": 4})
     assert answer.status_code == 400, (answer.status_code, answer.text)
     assert "no chat template" in answer.json()["message"]
 
@@ -252,7 +254,7 @@ def test_a_second_serve_is_refused_naming_the_first_and_leaves_its_logs(served: 
     assert second.returncode == 1, output
     assert f"pid {served.process.pid}" in output and "Traceback" not in output, output
     assert all(path.stat().st_size >= size for path, size in logs.items()), "the second serve truncated a log"
-    assert _complete(served, PROMPTS[0], stream=False, max_tokens=4).completion_tokens > 0
+    assert _complete(served, PROMPTS[0], stream=False, max_tokens=4).reported_tokens
 
 
 def test_requests_sharing_a_long_prefix_land_on_one_worker(served: Served) -> None:
@@ -285,9 +287,11 @@ def test_a_killed_workers_streams_go_on_on_the_other_and_sigterm_stops_everythin
     prompts = [prefix + suffix for suffix in ("to define", "to halt", "to step", "to iterate")]
     before = {worker: len(lines) for worker, lines in _served_requests(served).items()}
     expected = {prompt: _complete(served, prompt, stream=False, max_tokens=MAX_TOKENS * 2) for prompt in prompts}
-    serving = {w for w, lines in _served_requests(served).items() if len(lines) > before.get(w, 0)}
+    serving = {w: lines[before.get(w, 0):] for w, lines in _served_requests(served).items()
+               if len(lines) > before.get(w, 0)}
     assert len(serving) == 1, serving
-    victim = serving.pop()
+    victim, asked = serving.popitem()
+    lengths = {line["prompt_tokens"] for line in asked}  # each prompt's own length, as its worker counted it
     other_before = len(_served_requests(served).get(1 - victim, []))
 
     chunks = dict.fromkeys(prompts, 0)
@@ -297,15 +301,15 @@ def test_a_killed_workers_streams_go_on_on_the_other_and_sigterm_stops_everythin
         start, parts = time.monotonic(), []
         body = {"model": served.model, "prompt": prompt, "max_tokens": MAX_TOKENS * 2, "stream": True}
         try:
-            with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=BOUND_S) as response:
-                for line in response.iter_lines():
+            with requests.post(f"{served.url}/v1/completions", json=body, stream=True, timeout=BOUND_S) as response:
+                for line in response.iter_lines(decode_unicode=True):
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         chunk = json.loads(line[5:])
                         parts += [choice.get("text") or "" for choice in chunk.get("choices") or []]
                         parts.append(json.dumps(chunk["error"]) if "error" in chunk else "")
                         chunks[prompt] += 1
             outcomes[prompt] = ("".join(parts), time.monotonic() - start)
-        except httpx.HTTPError as error:
+        except requests.RequestException as error:
             outcomes[prompt] = (f"{type(error).__name__}: {error}", time.monotonic() - start)
 
     threads = [threading.Thread(target=stream, args=(prompt,)) for prompt in prompts]
@@ -320,7 +324,6 @@ def test_a_killed_workers_streams_go_on_on_the_other_and_sigterm_stops_everythin
     assert {prompt: text for prompt, (text, _) in outcomes.items()} == {p: a.text for p, a in expected.items()}
     assert all(seconds <= BOUND_S for _, seconds in outcomes.values()), outcomes
     migrated = _served_requests(served).get(1 - victim, [])[other_before:]
-    lengths = {answer.usage["prompt_tokens"] for answer in expected.values() if answer.usage}
     assert any(line["prompt_tokens"] not in lengths for line in migrated), "no stream was migrated"  # prompt + so far
     # New requests after the kill: until Dynamo drops the dead worker's discovery entry (its lease runs out, a
     # few seconds) the router may still pick it, and the client gets a prompt 503; then the other worker serves
@@ -331,11 +334,11 @@ def test_a_killed_workers_streams_go_on_on_the_other_and_sigterm_stops_everythin
         start = time.monotonic()
         try:
             answer = _complete(served, PROMPTS[served_in_a_row], stream=False, max_tokens=8)
-            assert answer.completion_tokens > 0
+            assert answer.reported_tokens
             served_in_a_row += 1
-        except httpx.HTTPStatusError as error:
-            refusals.append((error.response.status_code, round(time.monotonic() - start, 2)))
-            assert error.response.status_code == 503 and time.monotonic() - start < 5, refusals
+        except ServerRefused as error:
+            refusals.append((error.status, round(time.monotonic() - start, 2)))
+            assert error.status == 503 and time.monotonic() - start < 5, refusals
             served_in_a_row = 0
             time.sleep(0.5)
 
@@ -392,16 +395,40 @@ def test_host_port_and_model_name_are_honoured_and_chat_applies_the_template(cha
         served = _ready(process, chat_deployment)
         assert (served.url, served.model) == (f"http://{host}:{port}", "chatty")
         assert "dynamo.frontend" in _listening(process).get((host, port), ""), _listening(process)
-        assert [entry["id"] for entry in httpx.get(f"{served.url}/v1/models", timeout=30).json()["data"]] == ["chatty"]
+        assert [entry["id"] for entry in requests.get(f"{served.url}/v1/models", timeout=30).json()["data"]] == [
+            "chatty"]
         expected = _plain_greedy(chat_deployment, chat=True)
         for prompt in PROMPTS[:2]:
-            answer = httpx.post(f"{served.url}/v1/chat/completions", timeout=BOUND_S,
-                                json={"model": "chatty", "messages": [{"role": "user", "content": prompt}],
-                                      "max_tokens": MAX_TOKENS, "temperature": 0})
+            answer = requests.post(f"{served.url}/v1/chat/completions", timeout=BOUND_S,
+                                   json={"model": "chatty", "messages": [{"role": "user", "content": prompt}],
+                                         "max_tokens": MAX_TOKENS, "temperature": 0})
             assert answer.status_code == 200, answer.text
             assert answer.json()["choices"][0]["message"]["content"] == expected[prompt], prompt
     finally:
         _stop(process)
+
+
+def test_serve_prompt_prints_the_answer_and_a_refusal_in_the_servers_words(chat_deployment: Path) -> None:
+    """`serve DIR --prompt` asks through specbuild's OpenAI client: the greedy answer and the workers' acceptance;
+    a prompt over build.max_input_len then ends serve with exit 1 and the server's reason naming the limit, no
+    traceback, the prompt shortened in the error (it was repeated whole: thousands of characters before the
+    reason)."""
+    from specbuild.spec import load_spec
+
+    build = load_spec(next((chat_deployment.parent.parent / "spec").glob("*.yaml"))).build
+    expected = _plain_greedy(chat_deployment)[PROMPTS[0]]
+    too_long = " the cat" * build.max_input_len
+    process = _serve(chat_deployment, "--prompt", PROMPTS[0], "--prompt", too_long, "--max-tokens", str(MAX_TOKENS))
+    try:
+        output, _ = process.communicate(timeout=READY_TIMEOUT_S)
+    finally:
+        _stop(process)
+    assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
+    answered, _, error = output.partition("error:")
+    assert expected in answered, (expected, answered)
+    assert re.search(r"accepted \d+ of [1-9]\d* draft tokens \(", answered), answered
+    assert "HTTP 400" in error and "max_input_len" in error, error[-3000:]
+    assert error.count("the cat") < 20, error  # the prompt shortened, the reason readable
 
 
 def test_a_worker_killed_while_starting_is_reported_at_once_by_name(chat_deployment: Path) -> None:

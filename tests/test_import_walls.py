@@ -56,7 +56,9 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     # Dynamo's launch and manifests: each worker's engine settings from the one writer of each engine's settings
     "dynamo": {"deploy": ("specbuild.deploy.llmapi",), "export": ("specbuild.export",),
                # the same child-process launch as tritonserver, and the same serving until Ctrl-C
-               "serve": ("specbuild.serve.launch", "specbuild.serve.lifetime")},
+               "serve": ("specbuild.serve.launch", "specbuild.serve.lifetime"),
+               # serve --prompt and the readiness probe speak OpenAI through bench's one OpenAI client
+               "bench": ("specbuild.bench.openai",)},
     # a spec rewritten in place (tune's YAML editor), measured with tune's prompts on checkpoints convert writes
     "migrate": {"tune": ("specbuild.tune.spec_edit", "specbuild.tune.measure"),
                 "convert": ("specbuild.convert.pipeline", "specbuild.convert.request")},

@@ -8,6 +8,9 @@ last chunk — where specbuild's Dynamo workers put it (specbuild.dynamo.worker.
 acceptance in a root-level `metrics` object only when started with `--per-request-spec-decode-metrics` (and Dynamo's
 frontend strips it), SGLang in its native API's `meta_info`, trtllm-serve behind a request header: there the
 acceptance is not reported, and the bench says so rather than guess it.
+
+The one OpenAI client in specbuild: `specbuild bench`, `specbuild serve --prompt` on a Dynamo deployment and its
+readiness probe (specbuild.dynamo.launch) and bench/dynamo_bench.py all use it.
 """
 
 from __future__ import annotations
@@ -41,15 +44,35 @@ def _session() -> Any:
     return session
 
 
-def speaks_openai(url: str) -> bool:
-    """Whether `url` answers GET /v1/models as an OpenAI server does (a list under `data`); a Triton port does not."""
+class ServerRefused(SpecbuildError):
+    """The server answered a request with an error: its HTTP status (None: an error event in a 200 stream, which
+    carries none) and its own message, so a caller can tell a refusal (400: which limit) from a busy server (503)."""
+
+    def __init__(self, message: str, *, status: int | None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
+def _listed(http: Any, url: str, timeout_s: float) -> list[str]:
+    """The model ids GET /v1/models lists; raises (anything) when the answer is no OpenAI model list."""
+    response = http.get(f"{url}{OPENAI_PATH}/models", timeout=timeout_s)
+    response.raise_for_status()
+    return [str(entry["id"]) for entry in response.json()["data"]]
+
+
+def listed_models(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[str] | None:
+    """The models `url` serves by GET /v1/models; None when it does not answer as an OpenAI server does (refused,
+    not HTTP, a Triton port, not JSON)."""
     try:
         with _session() as session:
-            response = session.get(f"{base_url(url)}{OPENAI_PATH}/models", timeout=PROBE_TIMEOUT_S)
-            listed = response.json()
-    except Exception:  # refused, not HTTP (a gRPC port), not JSON: not an OpenAI server
-        return False
-    return response.status_code == 200 and isinstance(listed, dict) and isinstance(listed.get("data"), list)
+            return _listed(session, base_url(url), timeout_s)
+    except Exception:  # any failure means the same here: no OpenAI server (yet)
+        return None
+
+
+def speaks_openai(url: str) -> bool:
+    """Whether `url` answers GET /v1/models as an OpenAI server does (a list under `data`); a Triton port does not."""
+    return listed_models(url) is not None
 
 
 class OpenAIClient:
@@ -70,8 +93,7 @@ class OpenAIClient:
         """The one model /v1/models lists; an error naming them when there are several (or the server is not up)."""
         where = f"{self.url}{OPENAI_PATH}/models"
         try:
-            response = self._http.get(where, timeout=PROBE_TIMEOUT_S)
-            listed = [entry["id"] for entry in response.json()["data"]]
+            listed = _listed(self._http, self.url, PROBE_TIMEOUT_S)
         except Exception as err:
             raise SpecbuildError(f"cannot list the models at {where}: {err}",
                                  hint="is the server running (`specbuild serve DIR` prints its address), and is "
@@ -79,7 +101,7 @@ class OpenAIClient:
         if len(listed) != 1:
             raise SpecbuildError(f"{where} lists {', '.join(listed) or 'no model'}",
                                  hint="name the model to measure with --model-name")
-        return str(listed[0])
+        return listed[0]
 
     def close(self, cancel: bool = False) -> None:
         """Close the connection (a request in flight on it then fails: `cancel` is LLMClient's, for the same call)."""
@@ -111,7 +133,8 @@ class OpenAIClient:
             with self._http.post(f"{self.url}{OPENAI_PATH}/completions", json=body, stream=stream,
                                  timeout=self.timeout_s) as response:
                 if response.status_code != 200:
-                    raise SpecbuildError(f"{where}: HTTP {response.status_code}: {_http_error(response)}")
+                    raise ServerRefused(f"{where}: HTTP {response.status_code}: {_http_error(response)}",
+                                        status=response.status_code)
                 for event in _events(response) if stream else [response.json()]:
                     _absorb(result, event, time.perf_counter() - start, where)
         except SpecbuildError:
@@ -143,7 +166,9 @@ def _absorb(result: Generation, event: dict[str, Any], when: float, where: str) 
     if not isinstance(event, dict):
         raise SpecbuildError(f"{where}: not an OpenAI completion: {str(event)[:200]}")
     if "error" in event:  # a stream's status is fixed by its first chunk; later ones carry errors
-        raise SpecbuildError(f"{where}: {event['error']}")
+        error = event["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise ServerRefused(f"{where}: the stream ended in an error: {message}", status=None)
     for choice in event.get("choices") or []:
         if choice.get("text"):
             result.text += choice["text"]
@@ -157,3 +182,11 @@ def _absorb(result: Generation, event: dict[str, Any], when: float, where: str) 
         drafted = accepted + int(details.get("rejected_prediction_tokens") or 0)
         result.accepted_draft_tokens, result.draft_tokens = accepted, drafted
         result.acceptance_rate = accepted / drafted if drafted else None
+
+
+def acceptance_words(generation: Generation) -> str:
+    """The acceptance an answer's usage reported, in words (`specbuild serve --prompt` on a Dynamo deployment)."""
+    if not generation.draft_tokens:
+        return "no draft tokens reported"
+    accepted = generation.accepted_draft_tokens or 0
+    return f"accepted {accepted} of {generation.draft_tokens} draft tokens ({accepted / generation.draft_tokens:.3f})"

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ POLL_S = 0.2
 MIGRATION_LIMIT = 3
 """How many times the frontend moves a request whose worker died to another worker (Dynamo's request migration:
 it resends the prompt and the tokens streamed so far, so the client's stream goes on)."""
+PROMPT_SHOWN = 80
+"""At most this many characters of a refused --prompt are repeated in its error (a long prompt buries the reason)."""
 TRITON_ONLY = {
     "--grpc-port": ("Dynamo's frontend serves OpenAI over HTTP only", "use --http-port"),
     "--metrics-port": ("Dynamo's frontend serves its Prometheus metrics on the HTTP port",
@@ -208,7 +211,7 @@ class DynamoServer:
 
     def wait_ready(self, workers: int) -> None:
         """Until the discovery directory lists `workers` instances and /v1/models lists the model."""
-        import httpx
+        from specbuild.bench.openai import listed_models
 
         assert self.discovery is not None and self.log_dir is not None and self.frontend is not None
         deadline = time.monotonic() + self.ready_timeout_s
@@ -218,13 +221,9 @@ class DynamoServer:
             for index, process in enumerate(self.worker_processes):
                 if process.poll() is not None:
                     raise self._failed(process, f"worker {index}", self.log_dir / f"worker-{index}.log")
-            if len(discovery_instances(self.discovery)) >= workers:
-                try:
-                    listed = httpx.get(f"{self.url}/v1/models", timeout=2).json()
-                except (httpx.HTTPError, ValueError):
-                    listed = {}
-                if any(entry.get("id") == self.model for entry in listed.get("data", [])):
-                    return
+            if len(discovery_instances(self.discovery)) >= workers and self.model in (
+                    listed_models(self.url, timeout_s=2) or ()):
+                return
             time.sleep(POLL_S)
         raise SpecbuildError(f"Dynamo did not serve {self.model} with {workers} workers within "
                              f"{self.ready_timeout_s:.0f} s", hint=f"the logs: {self.log_dir}")
@@ -304,13 +303,25 @@ def serve(directory: Path, *, http_port: int | None, host: str, model_name: str 
             out.print(f"ready: {server.model} at {server.url}/v1 (OpenAI: /v1/chat/completions, /v1/completions, "
                       "/v1/models; metrics: /metrics)", highlight=False)
             if prompts:
-                from specbuild.dynamo.client import ask
-
-                for prompt in prompts:
-                    out.rule(escape(prompt))
-                    answer = ask(server.url, server.model, prompt, max_tokens)
-                    out.print(f"{escape(answer.text)}", highlight=False, soft_wrap=True)
-                    out.print(f"  {answer.acceptance_line()}; first text after {answer.ttft_s * 1e3:.0f} ms",
-                              highlight=False)
+                ask(server, prompts, max_tokens, out)
                 return
             serve_until_stopped(server.check, console)
+
+
+def ask(server: DynamoServer, prompts: tuple[str, ...], max_tokens: int, out: Console) -> None:
+    """Each prompt, streamed through the frontend as any OpenAI client sends it: the answer and the workers'
+    acceptance. A refusal (e.g. which of the deployment's limits a prompt breaks) is a SpecbuildError with the
+    server's words; the prompt is shortened in it, as a long one would bury them."""
+    from specbuild.bench.openai import OpenAIClient, acceptance_words
+
+    with OpenAIClient(server.url, server.model) as client:
+        for prompt in prompts:
+            out.rule(escape(prompt))
+            try:
+                answer = client.generate(prompt, max_tokens)
+            except SpecbuildError as err:
+                raise SpecbuildError(f"--prompt {textwrap.shorten(prompt, PROMPT_SHOWN)!r}: {err.message}",
+                                     hint=f"the frontend's and workers' logs: {server.log_dir}") from None
+            out.print(escape(answer.text), highlight=False, soft_wrap=True)
+            out.print(f"  {acceptance_words(answer)}; first text after {answer.ttft_s * 1e3:.0f} ms", highlight=False)
+
