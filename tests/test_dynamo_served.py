@@ -302,7 +302,7 @@ def test_a_killed_workers_streams_go_on_on_the_other_and_sigterm_stops_everythin
         body = {"model": served.model, "prompt": prompt, "max_tokens": MAX_TOKENS * 2, "stream": True}
         try:
             with requests.post(f"{served.url}/v1/completions", json=body, stream=True, timeout=BOUND_S) as response:
-                for line in response.iter_lines(decode_unicode=True):
+                for line in (raw.decode("utf-8") for raw in response.iter_lines()):  # SSE is UTF-8
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         chunk = json.loads(line[5:])
                         parts += [choice.get("text") or "" for choice in chunk.get("choices") or []]
@@ -427,7 +427,7 @@ def test_serve_prompt_prints_the_answer_and_a_refusal_in_the_servers_words(chat_
     answered, _, error = output.partition("error:")
     assert expected in answered, (expected, answered)
     assert re.search(r"accepted \d+ of [1-9]\d* draft tokens \(", answered), answered
-    assert "HTTP 400" in error and "max_input_len" in error, error[-3000:]
+    assert f"max_input_len {build.max_input_len}" in error, error[-3000:]
     assert error.count("the cat") < 20, error  # the prompt shortened, the reason readable
 
 

@@ -146,9 +146,10 @@ class OpenAIClient:
 
 
 def _events(response: Any) -> Any:
-    """The JSON payloads of a server-sent-event stream, up to `[DONE]`; an `error` event raises."""
+    """The JSON payloads of a server-sent-event stream, up to `[DONE]`; an `error` event raises. Lines are UTF-8,
+    as the event-stream format fixes (requests would decode a text/event-stream without a charset as Latin-1)."""
     kind = ""
-    for line in response.iter_lines(decode_unicode=True):
+    for line in (raw.decode("utf-8") for raw in response.iter_lines()):
         if line.startswith("event:"):
             kind = line[6:].strip()
         elif line.startswith("data:"):
