@@ -452,3 +452,24 @@ def test_a_worker_killed_while_starting_is_reported_at_once_by_name(chat_deploym
         assert not alive, [p.cmdline() for p in alive]
     finally:
         _stop(process)
+
+
+def test_a_serve_killed_with_sigkill_leaves_nothing_running(chat_deployment: Path) -> None:
+    """SIGKILL to `specbuild serve` itself (the OOM killer, a CI job's timeout) cannot run its stop: the frontend
+    and the workers, each in a session of its own, used to live on, holding the port and the discovery entries
+    (one was found still running 49 minutes after its test run was killed). They die with it now."""
+    process = _serve(chat_deployment, "--ready-timeout", "600")
+    family: list[psutil.Process] = []
+    try:
+        _ready(process, chat_deployment)
+        family = psutil.Process(process.pid).children(recursive=True)
+        assert any("dynamo.frontend" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
+        process.kill()
+        process.wait(BOUND_S)
+        _gone, alive = psutil.wait_procs(family, timeout=15)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        _stop(process)
+        for member in family:  # what a serve that does not take them with it leaves
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()

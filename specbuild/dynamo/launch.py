@@ -149,9 +149,13 @@ class DynamoServer:
         return self.log_dir / f"worker-{index}.requests.jsonl"
 
     def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with log.open("wb") as handle:  # a new session: a terminal's Ctrl-C reaches us, and we stop them in order
+        """A new session (a terminal's Ctrl-C reaches us, and we stop them in order) that dies with us: a serve
+        killed with SIGKILL (the OOM killer, a CI timeout) leaves no frontend holding the port, no worker."""
+        from specbuild.serve.launch import die_with_this_thread
+
+        with log.open("wb") as handle:
             return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=self.directory,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_this_thread())
 
     def worker_argv(self, index: int) -> list[str]:
         plan = self.plan
