@@ -173,7 +173,7 @@ def _acquire(path: Path, final: Path, *, wait: bool) -> int:
             holder = _holder_text(fd)
             os.close(fd)
             raise OutputLocked(
-                f"{final}: another specbuild run is writing this output now ({holder}); lock {path}",
+                f"{final}: another specbuild run is using this output now ({holder}); lock {path}",
                 hint="wait for that run to finish, or stop it, then run again (two runs writing one output would "
                 "replace each other's work)",
             ) from None

@@ -513,7 +513,7 @@ def test_a_second_convert_into_the_same_output_fails_naming_the_first(tmp_path: 
                                  "--output", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120)
         text = " ".join(second.stderr.split())
         assert second.returncode == 1, text
-        assert f"{out}: another specbuild run is writing this output now (pid {process.pid}" in text
+        assert f"{out}: another specbuild run is using this output now (pid {process.pid}" in text
         assert "hint: wait for that run to finish, or stop it, then run again" in text
         assert "Traceback" not in text and snapshot(out) == before
     code, text = cli("convert", "--model", str(source), "--output", str(out))  # the holder is gone: it works
@@ -528,7 +528,7 @@ def test_build_and_deploy_take_the_lock_too(deployed: tuple[Path, Path]) -> None
         before = snapshot(output)
         with holding(output) as (process, _):
             code, text = cli(stage, str(spec), "--force")
-            assert code == 1 and f"another specbuild run is writing this output now (pid {process.pid}" in text
+            assert code == 1 and f"another specbuild run is using this output now (pid {process.pid}" in text
         assert snapshot(output) == before
     assert leftovers(repository.parent)  # the killed holders' temporary directories and lock files
     for stage in ("build", "deploy"):  # up to date, and what the killed holders left is gone
@@ -553,7 +553,7 @@ def test_the_pytorch_flow_takes_the_lock_too(tiny_llama: Path, tmp_path: Path) -
         before = snapshot(output)
         with holding(output) as (process, _):
             code, text = cli(stage, str(spec), "--force")
-            assert code == 1 and f"another specbuild run is writing this output now (pid {process.pid}" in text
+            assert code == 1 and f"another specbuild run is using this output now (pid {process.pid}" in text
         assert snapshot(output) == before
     for stage in ("build", "deploy"):
         code, text = cli(stage, str(spec))
