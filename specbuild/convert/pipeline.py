@@ -48,6 +48,7 @@ from specbuild.manifest import (
     tool_versions,
     write_manifest,
 )
+from specbuild.spec.fields import snapshot_commit
 
 if TYPE_CHECKING:
     from specbuild.spec import PipelineSpec
@@ -137,6 +138,9 @@ def with_medusa_heads(arch: Architecture, checkpoint: HFCheckpoint, request: Con
 
 def _settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, Any]:
     settings = _base_settings(request, plan)
+    hub = snapshot_commit(request.source)
+    if hub is not None:  # a Hub id's snapshot: its commit, so a moved branch makes the output stale
+        settings["hub"] = hub
     if request.self_draft_layers is not None:  # only then, so other conversions' manifests stay as they were
         settings["self_draft_layers"] = request.self_draft_layers
     if request.self_draft_adapter is not None:

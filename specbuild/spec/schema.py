@@ -35,7 +35,7 @@ from specbuild.dtypes import DTYPES
 from specbuild.medusa.choices import medusa_tree_problems
 from specbuild.runtime.schedule import schedule_problems
 from specbuild.spec.dynamo import KV_TRANSFERS, DynamoSpec
-from specbuild.spec.fields import Count, Port, SpecPath, base_dir, resolve, spec_path_from
+from specbuild.spec.fields import Count, ModelPath, Port, SpecPath, base_dir, resolve, snapshot_commit, spec_path_from
 from specbuild.spec.kubernetes import KubernetesSpec, dynamo_name_problem
 from specbuild.spec.presets import DEFAULT_MEDUSA_CHOICES, as_paths, load_preset
 from specbuild.spec.problems import (
@@ -89,11 +89,21 @@ class _Section(BaseModel):
 
 
 class ModelSource(_Section):
-    """A Hugging Face checkpoint directory."""
+    """A Hugging Face checkpoint: a directory, or a Hub id (`owner/name`) resolved to its snapshot in the cache."""
 
-    model: SpecPath
+    revision: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    """With a Hub id in `model`: the branch, tag or commit to use (default `main`); before `model`, which reads it."""
+    model: ModelPath
     trust_remote_code: Annotated[bool, Strict()] = False
     """Off by default: it runs Python code shipped with the checkpoint. Turn on only for sources you trust."""
+
+    @model_validator(mode="after")
+    def _no_remote_code_from_hub(self) -> ModelSource:
+        """A Hub snapshot holds no code (only config, tokenizer and safetensors are fetched): refuse, not fail later."""
+        if self.trust_remote_code and self.model is not None and snapshot_commit(self.model) is not None:
+            raise_issues([(("trust_remote_code",), "not with a Hugging Face Hub id in model: specbuild never fetches "
+                           "code from the Hub; download the model yourself and name its directory", None)])
+        return self
 
 
 class TargetSpec(ModelSource):
@@ -154,7 +164,7 @@ class DraftSpec(ModelSource):
     cache of the first L layers, which the target's verify forward computes anyway)."""
 
     source: DraftSource = "model"
-    model: SpecPath | None = None  # type: ignore[assignment]  # required unless source is target_layers
+    model: ModelPath | None = None  # type: ignore[assignment]  # required unless source is target_layers
     layers: Count | None = None
     """`source: target_layers`: how many of the target's decoder layers the draft keeps, 1 <= L < the target's
     num_hidden_layers (`specbuild validate` checks it against the target's config.json). Fewer layers draft
@@ -182,7 +192,7 @@ class DraftSpec(ModelSource):
             if self.layers is None:
                 issues.append((("layers",), "required when source is 'target_layers': how many of the target's "
                                "first layers the draft keeps", ("source",)))
-            for name in ("model", "trust_remote_code"):
+            for name in ("model", "revision", "trust_remote_code"):
                 if name in given:
                     issues.append(((name,), f"given, but source is 'target_layers', which reads the target's "
                                    f"checkpoint (target.{name}); remove it", None))
