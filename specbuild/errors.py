@@ -25,5 +25,11 @@ class SpecError(SpecbuildError):
     """The pipeline spec is invalid."""
 
 
+MISSING_MODEL = ("point the field at a Hugging Face checkpoint directory; a Hugging Face Hub id (owner/name) is "
+                 "read from the Hugging Face cache, which `specbuild convert SPEC` fills (or `hf download owner/name`"
+                 " where the Hub is reachable)")
+"""The hint of a model directory that does not exist: the value may have been meant as a Hub id not yet cached."""
+
+
 class CheckpointError(SpecbuildError):
     """An input checkpoint is missing, unreadable, or contradicts its own config."""

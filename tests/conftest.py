@@ -22,6 +22,10 @@ import pytest
 pytest_plugins = ["tests.deploy_fixtures"]
 """The deployed demo pipelines and the servers on them (`deployed`, `dt_server`, ...), for every test module."""
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+"""No test reaches the Hugging Face Hub (these machines reach only the package registries): a spec naming a Hub id
+resolves from a cache the test makes, and convert, which downloads what the cache lacks, reads the cache only."""
+
 DEMO_MODELS_DIR = Path(os.environ.get("SPECBUILD_TEST_DEMO_MODELS") or
                        Path(__file__).resolve().parents[1] / "demo" / "models")
 """Where the session's demo models are built (cached). `make test-variant` points this at a second directory

@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 SPEC = ("name: t\noutput_dir: out\n{models}"
@@ -28,9 +30,12 @@ def add_snapshot(cache: Path, repo_id: str, commit: str, source: Path, *refs: st
     return snapshot
 
 
-def specbuild(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def specbuild(tmp_path: Path, *args: str, hub: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI with the cache in tmp_path: offline, or (`hub`) online against that endpoint."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hub"),
            "HF_HUB_OFFLINE": "1", "COLUMNS": "250"}
+    if hub is not None:
+        env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=hub)
     return subprocess.run([sys.executable, "-m", "specbuild.cli", *args], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)
 
@@ -78,16 +83,18 @@ def test_id_not_in_the_cache_is_refused_naming_the_field(tmp_path: Path, demo_mo
     add_snapshot(tmp_path / "hub", "acme/tiny", MAIN, demo_models["draft"], "main")
     spec = write_spec(tmp_path, "target: {model: acme/tiny}\ndraft: {model: acme/missing}\n"
                       "speculative: {mode: draft_target, num_draft_tokens: 3}\n")
-    for command in ("validate", "convert"):
+    for command in ("validate", "convert"):  # offline: it may be a directory not made yet, or an id not cached
         result = specbuild(tmp_path, command, str(spec))
-        output = result.stdout + result.stderr
+        output = " ".join((result.stdout + result.stderr).split())
         assert result.returncode == 1 and "Traceback" not in output, output
-        assert f"{spec}:4: draft.model: acme/missing is not in the Hugging Face cache" in output, output
-        assert "HF_HUB_OFFLINE is set" in output and "`hf download acme/missing`" in output, output
+        assert f"{tmp_path / 'acme/missing'}: model directory does not exist" in output, output
+        assert "Hugging Face Hub id (owner/name)" in output and "`specbuild convert SPEC` fills" in output, output
     assert not (tmp_path / "out").exists()
     unknown = write_spec(tmp_path, "target: {model: acme/tiny, revision: v9}\n")
     result = specbuild(tmp_path, "validate", str(unknown))
-    assert result.returncode == 1 and "target.model: acme/tiny@v9 is not in the Hugging Face cache" in result.stderr
+    output = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "target.model: acme/tiny@v9 is not in the Hugging Face cache" in output, output
+    assert "HF_HUB_OFFLINE is set" in output and "`hf download acme/tiny --revision v9`" in output, output
 
 
 def test_an_existing_directory_shaped_like_an_id_stays_a_path(tmp_path: Path, demo_models: dict[str, Path]) -> None:
@@ -108,3 +115,44 @@ def test_an_existing_directory_shaped_like_an_id_stays_a_path(tmp_path: Path, de
     assert refused.returncode == 1, refused.stdout
     assert "target.model: acme/tiny is a local path; `revision` applies only to a Hugging Face Hub id" in (
         refused.stderr)
+
+
+def test_convert_asks_the_hub_for_what_the_cache_lacks_and_validate_never_does(tmp_path: Path,
+                                                                               demo_models: dict[str, Path]) -> None:
+    """Online, convert downloads an id the cache lacks; validate reads the cache only. The Hub is a stand-in on
+    loopback (HF_ENDPOINT; no other network here) that knows no model, answering as the Hub does for an unknown
+    repository (404 with X-Error-Code: RepoNotFound): convert asks it and says there is no such model, naming the
+    field; validate never asks and reports the missing directory."""
+    asked: list[str] = []
+
+    class NoModels(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hub = f"http://127.0.0.1:{server.server_address[1]}"
+    add_snapshot(tmp_path / "hub", "acme/tiny", MAIN, demo_models["draft"], "main")
+    spec = write_spec(tmp_path, "target: {model: acme/tiny}\ndraft: {model: acme/missing}\n"
+                      "speculative: {mode: draft_target, num_draft_tokens: 3}\n")
+    try:
+        validated = specbuild(tmp_path, "validate", str(spec), hub=hub)
+        assert validated.returncode == 1 and asked == [], (asked, validated.stderr)
+        converted = specbuild(tmp_path, "convert", str(spec), hub=hub)
+    finally:
+        server.shutdown()
+    output = " ".join(converted.stderr.split())
+    assert converted.returncode == 1 and "Traceback" not in output, output
+    assert any("acme/missing" in path for path in asked), asked
+    assert f"{spec}:4: draft.model: acme/missing: no such model on the Hugging Face Hub" in output, output
+    assert not (tmp_path / "out").exists()

@@ -26,7 +26,7 @@ from specbuild.eagle.format import (
     read_eagle3_header,
     target_from_config,
 )
-from specbuild.errors import CheckpointError, SpecbuildError
+from specbuild.errors import MISSING_MODEL, CheckpointError, SpecbuildError
 from specbuild.medusa.heads_format import KEY_RE
 from specbuild.spec import PipelineSpec
 from specbuild.spec.problems import Loc, show
@@ -47,7 +47,7 @@ def _said(err: SpecbuildError) -> str:
 def _read_config(directory: Path) -> dict[str, object]:
     """A Hugging Face checkpoint's config.json; a missing directory or file is named as such."""
     if not directory.is_dir():
-        raise CheckpointError(f"{directory}: model directory does not exist")
+        raise CheckpointError(f"{directory}: model directory does not exist", hint=MISSING_MODEL)
     path = directory / CONFIG_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -14,7 +14,7 @@ import torch
 
 from specbuild.convert.safetensors_format import FileSpan
 from specbuild.convert.safetensors_reader import MappedFile, TensorInfo, read_header
-from specbuild.errors import CheckpointError
+from specbuild.errors import MISSING_MODEL, CheckpointError
 from specbuild.pickle_weights import check_pickle_allowed, load_pickled_state
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -59,7 +59,7 @@ class HFCheckpoint:
     def __init__(self, directory: Path, *, allow_pickle: bool = False) -> None:
         self.directory = directory
         if not directory.exists():
-            raise CheckpointError(f"{directory}: model directory does not exist")
+            raise CheckpointError(f"{directory}: model directory does not exist", hint=MISSING_MODEL)
         if not directory.is_dir():
             raise CheckpointError(f"{directory}: is not a directory (give the Hugging Face model directory)")
         try:

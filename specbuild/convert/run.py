@@ -41,8 +41,10 @@ def convert_spec(spec_path: Path, *, allow_pickle: bool = False, force: bool = F
     draft/target pair) is checked before any is written, and problems are reported at the spec file."""
     from specbuild.contracts.llm_api import refuse_other_flow
     from specbuild.spec import load_spec
+    from specbuild.spec.fields import downloads
 
-    spec = load_spec(spec_path)
+    with downloads():  # convert is the stage that fetches a Hub id's snapshot the cache lacks (unless offline)
+        spec = load_spec(spec_path)
     refuse_other_flow(spec, "convert")
     if spec.build.flow == "pytorch":
         return _convert_pytorch_flow(spec, spec_path, allow_pickle=allow_pickle, force=force, dry_run=dry_run,

@@ -106,8 +106,9 @@ def downloads() -> Iterator[None]:
 
 def resolve_snapshot(repo_id: str, revision: str | None, *, local: Path) -> Path | None:
     """The snapshot directory of `repo_id` at `revision` (default `main`): from the cache, else downloaded inside
-    `downloads()` unless offline. None when it is not cached, no revision was asked and nothing may download: the
-    value stays the path `local` (whose absence the stage reading it reports). Raises HubProblem saying what to do."""
+    `downloads()` unless offline. None when it is not cached, no revision was asked and nothing may download
+    (another command than convert, or HF_HUB_OFFLINE): the value stays the path `local`, whose absence the stage
+    reading it reports with MISSING_MODEL's hint. Raises HubProblem saying what to do."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -138,14 +139,12 @@ def resolve_snapshot(repo_id: str, revision: str | None, *, local: Path) -> Path
                 raise HubProblem(f"{at} is not in the Hugging Face cache, there is no directory {local}, and the "
                                  "Hub cannot be reached: check the network, or set HF_HUB_OFFLINE=1 and run "
                                  f"{fetch} where it can be") from None
-            if offline():
-                raise HubProblem(f"{at} is not in the Hugging Face cache and there is no directory {local}; "
-                                 f"HF_HUB_OFFLINE is set: run {fetch} where the Hub is reachable, or fix the id or "
-                                 "the path") from None
-            if not _DOWNLOADS.get():
-                if revision is None:
+            if offline() or not _DOWNLOADS.get():
+                if revision is None:  # the path `local`, whose absence the stage reading it reports (MISSING_MODEL)
                     return None
-                raise HubProblem(f"{at} is not in the Hugging Face cache yet: run {fetch}") from None
+                how = (f"HF_HUB_OFFLINE is set: run {fetch} where the Hub is reachable" if offline() else
+                       f"`specbuild convert SPEC` downloads it (or run {fetch})")
+                raise HubProblem(f"{at} is not in the Hugging Face cache yet; {how}") from None
         except (HfHubHTTPError, OSError) as err:
             raise HubProblem(f"{at}: download from the Hugging Face Hub failed ({err})") from None
     raise AssertionError("unreachable")  # the loop returns or raises
