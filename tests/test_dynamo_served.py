@@ -426,7 +426,8 @@ def test_serve_prompt_prints_the_answer_and_a_refusal_in_the_servers_words(chat_
     assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
     answered, _, error = output.partition("error:")
     assert expected in answered, (expected, answered)
-    assert re.search(r"accepted \d+ of [1-9]\d* draft tokens \(", answered), answered
+    assert re.search(r"acceptance_rate [\d.]+, total_accepted_draft_tokens \d+, total_draft_tokens [1-9]", answered), (
+        answered)
     assert f"max_input_len {build.max_input_len}" in error, error[-3000:]
     assert error.count("the cat") < 20, error  # the prompt shortened, the reason readable
 

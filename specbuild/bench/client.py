@@ -57,6 +57,17 @@ class Generation:
         """Time to the first response that carried text (the whole answer, when not streaming)."""
         return self.response_times[0] if self.response_times else self.latency_s
 
+    def acceptance_line(self) -> str:
+        """The acceptance the answer reported, in the TensorRT-LLM backend's output names, as `specbuild serve
+        --prompt` prints it for every deployment (Triton's outputs, an OpenAI server's usage details)."""
+        if not self.draft_tokens:
+            return ("total_draft_tokens 0 (the model reported no speculation)" if self.draft_tokens == 0
+                    else "the model returned no acceptance outputs")
+        rate = self.acceptance_rate if self.acceptance_rate is not None else (
+            (self.accepted_draft_tokens or 0) / self.draft_tokens)
+        return (f"acceptance_rate {rate:.3f}, total_accepted_draft_tokens {self.accepted_draft_tokens}, "
+                f"total_draft_tokens {self.draft_tokens}")
+
 
 @dataclass(frozen=True)
 class RequestNames:

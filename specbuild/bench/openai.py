@@ -184,10 +184,3 @@ def _absorb(result: Generation, event: dict[str, Any], when: float, where: str) 
         result.accepted_draft_tokens, result.draft_tokens = accepted, drafted
         result.acceptance_rate = accepted / drafted if drafted else None
 
-
-def acceptance_words(generation: Generation) -> str:
-    """The acceptance an answer's usage reported, in words (`specbuild serve --prompt` on a Dynamo deployment)."""
-    if not generation.draft_tokens:
-        return "no draft tokens reported"
-    accepted = generation.accepted_draft_tokens or 0
-    return f"accepted {accepted} of {generation.draft_tokens} draft tokens ({accepted / generation.draft_tokens:.3f})"

@@ -316,7 +316,7 @@ def ask(server: DynamoServer, prompts: tuple[str, ...], max_tokens: int, out: Co
     """Each prompt, streamed through the frontend as any OpenAI client sends it: the answer and the workers'
     acceptance. A refusal (e.g. which of the deployment's limits a prompt breaks) is a SpecbuildError with the
     server's words; the prompt is shortened in it, as a long one would bury them."""
-    from specbuild.bench.openai import OpenAIClient, acceptance_words
+    from specbuild.bench.openai import OpenAIClient
 
     with OpenAIClient(server.url, server.model) as client:
         for prompt in prompts:
@@ -327,5 +327,5 @@ def ask(server: DynamoServer, prompts: tuple[str, ...], max_tokens: int, out: Co
                 raise SpecbuildError(f"--prompt {textwrap.shorten(prompt, PROMPT_SHOWN)!r}: {err.message}",
                                      hint=f"the frontend's and workers' logs: {server.log_dir}") from None
             out.print(escape(answer.text), highlight=False, soft_wrap=True)
-            out.print(f"  {acceptance_words(answer)}; first text after {answer.ttft_s * 1e3:.0f} ms", highlight=False)
+            out.print(f"  {answer.acceptance_line()}; first text after {answer.ttft_s * 1e3:.0f} ms", highlight=False)
 

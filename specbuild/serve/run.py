@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from specbuild.bench.client import DEPLOY_DRAFT_LENGTH, Generation, LLMClient, ModelInterface, entry_model
+from specbuild.bench.client import DEPLOY_DRAFT_LENGTH, LLMClient, ModelInterface, entry_model
 from specbuild.errors import SpecbuildError
 from specbuild.serve.lifetime import serve_until_stopped, stopped_on_signal
 from specbuild.serve.server import TritonServer
@@ -118,7 +118,7 @@ def ask(server: TritonServer, options: ServeOptions, names: list[str], out: Cons
                       f"{escape(streamed.text)}", highlight=False, soft_wrap=True)
             whole = http.generate(prompt, options.max_tokens, stream=False, num_draft_tokens=options.num_draft_tokens)
             out.print(f"[bold]HTTP generate[/]: {escape(whole.text)}", highlight=False, soft_wrap=True)
-            out.print(f"  {acceptance_line(streamed)}; {streamed.latency_s * 1e3:.0f} ms "
+            out.print(f"  {streamed.acceptance_line()}; {streamed.latency_s * 1e3:.0f} ms "
                       f"(first text after {streamed.ttft_s * 1e3:.0f} ms)", highlight=False, soft_wrap=True)
 
 
@@ -144,12 +144,3 @@ def refuse_unsent_draft_length(options: ServeOptions) -> None:
     if problem is not None:
         raise SpecbuildError(problem, hint=f"{keep}, or {DEPLOY_DRAFT_LENGTH}")
 
-
-def acceptance_line(generation: Generation) -> str:
-    if not generation.draft_tokens:
-        return ("total_draft_tokens 0 (the model reported no speculation)" if generation.draft_tokens == 0
-                else "the model returned no acceptance outputs")
-    rate = generation.acceptance_rate if generation.acceptance_rate is not None else (
-        (generation.accepted_draft_tokens or 0) / generation.draft_tokens)
-    return (f"acceptance_rate {rate:.3f}, total_accepted_draft_tokens {generation.accepted_draft_tokens}, "
-            f"total_draft_tokens {generation.draft_tokens}")
