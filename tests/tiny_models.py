@@ -12,15 +12,27 @@ from typing import Any
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 # name -> (config class, model class, default config kwargs, ModelOpt decoder_type)
@@ -51,6 +63,57 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any], str]] = {
         GPT2LMHeadModel,
         dict(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0),
         "gpt",
+    ),
+    # The families of issue 49. Windows are small (8 tokens) so that a test prompt is longer than them; head_dim
+    # differs from hidden/heads where the family allows it, so that a converter using hidden/heads is caught.
+    "qwen3": (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=256),
+        "qwen",
+    ),
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(vocab_size=1000, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+             num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             tie_word_embeddings=False, max_position_embeddings=256),
+        "qwen",
+    ),
+    "mixtral": (
+        MixtralConfig,
+        MixtralForCausalLM,
+        dict(vocab_size=1000, hidden_size=64, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
+             tie_word_embeddings=False, max_position_embeddings=256),
+        "llama",
+    ),
+    "gemma2": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+             attn_logit_softcapping=50.0, final_logit_softcapping=30.0, max_position_embeddings=256),
+        "gemma2",
+    ),
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+             layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+             max_position_embeddings=256),
+        "gemma3",
+    ),
+    "phi3": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=256,
+             sliding_window=None, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+        "phi3",
     ),
 }
 

@@ -1,6 +1,13 @@
-"""One module per model family; importing this package fills the registry."""
+"""One module per model family; importing this package imports each of them, which fills the registry (a new
+family is one new module here, nothing else to edit)."""
 
-from specbuild.convert.architectures import gpt2, llama, qwen2  # noqa: F401  (registration)
+import importlib
+import pkgutil
+
 from specbuild.convert.architectures.base import REGISTRY, Architecture, architecture_for, register
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["REGISTRY", "Architecture", "architecture_for", "register"]
