@@ -31,10 +31,12 @@ def identity(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Rule:
-    """One output tensor: its HF sources, in argument order, and the pure function that combines them."""
+    """One output tensor: its HF sources, in argument order, the pure function that combines them, and its own
+    dtype where TensorRT-LLM fixes one whatever the checkpoint's (None: the checkpoint's dtype)."""
 
     sources: tuple[str, ...]
     combine: Combine = identity
+    dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,11 @@ class Target:
     shape: Shape
     sources: dict[str, Shape]
     combine: Combine = identity
+    dtype: torch.dtype | None = None
 
     @property
     def rule(self) -> Rule:
-        return Rule(tuple(self.sources), self.combine)
+        return Rule(tuple(self.sources), self.combine, self.dtype)
 
 
 class TensorMapping:
@@ -58,11 +61,13 @@ class TensorMapping:
     def __init__(self) -> None:
         self.targets: dict[str, Target] = {}
 
-    def add(self, name: str, shape: Shape, sources: dict[str, Shape], combine: Combine = identity) -> None:
-        """Declare `name` (of `shape` on this rank) as `combine(*sources)`."""
+    def add(self, name: str, shape: Shape, sources: dict[str, Shape], combine: Combine = identity,
+            dtype: torch.dtype | None = None) -> None:
+        """Declare `name` (of `shape` on this rank) as `combine(*sources)`, stored in `dtype` when given (e.g. an
+        MoE router, float32 in every TensorRT-LLM checkpoint), else in the checkpoint's dtype."""
         if name in self.targets:  # a bug in an architecture module, not a user error
             raise RuntimeError(f"{name} is mapped twice")
-        self.targets[name] = Target(name, tuple(shape), dict(sources), combine)
+        self.targets[name] = Target(name, tuple(shape), dict(sources), combine, dtype)
 
     def copy(self, name: str, source: str, shape: Shape) -> None:
         """Declare `name` as the whole of `source`, unchanged (norms, embeddings, replicated biases)."""
@@ -98,6 +103,15 @@ class RankPlan:
     @property
     def filename(self) -> str:
         return f"rank{self.rank.rank}.safetensors"
+
+    def dtype_of(self, name: str, default: torch.dtype) -> torch.dtype:
+        """The dtype `name` is written in: its own where the mapping fixes one, else the checkpoint's."""
+        return self.rules[name].dtype or default
+
+    def nbytes(self, default: torch.dtype) -> int:
+        """What this rank's file holds, tensor data only, with `default` as the checkpoint's dtype."""
+        return sum(torch.Size(shape).numel() * self.dtype_of(name, default).itemsize
+                   for name, shape in self.shapes.items())
 
 
 def check_sources(

@@ -163,18 +163,18 @@ def _base_settings(request: ConvertRequest, plan: ConversionPlan) -> dict[str, A
 def _write_rank(
     checkpoint: HFCheckpoint, plan: RankPlan, dtype: torch.dtype, path: Path, progress: Progress
 ) -> None:
-    layout = [(name, dtype, shape) for name, shape in plan.shapes.items()]
-    total = sum(dtype.itemsize * torch.Size(shape).numel() for _, _, shape in layout)
-    task = progress.add_task(plan.filename, total=total)
+    layout = [(name, plan.dtype_of(name, dtype), shape) for name, shape in plan.shapes.items()]
+    task = progress.add_task(plan.filename, total=plan.nbytes(dtype))
     with StreamingSafetensorsWriter(path, layout, metadata={"format": "pt"}) as writer:
         for name, rule in plan.rules.items():
             sources = [checkpoint.tensor(s) for s in rule.sources]
-            out = rule.combine(*sources).to(dtype)
+            tensor_dtype = plan.dtype_of(name, dtype)
+            out = rule.combine(*sources).to(tensor_dtype)
             blocks = out.blocks if isinstance(out, RowBlocks) else [out]
             # A block that is still a slice of a source file is copied file to file; the rest is written.
             pieces = [checkpoint.span_of(block) or block for block in blocks]
-            writer.write_pieces(name, dtype, plan.shapes[name], pieces)
-            progress.advance(task, out.shape.numel() * dtype.itemsize)
+            writer.write_pieces(name, tensor_dtype, plan.shapes[name], pieces)
+            progress.advance(task, out.shape.numel() * tensor_dtype.itemsize)
             del out, blocks, pieces, sources
             for source in rule.sources:
                 checkpoint.release(source)
@@ -184,9 +184,8 @@ def _plan_table(request: ConvertRequest, plan: ConversionPlan) -> Table:
     table = Table(title=f"{request.name}: {plan.arch.hf_architecture} -> {request.output}")
     for column in ("file", "tensors", "MB", "layers"):
         table.add_column(column)
-    itemsize = DTYPES[plan.dtype].itemsize
     for rp in plan.rank_plans:
-        mb = sum(torch.Size(s).numel() for s in rp.shapes.values()) * itemsize / 1e6
+        mb = rp.nbytes(DTYPES[plan.dtype]) / 1e6
         layers = f"{rp.rank.layers.start}-{rp.rank.layers.stop - 1}" if len(rp.rank.layers) else "-"
         table.add_row(rp.filename, str(len(rp.shapes)), f"{mb:.1f}", layers)
     return table
@@ -209,8 +208,7 @@ class PreparedConversion:
         """What the unquantized rank files take (None for a quantized draft, whose size ModelOpt decides)."""
         if self.qplan is not None:
             return None
-        itemsize = DTYPES[self.plan.dtype].itemsize
-        return sum(torch.Size(s).numel() * itemsize for rp in self.plan.rank_plans for s in rp.shapes.values())
+        return sum(rp.nbytes(DTYPES[self.plan.dtype]) for rp in self.plan.rank_plans)
 
     def close(self) -> None:
         self.checkpoint.close()

@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from specbuild.convert.calibration import CalibrationError, read_calibration
 from specbuild.convert.compatibility import tokenizer_problem
 from specbuild.convert.hf_checkpoint import HFCheckpoint
@@ -47,11 +45,10 @@ def _source_field(request: ConvertRequest) -> Loc:
 
 
 def _planned_bytes(plan: ConversionPlan, quant_format: Format | None) -> int:
-    itemsize = DTYPES[plan.dtype].itemsize
     if quant_format is not None:
         export_itemsize = DTYPES[export_dtype(plan.dtype)].itemsize
         return sum(quantized_bytes(rp.shapes, quant_format, export_itemsize) for rp in plan.rank_plans)
-    return sum(torch.Size(s).numel() * itemsize for rp in plan.rank_plans for s in rp.shapes.values())
+    return sum(rp.nbytes(DTYPES[plan.dtype]) for rp in plan.rank_plans)
 
 
 def _check_quantization(request: ConvertRequest, plan: ConversionPlan, findings: list[Finding]

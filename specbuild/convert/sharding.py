@@ -75,16 +75,20 @@ class RowBlocks:
     slice of a source file can be copied file to file; it also lets plans work out shapes on `meta` tensors
     without torch.cat (whose first meta call imports torch._dynamo, over a second per run)."""
 
-    def __init__(self, blocks: list[torch.Tensor]) -> None:
+    def __init__(self, blocks: list[torch.Tensor], shape: tuple[int, ...] | None = None) -> None:
         self.blocks = [b for b in blocks if b.shape[0]]
         tail = {tuple(b.shape[1:]) for b in blocks}
         if len(tail) != 1 or len({b.dtype for b in blocks}) != 1:
             raise ValueError(f"blocks differ beyond dim 0: {[(tuple(b.shape), b.dtype) for b in blocks]}")
         self.shape = torch.Size((sum(b.shape[0] for b in blocks), *tail.pop()))
+        if shape is not None:  # the same bytes seen as another shape (stacked experts: (E, rows, cols))
+            if torch.Size(shape).numel() != self.shape.numel():
+                raise ValueError(f"blocks of shape {list(self.shape)} cannot be viewed as {list(shape)}")
+            self.shape = torch.Size(shape)
         self.dtype = blocks[0].dtype
 
     def to(self, dtype: torch.dtype) -> RowBlocks:
-        return RowBlocks([b.to(dtype) for b in self.blocks])
+        return RowBlocks([b.to(dtype) for b in self.blocks], self.shape)
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Rank, num_kv_heads: int) -> RowBlocks:
@@ -108,3 +112,20 @@ def split_padded(tensor: torch.Tensor, rank: Rank, rows: int) -> RowBlocks:
     real = tensor[start:min(stop, tensor.shape[0])]
     padding = tensor.new_zeros((max(0, stop - max(start, tensor.shape[0])), *tensor.shape[1:]))
     return RowBlocks([real, padding])
+
+
+def fuse_experts(*weights: torch.Tensor, rank: Rank) -> RowBlocks:
+    """This rank's fused expert `mlp.fc` weight (E, 2*inter/tp, hidden) from E "up" then E "gate" projections
+    (inter, hidden): for each expert its up rows, then its gate rows, each this rank's contiguous part of the
+    expert's intermediate dim (TensorRT-LLM 1.x `MOEWeightWrapper`: experts split by moe_tp_size, which defaults to
+    tp, with every rank holding every expert). Kept as row blocks, so unsplit experts are copied file to file."""
+    count = len(weights) // 2
+    blocks = [split(w, rank, 0) for pair in zip(weights[:count], weights[count:], strict=True) for w in pair]
+    return RowBlocks(blocks, (count, 2 * blocks[0].shape[0], *blocks[0].shape[1:]))
+
+
+def stack_experts(*weights: torch.Tensor, rank: Rank, dim: int) -> RowBlocks:
+    """This rank's stacked expert weight (E, ...): each expert's part along `dim` (the `mlp.proj` weights are
+    split on dim 1, the intermediate dim, like a dense row-parallel projection)."""
+    blocks = [split(w, rank, dim) for w in weights]
+    return RowBlocks(blocks, (len(blocks), *blocks[0].shape))
