@@ -16,8 +16,9 @@ Facts from NVIDIA/TensorRT-LLM, 1.x line (the 1.2 engine flow):
   own `split_weights_tp` (models/phi3/split_weights.py @7dfda15a) instead cuts the swapped [up; gate] into contiguous
   tp parts, which at tp=2 gives rank 0 only `up` rows and rank 1 only `gate` rows (the fused-SwiGLU TP pitfall, as
   in NVIDIA/Megatron-LM issue #360); specbuild writes the same names and shapes with the per-rank order the engine's
-  arithmetic needs. At tp=1 both are [up; gate]. QKV is split per q/k/v like LLaMA's (split_weights_tp does the
-  same for GQA; KV heads are repeated when there are fewer than ranks, as the engine's Attention layer expects).
+  arithmetic needs. At tp=1 both are [up; gate]. QKV is split per q/k/v as split_weights_tp does; where there are
+  fewer KV heads than ranks (which split_weights_tp cannot cut) each is repeated as LLaMA's converter does
+  (`dup_kv_weight`, see sharding.py), since every rank of the engine holds ceil(kv / tp) KV heads.
 - config.json (`Phi3Config.from_hugging_face`, models/phi3/config.py @1e6a4f97): `rotary_base` = rope_theta,
   `rotary_scaling` always null, `rotary_pct` = partial_rotary_factor (PretrainedConfig then derives
   `rotary_embedding_dim` = int(head_size * rotary_pct), models/modeling_utils.py, 1.x), `norm_epsilon` = rms_norm_eps,
