@@ -218,7 +218,7 @@ def rope_scaled(directory: Path) -> Path:
          ("'linear' rope scaling", "hint:")),
         ("layer pattern", lambda d: _edit(make_checkpoint(d, "gemma3"), layer_types=[
             "sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]),
-         ("layer_types", "_sliding_window_pattern", "model.py @5dedf53b")),
+         ("layer_types marks layer 3", "_sliding_window_pattern", "model.py @5dedf53b", "pattern 2")),
         ("multimodal", lambda d: _edit(make_checkpoint(d, "gemma3"), architectures=["Gemma3ForConditionalGeneration"]),
          ("Gemma3ForConditionalGeneration", "text", "Gemma3ForCausalLM")),
         ("own head", lambda d: make_checkpoint(d, "gemma2", tie_word_embeddings=False),

@@ -134,11 +134,14 @@ class Gemma2(Architecture):
                 "fix config.json: it does not look like one transformers wrote")
         full = [i for i, kind in enumerate(types) if kind == FULL]
         pattern = full[0] + 1 if full else self.layers + 1
-        if types != [SLIDING if (i + 1) % pattern else FULL for i in range(self.layers)]:
+        expected = [SLIDING if (i + 1) % pattern else FULL for i in range(self.layers)]
+        if types != expected:
+            bad = next(i for i, (kind, rule) in enumerate(zip(types, expected, strict=True)) if kind != rule)
             raise self.refuse(
-                f"layer_types {types} has no period TensorRT-LLM can express: its Gemma model slides layer l iff "
-                f"(l + 1) % _sliding_window_pattern != 0 (NVIDIA/TensorRT-LLM tensorrt_llm/models/gemma/model.py "
-                "@5dedf53b), one full-attention layer every p layers, the last of each group",
+                f"layer_types marks layer {bad} {types[bad]!r}, which TensorRT-LLM cannot express: its Gemma model "
+                "slides layer l iff (l + 1) % _sliding_window_pattern != 0 (NVIDIA/TensorRT-LLM tensorrt_llm/models/"
+                f"gemma/model.py @5dedf53b), and the first full-attention layer ({pattern - 1}) makes that pattern "
+                f"{pattern}, under which layer {bad} is {expected[bad]!r}",
                 "convert a checkpoint whose layer_types repeat one group of sliding layers ending in a full one")
         return pattern
 
@@ -168,7 +171,7 @@ class Gemma2(Architecture):
                 "TensorRT-LLM 1.2's Gemma checkpoint cannot carry: its converter writes rotary_scaling null (it reads "
                 "an HF field `rotary_scaling` Gemma configs do not have, models/gemma/config.py @9df6d722), and its "
                 "attention applies one scaling to the global and the local rope alike (tensorrt_llm/layers/"
-                "attention.py), where HF Gemma 3 scales only the global layers",
+                "attention.py), where HF Gemma 3 scales its global layers only",
                 "convert a Gemma checkpoint without rope scaling (e.g. Gemma 3 1B, Gemma 2), or serve this one with "
                 "a flow that reads the Hugging Face directory (TensorRT-LLM's PyTorch flow, vLLM, SGLang)")
         try:
