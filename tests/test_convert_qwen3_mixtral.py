@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 from typer.testing import CliRunner
 
 from specbuild.cli import app
@@ -244,3 +247,30 @@ def test_router_is_float32_in_the_rank_file_header(tmp_path: Path) -> None:
     routers = {n for n in dtypes if re.search(r"mlp\.router\.weight$", n)}
     assert routers and all(dtypes[n] == "F32" for n in routers)
     assert {dtypes[n] for n in dtypes if n not in routers} == {"F16"}
+
+
+def validate_spec(directory: Path, target: Path, **build: Any) -> tuple[int, str]:
+    directory.mkdir(parents=True)
+    spec = directory / "pipeline.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "moe", "output_dir": str(directory / "out"), "target": {"model": str(target)},
+        "speculative": {"mode": "none"},
+        "build": {"max_batch_size": 2, "max_input_len": 32, "max_output_len": 16, **build},
+    }, sort_keys=False), encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(spec)])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_engine_layout_limits_apply_only_where_specbuild_converts(tmp_path: Path) -> None:
+    """Dense layers in a Qwen3-MoE model are refused by `validate` on the engine flow (convert would have to lay
+    them out), but not on the PyTorch flow with TensorRT-LLM's backend, which loads the Hugging Face directory as
+    it is; the reference backend runs specbuild's conversion, so it is refused there too."""
+    target = make_checkpoint(tmp_path / "hf", "qwen3_moe", mlp_only_layers=[1])
+    Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(target / "tokenizer.json"))
+    code, text = validate_spec(tmp_path / "engine", target)
+    assert code == 1 and "target.model" in text and "mlp_only_layers [1]" in text, text
+    assert "TensorRT-LLM's PyTorch backend (build.flow: pytorch), vLLM and SGLang load" in text
+    code, text = validate_spec(tmp_path / "pytorch", target, flow="pytorch")
+    assert code == 0 and "mlp_only_layers" not in text, text
+    code, text = validate_spec(tmp_path / "reference", target, flow="pytorch", backend="reference")
+    assert code == 1 and "mlp_only_layers [1]" in text, text

@@ -25,6 +25,12 @@ Shape = tuple[int, ...]
 Combine = Callable[..., torch.Tensor | RowBlocks]
 
 
+class EngineLayoutError(CheckpointError):
+    """A sound checkpoint that TensorRT-LLM's engine-flow layout cannot hold (e.g. dense layers inside a Qwen3-MoE
+    model): refused wherever specbuild converts it, but not where the model is served from its Hugging Face
+    directory as it is (`build.flow: pytorch` on TensorRT-LLM's own backend), which `validate` knows."""
+
+
 def identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 

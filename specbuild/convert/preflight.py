@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from specbuild.convert.calibration import CalibrationError, read_calibration
 from specbuild.convert.compatibility import tokenizer_problem
 from specbuild.convert.hf_checkpoint import HFCheckpoint
+from specbuild.convert.mapping import EngineLayoutError
 from specbuild.convert.pipeline import plan_conversion, spec_requests
 from specbuild.convert.quantize.plan import awq_group_size, export_dtype, quantized_bytes, tokenizer_files_problem
 from specbuild.convert.quantize.settings import Format, check_format
@@ -85,6 +86,16 @@ def _both_exist(*directories: Path) -> bool:
     return all(Path(directory).is_dir() for directory in directories)
 
 
+def converted_roles(spec: PipelineSpec) -> tuple[str, ...]:
+    """The models `convert` writes for this spec: all of them on the engine flow; on the PyTorch flow only what the
+    reference backend runs and a quantized draft (TensorRT-LLM's backend loads the Hugging Face directories)."""
+    from specbuild.contracts.llm_api import quantized_draft_dir, reference_roles
+
+    if spec.build.flow != "pytorch":
+        return ("target", "draft", "medusa")
+    return reference_roles(spec) + (("draft",) if quantized_draft_dir(spec) is not None else ())
+
+
 def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dict[str, Any], int]]]:
     """Every model problem of the spec, and {role: (the config convert would write, its rank files' bytes)}."""
     findings: list[Finding] = []
@@ -94,6 +105,7 @@ def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dic
         # a missing directory is its own field's problem (reported below), not the pair's under draft.model
         findings += [("error", ("draft", "model"), message) for message, _ in pair]
     failed_sources: set[Path] = set()
+    converted = converted_roles(spec)
     for request in requests:
         field = _model_field(request)
         if request.source in failed_sources:
@@ -104,22 +116,27 @@ def check_models(spec: PipelineSpec) -> tuple[list[Finding], dict[str, tuple[dic
             findings.append(("error", _source_field(request), err.message))
             failed_sources.add(request.source)
             continue
+        plan: ConversionPlan | None = None
         try:
             plan = plan_conversion(request, checkpoint, read_values=False)  # headers and config only
         except SpecbuildError as err:
-            heads = spec.medusa.heads if spec.medusa is not None else None
-            if request.medusa_heads is not None and heads is not None and str(heads) in err.message:
-                findings.append(("error", ("medusa", "heads"), err.message))
-            else:  # a Medusa checkpoint's own problem (e.g. its tp/vocab split) too; the target's said once
-                findings.append(("error", field, err.message))
-                failed_sources.add(request.source)
-            continue
+            if not isinstance(err, EngineLayoutError) or request.name in converted:
+                heads = spec.medusa.heads if spec.medusa is not None else None
+                if request.medusa_heads is not None and heads is not None and str(heads) in err.message:
+                    findings.append(("error", ("medusa", "heads"), err.message))
+                else:  # a Medusa checkpoint's own problem (e.g. its tp/vocab split) too; the target's said once
+                    findings.append(("error", field, err.message))
+                    failed_sources.add(request.source)
+                continue
+            # else: not converted, served from its Hugging Face directory as it is; the checks below still apply
         finally:
             checkpoint.close()
         if request.needs_tokenizer and request.name == "target":
             problem = tokenizer_problem(request.source)
             if problem is not None:
                 findings.append(("error", field, f"{problem[0]} ({problem[1]})"))
+        if plan is None:
+            continue
         config = dict(plan.config)
         quant_format = None
         if request.quantization is not None and request.quantization.enabled:

@@ -37,9 +37,14 @@ from specbuild.convert.architectures.mixtral import (
     with_layer_hooks,
 )
 from specbuild.convert.architectures.qwen2 import Qwen2
-from specbuild.convert.mapping import TensorMapping
+from specbuild.convert.mapping import EngineLayoutError, TensorMapping
 from specbuild.convert.sharding import Rank
-from specbuild.errors import CheckpointError
+
+#: What serves a checkpoint the engine-flow layout cannot hold: each reads the Hugging Face directory as it is.
+LOADED_AS_IS = ("; TensorRT-LLM's PyTorch backend (build.flow: pytorch), vLLM and SGLang load the Hugging Face "
+                "directory as it is")
+SERVED_AS_IS = ("serve it from its Hugging Face directory instead: build.flow: pytorch (TensorRT-LLM's own backend), "
+                "or `specbuild export vllm|sglang`")
 
 
 @register
@@ -51,11 +56,11 @@ class Qwen3(Qwen2):
     def __init__(self, config: dict[str, Any], config_path: Any) -> None:
         super().__init__(config, config_path)
         if config.get("attention_bias"):
-            raise CheckpointError(
+            raise EngineLayoutError(
                 f"{config_path}: attention_bias is true, but TensorRT-LLM's Qwen3 model has no attention biases "
-                "(QWenConfig sets attn_bias false for qwen3): converting would drop them and serve another model",
-                hint="use a Qwen3 checkpoint without attention biases (as Qwen3 ships), or serve this one with "
-                "build.flow: pytorch, vLLM or SGLang, which read the Hugging Face directory",
+                "(QWenConfig sets attn_bias false for qwen3): converting would drop them and serve another model"
+                + LOADED_AS_IS,
+                hint=SERVED_AS_IS,
             )
 
     @property
@@ -109,11 +114,11 @@ class Qwen3Moe(MixtureOfExperts, Qwen3):
         step = self.field("decoder_sparse_step", default=1)
         if dense or step != 1:
             which = f"mlp_only_layers {dense}" if dense else f"decoder_sparse_step {step}"
-            raise CheckpointError(
+            raise EngineLayoutError(
                 f"{config_path}: {which} makes some layers dense, but TensorRT-LLM's engine flow builds experts in "
-                "every layer of a Qwen3-MoE model (QWenDecoderLayer), so these layers' weights would not fit",
-                hint="serve this checkpoint with build.flow: pytorch, vLLM or SGLang, which read the Hugging Face "
-                "directory",
+                "every layer of a Qwen3-MoE model (QWenDecoderLayer), so these layers' weights would not fit"
+                + LOADED_AS_IS,
+                hint=SERVED_AS_IS,
             )
 
     def normalization_mode(self) -> int:
