@@ -100,7 +100,8 @@ def test_config_json_fields(tmp_path: Path, family: str) -> None:
         assert cfg["gpt_variant"] == "gpt2" and cfg["bias"] is True
     else:
         assert cfg["position_embedding_type"] == "rope_gpt_neox"
-        assert cfg["rotary_base"] == hf["rope_parameters"]["rope_theta"]
+        rope = hf["rope_parameters"]  # Gemma 3: one per layer type; rotary_base is the global layers' base
+        assert cfg["rotary_base"] == rope.get("full_attention", rope)["rope_theta"]
         assert cfg["rotary_scaling"] is None
         assert cfg["num_key_value_heads"] == hf["num_key_value_heads"]
 
