@@ -247,8 +247,9 @@ def hf_config_edits(src: Path, **changes: object) -> None:
          r"attention_factor is 1.0.*always uses"),
         ({"hidden_act": "gelu"}, r"'hidden_act' is 'gelu'"),
         ({"head_dim": 32}, r"'head_dim' is 32"),
-        ({"architectures": ["Phi3SmallForCausalLM"]}, r"'Phi3SmallForCausalLM' is not supported"),
-        ({"architectures": ["PhiMoEForCausalLM"]}, r"'PhiMoEForCausalLM' is not supported"),
+        ({"architectures": ["Phi3SmallForCausalLM"]},
+         r"'Phi3SmallForCausalLM' is not supported: Phi-3-small's block-sparse attention"),
+        ({"architectures": ["PhiMoEForCausalLM"]}, r"'PhiMoEForCausalLM' is not supported: Phi-3.5-MoE's sparse-mixer"),
     ],
 )
 def test_what_tensorrt_llm_cannot_express_is_refused(tmp_path: Path, changes: dict, message: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbuild.convert.architectures import REGISTRY
+from specbuild.convert.architectures import REFUSED, REGISTRY
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.tokenizer import TOKENIZER_OWN_FILES, VOCABULARY_FILES, load_tokenizer
@@ -69,7 +69,9 @@ def check_draft_target(target: Path, draft: Path, *, allow_pickle: bool = False)
     try:
         for role, ckpt in (("target", target_ckpt), ("draft", draft_ckpt)):
             arch = (ckpt.config.get("architectures") or [None])[0]
-            if arch not in REGISTRY:
+            if arch in REFUSED:
+                problems.append(f"{role} architecture {arch!r} is not supported: {REFUSED[arch][0]}")
+            elif arch not in REGISTRY:
                 problems.append(f"{role} architecture {arch!r} is not supported (supported: {', '.join(REGISTRY)})")
         vocab_t, vocab_d = target_ckpt.config.get("vocab_size"), draft_ckpt.config.get("vocab_size")
         if vocab_t != vocab_d:

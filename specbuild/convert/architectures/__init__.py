@@ -4,10 +4,10 @@ family is one new module here, nothing else to edit)."""
 import importlib
 import pkgutil
 
-from specbuild.convert.architectures.base import REGISTRY, Architecture, architecture_for, register
+from specbuild.convert.architectures.base import REFUSED, REGISTRY, Architecture, architecture_for, refuse, register
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["REGISTRY", "Architecture", "architecture_for", "register"]
+__all__ = ["REFUSED", "REGISTRY", "Architecture", "architecture_for", "refuse", "register"]

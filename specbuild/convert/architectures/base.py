@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from specbuild.convert.hf_checkpoint import HFCheckpoint
 
 REGISTRY: dict[str, type[Architecture]] = {}
+#: Architectures a family module knows and refuses: name -> (why, what to do instead).
+REFUSED: dict[str, tuple[str, str]] = {}
 
 
 def register(cls: type[Architecture]) -> type[Architecture]:
@@ -33,10 +35,19 @@ def register(cls: type[Architecture]) -> type[Architecture]:
     return cls
 
 
+def refuse(names: tuple[str, ...], reason: str, hint: str) -> None:
+    """Record HF architectures a family module knows but does not convert, so the refusal says why."""
+    for name in names:
+        REFUSED[name] = (reason, hint)
+
+
 def architecture_for(config: dict[str, Any], config_path: Path) -> Architecture:
     """Instantiate the registered architecture named by `architectures[0]` of an HF config."""
     names = config.get("architectures") or []
     name = names[0] if names else None
+    if name in REFUSED:
+        reason, hint = REFUSED[name]
+        raise CheckpointError(f"{config_path}: architecture {name!r} is not supported: {reason}", hint=hint)
     if name not in REGISTRY:
         raise CheckpointError(
             f"{config_path}: architecture {name!r} is not supported",

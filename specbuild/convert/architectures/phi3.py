@@ -3,7 +3,7 @@
 Facts from NVIDIA/TensorRT-LLM, 1.x line (the 1.2 engine flow):
 - `MODEL_MAP['Phi3ForCausalLM']` is its own `Phi3ForCausalLM` class (tensorrt_llm/models/__init__.py @02267d3d);
   `Phi3SmallForCausalLM`, `PhiMoEForCausalLM`, `Phi3VForCausalLM` and `Phi4MMForCausalLM` share that class but are
-  other models (block-sparse attention and GeGELU, MoE, vision): they are not registered here.
+  other models (block-sparse attention and GeGELU, MoE, vision): they are refused below, each with its reason.
 - Tensor names (tensorrt_llm/models/phi3/convert.py @89fd9b74, `load_weights_from_hf_model`): the fused
   `self_attn.qkv_proj` is kept whole as `attention.qkv` (rows q, k, v), `o_proj` -> `attention.dense`, the fused
   `mlp.gate_up_proj` becomes `mlp.fc` with its two halves swapped ([up; gate]), `down_proj` -> `mlp.proj`,
@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from specbuild.convert.architectures.base import register
+from specbuild.convert.architectures.base import refuse, register
 from specbuild.convert.architectures.llama import Llama, Mistral
 from specbuild.convert.mapping import TensorMapping
 from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, split
@@ -218,3 +218,13 @@ class Phi3(Llama):
             # the runtime's max_attention_window_size); the kept field carries it to build, deploy and the runtime.
             config["sliding_window"] = self.sliding_window
         return config
+
+
+_OTHER_ENGINES = ("serve the Hugging Face directory with TensorRT-LLM's PyTorch flow (build.flow: pytorch), or "
+                  "export it to vLLM or SGLang (specbuild export vllm|sglang)")
+refuse(("Phi3SmallForCausalLM",), "Phi-3-small's block-sparse attention, GeGELU MLP and muP scaling (TensorRT-LLM's "
+       "Phi-3-small variant, models/phi3/model.py @c4dc529f) are not converted by specbuild", _OTHER_ENGINES)
+refuse(("PhiMoEForCausalLM",), "Phi-3.5-MoE's sparse-mixer experts (TensorRT-LLM models/phi3/model.py @c4dc529f) are "
+       "not converted by specbuild", _OTHER_ENGINES)
+refuse(("Phi3VForCausalLM", "Phi4MMForCausalLM"), "a vision/multimodal Phi model; specbuild converts text-only "
+       "decoders", "use a text-only Phi-3 checkpoint (Phi3ForCausalLM)")
