@@ -246,6 +246,11 @@ def test_vocab_not_divisible_by_tp_is_refused(tmp_path: Path) -> None:
     convert(src, tmp_path / "tp1")  # tp=1 keeps the whole embedding
 
 
+def test_tp_that_cannot_split_heads_is_refused(tmp_path: Path) -> None:
+    message = refusal(make_checkpoint(tmp_path / "hf", "gemma2"), tmp_path / "out", tp=3)
+    assert "does not divide num_attention_heads 4" in message and "num_key_value_heads 2" in message
+
+
 def _edit(directory: Path, **changes: object) -> Path:
     edit_config(directory, **changes)
     return directory

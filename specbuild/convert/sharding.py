@@ -129,3 +129,17 @@ def stack_experts(*weights: torch.Tensor, rank: Rank, dim: int) -> RowBlocks:
     split on dim 1, the intermediate dim, like a dense row-parallel projection)."""
     blocks = [split(w, rank, dim) for w in weights]
     return RowBlocks(blocks, (len(blocks), *blocks[0].shape))
+
+
+def decoder_tp_problems(tp_size: int, heads: int, kv_heads: int, intermediate: int) -> list[str]:
+    """Why `tp_size` cannot split a decoder's attention and dense MLP as TensorRT-LLM does (empty when it can):
+    query heads and the MLP's intermediate dim are split evenly, KV heads are split or, when fewer than tp,
+    repeated (`dup_kv_weight`), so one of kv and tp must divide the other."""
+    problems = []
+    if heads % tp_size:
+        problems.append(f"tp_size {tp_size} does not divide num_attention_heads {heads}")
+    if kv_heads % tp_size and tp_size % kv_heads:
+        problems.append(f"tp_size {tp_size} and num_key_value_heads {kv_heads}: one must divide the other")
+    if intermediate % tp_size:
+        problems.append(f"tp_size {tp_size} does not divide intermediate_size {intermediate}")
+    return problems

@@ -37,7 +37,7 @@ import torch
 
 from specbuild.convert.architectures.base import Architecture, register
 from specbuild.convert.mapping import TensorMapping
-from specbuild.convert.sharding import Rank, fuse_qkv, split
+from specbuild.convert.sharding import Rank, decoder_tp_problems, fuse_qkv, split
 from specbuild.errors import CheckpointError
 
 SOURCES = "NVIDIA/TensorRT-LLM models/gemma (config.py @9df6d722, convert.py @65b31db1, model.py @5dedf53b)"
@@ -187,12 +187,7 @@ class Gemma2(Architecture):
 
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
         problems = super().parallelism_problems(tp_size, pp_size)
-        if self.heads % tp_size:
-            problems.append(f"tp_size {tp_size} does not divide num_attention_heads {self.heads}")
-        if self.kv_heads % tp_size and tp_size % self.kv_heads:
-            problems.append(f"tp_size {tp_size} and num_key_value_heads {self.kv_heads}: one must divide the other")
-        if self.intermediate % tp_size:
-            problems.append(f"tp_size {tp_size} does not divide intermediate_size {self.intermediate}")
+        problems += decoder_tp_problems(tp_size, self.heads, self.kv_heads, self.intermediate)
         if self.vocab % tp_size:
             problems.append(
                 f"tp_size {tp_size} does not divide vocab_size {self.vocab} (TensorRT-LLM's Gemma splits the "
