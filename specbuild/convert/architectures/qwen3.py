@@ -40,12 +40,6 @@ from specbuild.convert.architectures.qwen2 import Qwen2
 from specbuild.convert.mapping import EngineLayoutError, TensorMapping
 from specbuild.convert.sharding import Rank
 
-#: What serves a checkpoint the engine-flow layout cannot hold: each reads the Hugging Face directory as it is.
-LOADED_AS_IS = ("; TensorRT-LLM's PyTorch backend (build.flow: pytorch), vLLM and SGLang load the Hugging Face "
-                "directory as it is")
-SERVED_AS_IS = ("serve it from its Hugging Face directory instead: build.flow: pytorch (TensorRT-LLM's own backend), "
-                "or `specbuild export vllm|sglang`")
-
 
 @register
 class Qwen3(Qwen2):
@@ -58,9 +52,11 @@ class Qwen3(Qwen2):
         if config.get("attention_bias"):
             raise EngineLayoutError(
                 f"{config_path}: attention_bias is true, but TensorRT-LLM's Qwen3 model has no attention biases "
-                "(QWenConfig sets attn_bias false for qwen3): converting would drop them and serve another model"
-                + LOADED_AS_IS,
-                hint=SERVED_AS_IS,
+                "(QWenConfig sets attn_bias false for qwen3): converting would drop them and serve another model; "
+                "TensorRT-LLM's PyTorch backend (build.flow: pytorch), vLLM and SGLang load the Hugging Face "
+                "directory as it is",
+                hint="serve it from its Hugging Face directory instead: build.flow: pytorch (TensorRT-LLM's own "
+                "backend), or `specbuild export vllm|sglang`",
             )
 
     @property
@@ -116,9 +112,11 @@ class Qwen3Moe(MixtureOfExperts, Qwen3):
             which = f"mlp_only_layers {dense}" if dense else f"decoder_sparse_step {step}"
             raise EngineLayoutError(
                 f"{config_path}: {which} makes some layers dense, but TensorRT-LLM's engine flow builds experts in "
-                "every layer of a Qwen3-MoE model (QWenDecoderLayer), so these layers' weights would not fit"
-                + LOADED_AS_IS,
-                hint=SERVED_AS_IS,
+                "every layer of a Qwen3-MoE model (QWenDecoderLayer), so these layers' weights would not fit; "
+                "TensorRT-LLM's PyTorch backend (build.flow: pytorch), vLLM and SGLang load the Hugging Face "
+                "directory as it is",
+                hint="serve it from its Hugging Face directory instead: build.flow: pytorch (TensorRT-LLM's own "
+                "backend), or `specbuild export vllm|sglang`",
             )
 
     def normalization_mode(self) -> int:
