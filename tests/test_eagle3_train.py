@@ -152,9 +152,9 @@ def test_ttt_mask_is_the_chain_each_drafted_token_sees() -> None:
 
 
 # -- refusals ------------------------------------------------------------------------------------------------------
-def test_a_target_that_is_not_llama_family_is_refused(tmp_path: Path) -> None:
+def test_a_target_no_engine_serves_eagle3_on_is_refused(tmp_path: Path) -> None:
     hf = make_checkpoint(tmp_path / "gpt2", "gpt2", dtype=torch.float32)
-    with pytest.raises(CheckpointError, match=r"config\.json: model_type 'gpt2' is not a Llama-family"):
+    with pytest.raises(CheckpointError, match=r"config\.json: a GPT-2 \(GPT2LMHeadModel\) target: no engine serves"):
         train_eagle3(hf, tmp_path / "out", QUICK, texts=TEXTS, eval_texts=HELD, progress=False)
     assert not (tmp_path / "out").exists()
 

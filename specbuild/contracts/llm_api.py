@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from specbuild.contracts.engine_limits import default_max_num_tokens
+from specbuild.contracts.family_support import family_problems
 from specbuild.contracts.quant_formats import FORMATS, PYTORCH_LINEAR_SOURCE
 from specbuild.errors import SpecbuildError
 from specbuild.spec import PipelineSpec
@@ -240,7 +241,8 @@ def _mode_problem(line: Line, mode: str) -> str | None:
 
 def flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
     """The spec's speculative mode where its `build.flow` (and line) cannot run it, with TensorRT-LLM's reason and
-    the fix: every stage checks this first, so an engine-flow stage never meets a mode it has no engine for."""
+    the fix, then the model families its engines cannot run the mode on (`contracts.family_support`): every stage
+    checks this first, so an engine-flow stage never meets a mode it has no engine for."""
     mode = spec.speculative.mode
     if spec.build.flow == "engine" and mode in PYTORCH_ONLY_REASON:
         return [(("speculative", "mode"), f"{PYTORCH_ONLY_REASON[mode]}; set build.flow: pytorch")]
@@ -248,7 +250,7 @@ def flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
         problem = _mode_problem(line_of(spec), mode)
         if problem is not None:
             return [(("speculative", "mode"), problem)]
-    return []
+    return family_problems(spec)  # the mode runs on this flow: does it run on the spec's model families?
 
 
 def refuse_other_flow(spec: PipelineSpec, stage: str) -> None:

@@ -1,4 +1,4 @@
-"""Medusa heads (FasterDecoding format) + a LLaMA-family base -> one TensorRT-LLM `MedusaForCausalLM` checkpoint.
+"""Medusa heads (FasterDecoding format) + a base -> one TensorRT-LLM `MedusaForCausalLM` checkpoint.
 
 The head file is read as `specbuild.medusa.heads_format` describes (the FasterDecoding format; heads and layers
 counted from the keys). Output names, split dims and config fields follow NVIDIA/TensorRT-LLM 1.x
@@ -7,7 +7,8 @@ counted from the keys). Output names, split dims and config fields follow NVIDIA
 dim 0 under tensor parallelism with no vocab padding.
 
 The heads join the base checkpoint's tensors as sources named `medusa:<key>`, so the ordinary pull mapping,
-coverage check and streaming writer handle them; `MedusaArchitecture` wraps the base family's module.
+coverage check and streaming writer handle them; `MedusaArchitecture` wraps the base family's module. Which bases
+TensorRT-LLM's Medusa takes (Llama, Mistral, Mixtral, Qwen2) is `contracts.family_support`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from specbuild.contracts.family_support import refusal_message
 from specbuild.contracts.model_fit import MEDUSA_FIT_HINT, medusa_fit_problem, medusa_head_shape
 from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.hf_checkpoint import HFCheckpoint
@@ -50,9 +52,12 @@ def attach_heads(checkpoint: HFCheckpoint, heads_dir: Path, *, allow_pickle: boo
 
 
 class MedusaArchitecture(Architecture):
-    """A LLaMA-family base plus Medusa heads; delegates everything about the base to its module."""
+    """A base plus Medusa heads; delegates everything about the base to its module."""
 
     def __init__(self, base: Architecture, num_heads: int, head_layers: int, tree_nodes: int) -> None:
+        message = refusal_message(base.hf_architecture, "medusa", "engine", base.config_path.parent)
+        if message is not None:  # validate says it at target.model first (contracts.llm_api.flow_problems)
+            raise CheckpointError(message, hint="point target.model at a Llama, Mistral, Mixtral or Qwen2 model")
         super().__init__(base.config, base.config_path)
         self.base, self.num_heads, self.head_layers, self.tree_nodes = base, num_heads, head_layers, tree_nodes
         self.hidden = base.field("hidden_size")

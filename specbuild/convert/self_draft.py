@@ -142,11 +142,13 @@ def self_draft_architecture(base: Architecture, checkpoint: HFCheckpoint, reques
     assert request.self_draft_layers is not None
     if request.self_draft_adapter is None:
         return SelfDraftArchitecture(base, request.self_draft_layers)
-    from specbuild.convert.architectures.llama import Llama
+    from specbuild.contracts.family_support import family, refusal
 
-    if not isinstance(base, Llama):
-        raise CheckpointError(f"{request.source / 'config.json'}: draft.adapter needs a LLaMA-family target (Llama, "
-                              f"Mistral, Qwen2), not {base.hf_architecture}", hint="remove draft.adapter")
+    refused = refusal(base.hf_architecture, "self_draft_adapter", "specbuild")
+    if refused is not None:
+        raise CheckpointError(f"{request.source / 'config.json'}: draft.adapter needs a Llama, Mistral or Qwen2 "
+                              f"target, not a {family(base.hf_architecture)}: {refused.reason}",
+                              hint="remove draft.adapter")
     info = read_adapter(request.self_draft_adapter)
     problem = adapter_problem(info, request.self_draft_layers, checkpoint.config)
     if problem is not None:

@@ -1,4 +1,4 @@
-"""Training an EAGLE-3 draft on a frozen Llama-family Hugging Face target, with training-time test.
+"""Training an EAGLE-3 draft on a frozen Hugging Face target, with training-time test.
 
 EAGLE-3 (Li et al. 2025, arXiv 2503.01840) drops EAGLE's feature-regression loss and trains the draft only on
 the target's next-token distribution, and makes the draft see its own outputs during training ("training-time
@@ -26,8 +26,10 @@ and its logits are checked against the runtime's `Eagle3Draft`; (3) a few dozen 
 single-process loop that fits the demo's one-minute budget on one CPU core.
 
 The draft starts from the target where shapes allow: `lm_head` and the final `norm` are copies of the
-target's (the draft's output stands in for the target's last hidden state), the token embedding is the
-target's, frozen.
+target's (the draft's output stands in for the target's last hidden state; the norm's scale as the target applies
+it), the token embedding is the target's, frozen. Which targets are trained on is `contracts.family_support`'s
+("eagle3_training": a family some engine serves EAGLE-3 drafts on): Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3
+and Gemma 3 (SGLang), each read through transformers' own model (`output_hidden_states`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from specbuild.atomic import Inputs, atomic_directory
+from specbuild.contracts.family_support import family, refusal
 from specbuild.eagle.format import Eagle3DraftConfig, default_layer_ids, write_eagle3_draft
 from specbuild.eagle.model import Eagle3DraftModule, StepKV
 from specbuild.errors import CheckpointError, SpecbuildError
@@ -63,10 +66,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from transformers import PreTrainedModel
 
-__all__ = ["LLAMA_FAMILY", "Eagle3TrainSettings", "build_draft", "evaluate", "train_eagle3", "ttt_losses"]
-
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
-"""Targets whose decoder the EAGLE-3 (Llama) draft layer matches in kind: RMSNorm, RoPE, gated SiLU MLP, GQA."""
+__all__ = ["Eagle3TrainSettings", "build_draft", "check_target", "evaluate", "train_eagle3", "ttt_losses"]
 EVAL_STEPS = 3
 """Held-out agreement is reported for draft steps 1..3 (the draft's first three tokens of a round)."""
 
@@ -106,8 +106,9 @@ class Eagle3TrainSettings:
 
 
 def check_target(target_dir: Path) -> dict[str, Any]:
-    """The target's config.json, refused with the field to fix unless it is a Llama-family HF checkpoint with
-    layers to capture (`format.default_layer_ids`). Read by hand: nothing of the target's own code is run."""
+    """The target's config.json, refused with the field to fix unless it is a HF checkpoint of a family some engine
+    serves EAGLE-3 drafts on (`contracts.family_support`) with layers to capture (`format.default_layer_ids`). Read
+    by hand: nothing of the target's own code is run."""
     path = Path(target_dir) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -118,10 +119,14 @@ def check_target(target_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot read it as JSON ({err})") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    model_type = config.get("model_type")
-    if model_type not in LLAMA_FAMILY:
-        raise CheckpointError(f"{path}: model_type {model_type!r} is not a Llama-family target",
-                              hint=f"EAGLE-3 training supports model_type {', '.join(LLAMA_FAMILY)}")
+    architectures = config.get("architectures")
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    if not isinstance(architecture, str):
+        raise CheckpointError(f"{path}: architectures is {architectures!r}, not a list naming the model class",
+                              hint="pass a Hugging Face causal LM directory as saved by transformers")
+    refused = refusal(architecture, "eagle3_training", "specbuild")
+    if refused is not None:
+        raise CheckpointError(f"{path}: a {family(architecture)} target: {refused.reason}", hint=refused.instead)
     layers = config.get("num_hidden_layers")
     if isinstance(layers, bool) or not isinstance(layers, int):
         raise CheckpointError(f"{path}: num_hidden_layers must be an integer, got {layers!r}")
@@ -152,6 +157,8 @@ def draft_config(model: PreTrainedModel) -> Eagle3DraftConfig:
     cfg = model.config
     heads = cfg.num_attention_heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})  # transformers 5: rope_theta and the scaling together
+    if isinstance(rope.get("full_attention"), dict):  # Gemma 3: one per layer type; the draft attends globally
+        rope = dict(rope["full_attention"])
     theta = float(rope.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
     scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
     return Eagle3DraftConfig(
@@ -180,8 +187,17 @@ def build_draft(model: PreTrainedModel, cfg: Eagle3DraftConfig | None = None) ->
             if isinstance(module, torch.nn.Linear):
                 torch.nn.init.normal_(module.weight, std=0.02)
         draft.lm_head.weight.copy_(model.get_output_embeddings().weight)
-        draft.norm.weight.copy_(model.get_decoder().norm.weight)
+        draft.norm.weight.copy_(norm_scale(model.get_decoder().norm, cfg.rms_norm_eps, cfg.hidden_size))
     return draft
+
+
+def norm_scale(norm: torch.nn.Module, eps: float, hidden: int) -> torch.Tensor:
+    """The per-channel scale the target's final RMSNorm applies, as the draft's RMSNorm weight: read off the norm
+    itself (an all-ones input has RMS 1), so a family that stores its weight as an offset from one (Gemma's
+    `1 + weight`) starts the draft where the target is, with no per-family rule."""
+    with torch.no_grad():
+        ones = torch.ones(1, hidden, dtype=next(norm.parameters()).dtype)
+        return (norm(ones)[0] * (1.0 + eps) ** 0.5).to(torch.float32)
 
 
 def target_outputs(model: PreTrainedModel, ids: torch.Tensor, aux_layers: Sequence[int]
@@ -301,7 +317,7 @@ def train_eagle3(
     progress: bool | Progress = True,
     text_files: Sequence[Path] = (),
 ) -> dict[str, float]:
-    """Train an EAGLE-3 draft for the Llama-family HF model in `target_dir` and write it to `out_dir`
+    """Train an EAGLE-3 draft for the HF model in `target_dir` (`check_target`) and write it to `out_dir`
     (atomically, through `specbuild.eagle.format`).
 
     `texts` default to the built-in corpus's training part, `eval_texts` to its held-out part; `text_files` are

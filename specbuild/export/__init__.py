@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from specbuild.atomic import refuse_overlap
+from specbuild.contracts.family_support import family_problems
 from specbuild.export.plan import ENGINES, ExportPlan, ExportRefused, default_directory
 from specbuild.export.write import ExportResult, export_inputs, write_export
 from specbuild.spec import PipelineSpec
@@ -22,6 +23,14 @@ __all__ = ["ENGINES", "ExportPlan", "ExportRefused", "ExportResult", "build_plan
 
 
 def build_plan(spec: PipelineSpec, engine: str, directory: Path) -> ExportPlan:
+    """The engine's plan, after the model families' check (`contracts.family_support`: e.g. EAGLE-3 on a target
+    whose class the engine gives no hidden-state capture)."""
+    if engine in ENGINES:
+        problems = family_problems(spec, (engine,))
+        if problems:
+            raise ExportRefused(f"{spec.where}: " + "; ".join(message for _, message in problems),
+                                hint="the docs' Model families table says which method each engine runs on which "
+                                "family")
     if engine == "vllm":
         from specbuild.export import vllm as module
     elif engine == "sglang":

@@ -186,6 +186,7 @@ def train_medusa_heads(
     base_dir, output_dir = Path(base_dir), Path(output_dir)
     inputs = trainer_inputs(output_dir, "--output", {"--base": base_dir}, text_files)
     check_weights(base_dir, "--base")
+    check_base_family(base_dir)
     span = seq_len + num_heads + 1  # inputs plus every head's label for the last input
 
     with torch.random.fork_rng(devices=[]), no_transformers_bars():
@@ -211,6 +212,18 @@ def train_medusa_heads(
           {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "seed": seed,
            "loss_decay": LOSS_DECAY, "warmup_fraction": WARMUP_FRACTION}, inputs)
     return metrics
+
+
+def check_base_family(base_dir: Path) -> None:
+    """Refuse, before anything is loaded, a base of a family no engine serves Medusa heads on
+    (`contracts.family_support`: TensorRT-LLM 1.2's Medusa converter takes Llama, Mistral, Mixtral and Qwen2)."""
+    from specbuild.contracts.family_support import architecture_of, family, refusal
+
+    architecture = architecture_of(base_dir)
+    refused = refusal(architecture, "medusa_training", "specbuild") if architecture is not None else None
+    if refused is not None:
+        raise CheckpointError(f"{Path(base_dir) / 'config.json'}: a {family(architecture)} base: {refused.reason}",
+                              hint=refused.instead)
 
 
 def final_hidden(model: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from specbuild.atomic import MANIFEST, Inputs, atomic_directory
+from specbuild.contracts.family_support import SELF_DRAFT_ADAPTER_FAMILIES
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
 from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 PRODUCER = "specbuild.self_draft.train"
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = tuple(SELF_DRAFT_ADAPTER_FAMILIES.values())
+"""model_type of the targets adapters are trained on (contracts.family_support, with the reason for the others)."""
 EVAL_WINDOWS = 64  # held-out windows scored (enough for a figure; each costs two target forwards)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import xxhash
 
+from specbuild.contracts.family_support import MODELOPT_DECODER_TYPES, family, refusal
 from specbuild.convert.calibration import CalibrationText, calibration_batches, read_calibration
 from specbuild.convert.quantize.settings import HF, Format, QuantizeSettings, check_format
 from specbuild.convert.request import ConversionPlan, ConvertRequest
@@ -24,13 +25,9 @@ from specbuild.tokenizer import TOKENIZER_MARKERS, has_tokenizer, load_tokenizer
 
 # TensorRT-LLM's group-wise int4 kernels take groups of 128 (ModelOpt's and TensorRT-LLM's default) or 64.
 AWQ_GROUP_SIZES = (128, 64)
-DECODER_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen",
-    "GPT2LMHeadModel": "gpt",
-}
-"""HF architecture -> the `decoder_type` ModelOpt's TensorRT-LLM export takes."""
+DECODER_TYPES = MODELOPT_DECODER_TYPES
+"""HF architecture -> the `decoder_type` ModelOpt's TensorRT-LLM export takes (contracts.family_support, which also
+says which families that export fails on)."""
 LINEAR = re.compile(r"transformer\.layers\.\d+\.(attention\.(qkv|dense)|mlp\.(fc|gate|proj))\.weight")
 """The TensorRT-LLM linear weights ModelOpt quantizes (embedding, norms and lm_head stay in the export dtype)."""
 
@@ -132,12 +129,18 @@ def check_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantCh
     fmt, kv = check_format(settings)
     if request.medusa_heads is not None:
         raise SpecbuildError(f"{request.source}: quantization applies to the draft, not to a Medusa checkpoint")
-    decoder_type = DECODER_TYPES.get(plan.arch.hf_architecture)
+    architecture = plan.arch.hf_architecture
+    decoder_type = DECODER_TYPES.get(architecture)
     if decoder_type is None:
         raise SpecbuildError(
-            f"{request.source}: ModelOpt quantization is not set up for {plan.arch.hf_architecture}",
+            f"{request.source}: ModelOpt quantization is not set up for {architecture}",
             hint=f"supported: {', '.join(DECODER_TYPES)}",
         )
+    if settings.export != HF:  # the TensorRT-LLM export; ModelOpt's Hugging Face export is not restricted here
+        refused = refusal(architecture, "quantized_draft", "engine")
+        if refused is not None:
+            raise SpecbuildError(f"{request.source} is a {family(architecture)}: {refused.reason} "
+                                 f"({refused.source})", hint=refused.instead)
     group = awq_group_size(request.source, [rp.shapes for rp in plan.rank_plans]) if fmt and fmt.awq else None
     calibration = read_calibration(settings.calib_source)
     problem = tokenizer_files_problem(request.source)

@@ -1,0 +1,298 @@
+"""Which speculative method each engine runs on which model family, and the engine's own reason where it does not.
+
+One table (`REFUSALS`) read by `specbuild validate` and by the first check of every stage (`family_problems`,
+through `contracts.llm_api.flow_problems`), by `export`, by the trainers (`eagle train`, `self-draft train`), by
+ModelOpt quantization (`MODELOPT_DECODER_TYPES`) and by convert's Medusa wrapper, so a family an engine cannot run a
+method on is refused once, with the same words, before anything is loaded. A (family, method, engine) that is not
+in the table is supported as far as this table knows: whether an engine runs a family at all is the converter's
+(engine flow: `specbuild.convert.architectures`) or the engine's own loader's question.
+
+Each entry was read in the engine's own code:
+- TensorRT-LLM 1.2 engine flow, Medusa: NVIDIA/TensorRT-LLM examples/medusa/convert_checkpoint.py @b93e14ca
+  asserts `--model_type in ["llama", "mixtral", "qwen2"]`, loads a qwen2 base with QWenForCausalLM and every other
+  base as transformers' LlamaForCausalLM/MixtralForCausalLM (convert_hf_llama): a Qwen3 base would lose its q/k
+  norms, Gemma its norms and soft-caps, Phi-3 its fused projections, GPT-2 everything.
+- TensorRT-LLM PyTorch flow, any mode: GPT-2 has no model class there (tensorrt_llm/_torch/models has no
+  modeling_gpt2.py and no `register_auto_model("GPT2LMHeadModel")` in the source index); the engine flow's
+  MODEL_MAP has it (tensorrt_llm/models/__init__.py @02267d3d).
+- TensorRT-LLM PyTorch flow, EAGLE-3: the target's model class must be a `SpecDecOneEngineForCausalLM` (its decoder
+  layers hand their hidden states to the draft); these families are plain `DecoderModelForCausalLM`s whose layers
+  capture nothing: tensorrt_llm/_torch/models/modeling_gemma3.py @00e7d103, modeling_gemma2.py @04d175ac,
+  modeling_mixtral.py @000a01de, modeling_phi3.py @000a01de (Qwen3 and Qwen3-MoE are SpecDecOneEngineForCausalLM:
+  modeling_qwen3.py @5dedf53b, modeling_qwen3_moe.py @03441af1).
+- vLLM 0.33.0 (the installed engine `make test-engines` judges with), EAGLE-3: vllm/v1/worker/gpu_model_runner.py
+  `_setup_eagle3_aux_hidden_state_outputs` raises RuntimeError("Model does not support EAGLE3 interface but
+  aux_hidden_state_outputs was requested") unless the target class implements `SupportsEagle3`; Llama, Mistral
+  and Phi-3 (llama.py, subclasses), Qwen2, Qwen3, Qwen3-MoE do; gemma2.py, gemma3.py, mixtral.py, gpt2.py do not.
+- SGLang 0.5.23, EAGLE3: sglang/srt/model_executor/model_runner_components/attention_backend_setup.py
+  `configure_aux_hidden_state_capture` raises ValueError("Model ... does not implement
+  set_eagle3_layers_to_capture, which EAGLE3 aux hidden-state capture requires."); llama.py (with Mistral and
+  Phi-3), qwen2.py, qwen3.py, qwen3_moe.py and gemma3_causal.py implement it; gemma2.py, mixtral.py, gpt2.py do not.
+- ModelOpt 0.47 (`nvidia-modelopt`, installed), draft quantization: `export_tensorrt_llm_checkpoint`
+  (modelopt/torch/export/model_config_export.py; decoder types from model_utils.py `MODEL_NAME_TO_TYPE`) under
+  transformers 5.14, measured on the tiny checkpoints of tests/tiny_models.py (FP8): Qwen3 ("qwen") exports;
+  Gemma 3 raises NotImplementedError("Cannot export tensorrt_llm checkpoint for model gemma3 ... not supported by
+  TensorRT-LLM yet"); Gemma 2 and Phi-3 raise KeyError for their decoder types in the TensorRT-LLM export's
+  tables; Qwen3-MoE and Mixtral raise TypeError("object of type 'QuantQwen3MoeExperts' / 'QuantMixtralExperts'
+  has no len()"): transformers 5 keeps an MoE layer's experts in one fused module the 0.47 export cannot walk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from specbuild.spec import PipelineSpec
+    from specbuild.spec.problems import Loc
+
+LLAMA, MISTRAL, QWEN2, GPT2 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel"
+QWEN3, QWEN3_MOE, MIXTRAL = "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"
+GEMMA2, GEMMA3, PHI3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"
+ARCHITECTURES = (LLAMA, MISTRAL, QWEN2, GPT2, QWEN3, QWEN3_MOE, MIXTRAL, GEMMA2, GEMMA3, PHI3)
+"""The Hugging Face architectures (config.json `architectures[0]`) the table speaks about, in docs order."""
+FAMILY_NAMES = {LLAMA: "Llama", MISTRAL: "Mistral", QWEN2: "Qwen2", GPT2: "GPT-2", QWEN3: "Qwen3",
+                QWEN3_MOE: "Qwen3-MoE", MIXTRAL: "Mixtral", GEMMA2: "Gemma 2", GEMMA3: "Gemma 3 (text)",
+                PHI3: "Phi-3"}
+
+Engine = Literal["engine", "pytorch", "vllm", "sglang", "specbuild"]
+ENGINES: dict[str, str] = {
+    "engine": "TensorRT-LLM 1.2's engine flow",
+    "pytorch": "TensorRT-LLM's PyTorch flow",
+    "vllm": "vLLM 0.33",
+    "sglang": "SGLang 0.5.23",
+    "specbuild": "specbuild's trainer",
+}
+"""Who runs a method: the engines, and specbuild itself where it trains the draft."""
+
+Method = Literal["model", "quantized_draft", "medusa", "medusa_training", "eagle3", "eagle3_training",
+                 "self_draft_adapter"]
+METHODS: dict[str, str] = {
+    "model": "the model at all",
+    "quantized_draft": "draft quantization (ModelOpt)",
+    "medusa": "Medusa heads",
+    "medusa_training": "Medusa training (`specbuild medusa train`)",
+    "eagle3": "EAGLE-3",
+    "eagle3_training": "EAGLE-3 training (`specbuild eagle train`)",
+    "self_draft_adapter": "self-draft adapter (`specbuild draft train`)",
+}
+"""What some engine restricts by family ("model": serving the family with any mode). Draft-target, NGram, SA and
+Lookahead have no entries: every engine runs them on every family it runs at all."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an engine cannot run a method on a family: the engine's reason (its words where it has them), where that
+    was read, and what to do instead."""
+
+    reason: str
+    source: str
+    instead: str
+
+
+_MEDUSA_SOURCE = "NVIDIA/TensorRT-LLM examples/medusa/convert_checkpoint.py @b93e14ca"
+_MEDUSA_INSTEAD = ("train an EAGLE-3 draft for the target (`specbuild eagle train`) where an engine runs it, or use "
+                   "speculative.mode draft_target with a small model of the target's family")
+
+
+def _medusa(family: str) -> Refusal:
+    return Refusal(f"TensorRT-LLM's Medusa converter takes --model_type llama, mixtral or qwen2 (asserted) and loads "
+                   f"any other base as a Llama, which a {family} is not", _MEDUSA_SOURCE, _MEDUSA_INSTEAD)
+
+
+def _trtllm_eagle3(family: str, module: str, commit: str) -> Refusal:
+    return Refusal(f"TensorRT-LLM's PyTorch backend registers {family} as a DecoderModelForCausalLM, not a "
+                   "SpecDecOneEngineForCausalLM: its decoder layers capture no hidden states for an EAGLE-3 draft",
+                   f"NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/{module} @{commit}",
+                   "use speculative.mode draft_target (or ngram) on build.flow: pytorch")
+
+
+_VLLM_SOURCE = "vllm-project/vllm 0.33.0 vllm/v1/worker/gpu_model_runner.py, vllm/model_executor/models/{}"
+_SGLANG_SOURCE = ("sgl-project/sglang 0.5.23 python/sglang/srt/model_executor/model_runner_components/"
+                  "attention_backend_setup.py, python/sglang/srt/models/{}")
+
+
+def _vllm_eagle3(cls: str, module: str) -> Refusal:
+    return Refusal(f"vLLM's {cls} does not implement SupportsEagle3 (\"Model does not support EAGLE3 interface but "
+                   "aux_hidden_state_outputs was requested\")", _VLLM_SOURCE.format(module),
+                   "export speculative.mode draft_target or ngram to vLLM instead")
+
+
+def _sglang_eagle3(cls: str, module: str) -> Refusal:
+    return Refusal(f"SGLang's {cls} does not implement set_eagle3_layers_to_capture (\"Model {cls} does not implement "
+                   "set_eagle3_layers_to_capture, which EAGLE3 aux hidden-state capture requires.\")",
+                   _SGLANG_SOURCE.format(module), "export speculative.mode draft_target or ngram to SGLang instead")
+
+
+_MODELOPT_SOURCE = ("nvidia-modelopt 0.47.0 modelopt/torch/export/model_config_export.py "
+                    "export_tensorrt_llm_checkpoint, measured under transformers 5.14")
+_MODELOPT_INSTEAD = ("leave draft.quantization out (an unquantized draft of this family), or quantize on "
+                     "build.flow: pytorch where ModelOpt's Hugging Face export takes it")
+
+
+def _modelopt(what: str) -> Refusal:
+    return Refusal(f"ModelOpt 0.47's TensorRT-LLM export fails on it ({what})", _MODELOPT_SOURCE, _MODELOPT_INSTEAD)
+
+
+_MOE_EXPORT = "TypeError: transformers 5 keeps the experts in one fused module the export cannot iterate"
+
+REFUSALS: dict[tuple[str, str, str], Refusal] = {
+    (GPT2, "model", "pytorch"): Refusal(
+        "its PyTorch backend has no model class for GPT2LMHeadModel (no modeling_gpt2.py, nothing registered under "
+        "that architecture with register_auto_model)", "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/",
+        "use build.flow: engine (TensorRT-LLM 1.2 converts GPT-2), or export to vLLM or SGLang"),
+    # Medusa: TensorRT-LLM 1.2's engine flow is the only engine with Medusa (export and the PyTorch flow refuse the
+    # mode itself); its converter takes Llama-architecture (Llama, Mistral), Mixtral and Qwen2 bases.
+    **{(arch, "medusa", "engine"): _medusa(FAMILY_NAMES[arch]) for arch in (GPT2, QWEN3, QWEN3_MOE, GEMMA2, GEMMA3,
+                                                                           PHI3)},
+    # EAGLE-3 on the target's family.
+    (GEMMA2, "eagle3", "pytorch"): _trtllm_eagle3("Gemma2ForCausalLM", "modeling_gemma2.py", "04d175ac"),
+    (GEMMA3, "eagle3", "pytorch"): _trtllm_eagle3("Gemma3ForCausalLM", "modeling_gemma3.py", "00e7d103"),
+    (MIXTRAL, "eagle3", "pytorch"): _trtllm_eagle3("MixtralForCausalLM", "modeling_mixtral.py", "000a01de"),
+    (PHI3, "eagle3", "pytorch"): _trtllm_eagle3("Phi3ForCausalLM", "modeling_phi3.py", "000a01de"),
+    (GPT2, "eagle3", "vllm"): _vllm_eagle3("GPT2LMHeadModel", "gpt2.py"),
+    (MIXTRAL, "eagle3", "vllm"): _vllm_eagle3("MixtralForCausalLM", "mixtral.py"),
+    (GEMMA2, "eagle3", "vllm"): _vllm_eagle3("Gemma2ForCausalLM", "gemma2.py"),
+    (GEMMA3, "eagle3", "vllm"): _vllm_eagle3("Gemma3ForCausalLM", "gemma3.py"),
+    (GPT2, "eagle3", "sglang"): _sglang_eagle3("GPT2LMHeadModel", "gpt2.py"),
+    (MIXTRAL, "eagle3", "sglang"): _sglang_eagle3("MixtralForCausalLM", "mixtral.py"),
+    (GEMMA2, "eagle3", "sglang"): _sglang_eagle3("Gemma2ForCausalLM", "gemma2.py"),
+    # Draft quantization: TensorRT-LLM checkpoints come from ModelOpt's TensorRT-LLM export.
+    (QWEN3_MOE, "quantized_draft", "engine"): _modelopt(_MOE_EXPORT),
+    (MIXTRAL, "quantized_draft", "engine"): _modelopt(_MOE_EXPORT),
+    (GEMMA2, "quantized_draft", "engine"): _modelopt("KeyError 'gemma2': no TensorRT-LLM layer table for it"),
+    (GEMMA3, "quantized_draft", "engine"): _modelopt("NotImplementedError: \"Cannot export tensorrt_llm checkpoint for "
+                                                     "model gemma3 ... It's not supported by TensorRT-LLM yet\""),
+    (PHI3, "quantized_draft", "engine"): _modelopt("KeyError 'phi3': no TensorRT-LLM layer table for it"),
+}
+"""(HF architecture, method, engine) -> why that engine cannot run the method on that family."""
+
+MODELOPT_DECODER_TYPES: dict[str, str] = {LLAMA: "llama", MISTRAL: "llama", QWEN2: "qwen", GPT2: "gpt",
+                                          QWEN3: "qwen", QWEN3_MOE: "qwen3moe", MIXTRAL: "llama", GEMMA2: "gemma2",
+                                          GEMMA3: "gemma3", PHI3: "phi3"}
+"""HF architecture -> ModelOpt's `decoder_type` (modelopt/torch/export/model_utils.py MODEL_NAME_TO_TYPE, 0.47.0);
+whether the TensorRT-LLM export then works is REFUSALS' ("quantized_draft", "engine") entries."""
+
+SELF_DRAFT_ADAPTER_FAMILIES: dict[str, str] = {LLAMA: "llama", MISTRAL: "mistral", QWEN2: "qwen2"}
+"""HF architecture -> model_type of the targets `specbuild self-draft train` trains an adapter on: their decoder
+layer runs standalone given rotary embeddings (specbuild.self_draft.train)."""
+
+EAGLE3_ENGINES = ("pytorch", "vllm", "sglang")
+"""The engines that serve EAGLE-3 drafts (TensorRT-LLM's engine flow has none: contracts.llm_api)."""
+
+
+def _refused_everywhere(architecture: str, method: str, engines: tuple[str, ...]) -> list[str]:
+    """Each engine's refusal of `method` on `architecture` (of the model itself, or of the method), or [] when one
+    engine runs it."""
+    said = []
+    for engine in engines:
+        found = REFUSALS.get((architecture, "model", engine)) or REFUSALS.get((architecture, method, engine))
+        if found is None:
+            return []
+        said.append(f"{ENGINES[engine]}: {found.reason}")
+    return said
+
+
+# specbuild's own trainers: a draft no engine serves is not trained (derived from the engines' entries above), and
+# the adapter trainer's own limit.
+for _arch in ARCHITECTURES:
+    _nobody = _refused_everywhere(_arch, "eagle3", EAGLE3_ENGINES)
+    if _nobody:
+        REFUSALS[(_arch, "eagle3_training", "specbuild")] = Refusal(
+            "no engine serves an EAGLE-3 draft on this target (" + "; ".join(_nobody) + ")",
+            "the EAGLE-3 entries of specbuild/contracts/family_support.py",
+            "use speculative.mode draft_target or ngram for this target")
+    _nobody = _refused_everywhere(_arch, "medusa", ("engine",))
+    if _nobody:
+        REFUSALS[(_arch, "medusa_training", "specbuild")] = Refusal(
+            "no engine serves Medusa heads on this base (" + "; ".join(_nobody) + ")",
+            "the Medusa entries of specbuild/contracts/family_support.py", _MEDUSA_INSTEAD)
+    if _arch not in SELF_DRAFT_ADAPTER_FAMILIES:
+        REFUSALS[(_arch, "self_draft_adapter", "specbuild")] = Refusal(
+            "the adapter trainer runs one decoder layer standalone, as transformers' Llama, Mistral and Qwen2 "
+            "layers run given rotary embeddings; this family's layer is not set up for it",
+            "specbuild/self_draft/train.py", "use draft.source: target_layers without draft.adapter")
+
+
+def refusal(architecture: str, method: str, engine: str) -> Refusal | None:
+    """Why `engine` cannot run `method` on a model of `architecture`, or None."""
+    return REFUSALS.get((architecture, method, engine))
+
+
+def family(architecture: str) -> str:
+    """How a user is told the family: `Qwen3 (Qwen3ForCausalLM)`."""
+    name = FAMILY_NAMES.get(architecture)
+    return f"{name} ({architecture})" if name else architecture
+
+
+def refusal_message(architecture: str, method: str, engine: str, where: object) -> str | None:
+    """The one sentence every command says for a refused (family, method, engine): what, the engine's reason with
+    its source, and what to do instead."""
+    found = refusal(architecture, method, engine)
+    if found is None:
+        return None
+    return (f"{where} is a {family(architecture)}: {ENGINES[engine]} cannot run {METHODS[method]} on it: "
+            f"{found.reason} ({found.source}); {found.instead}")
+
+
+def architecture_of(directory: Path | None) -> str | None:
+    """config.json's `architectures[0]` of a Hugging Face directory; None where there is none to read (the model
+    checks name a missing or broken directory themselves)."""
+    if directory is None:
+        return None
+    try:
+        data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    architectures = data.get("architectures") if isinstance(data, dict) else None
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    return None
+
+
+def spec_engines(spec: PipelineSpec) -> tuple[str, ...]:
+    """The engines a spec's deployment runs on: the build flow's TensorRT-LLM, or a Dynamo deployment's workers
+    (vLLM, SGLang, or TensorRT-LLM's PyTorch flow)."""
+    deploy = spec.deploy
+    if deploy.target == "dynamo" and deploy.dynamo is not None and deploy.dynamo.engine in ("vllm", "sglang"):
+        return (deploy.dynamo.engine,)
+    return ("pytorch",) if spec.build.flow == "pytorch" else ("engine",)
+
+
+def family_problems(spec: PipelineSpec, engines: tuple[str, ...] | None = None) -> list[tuple[Loc, str]]:
+    """The spec's (family, method) pairs its engines refuse (`engines`: the deployment's, `spec_engines`, unless an
+    export names its own), each located at the model whose family is refused."""
+    engines = engines if engines is not None else spec_engines(spec)
+    mode, draft = spec.speculative.mode, spec.draft
+    target = architecture_of(spec.target.model)
+    asks: list[tuple[Loc, str | None, str, object]] = [(("target", "model"), target, "model", spec.target.model)]
+    if draft is not None and draft.model is not None and mode == "draft_target":
+        asks.append((("draft", "model"), architecture_of(draft.model), "model", draft.model))
+    if mode == "eagle3":
+        asks.append((("target", "model"), target, "eagle3", spec.target.model))
+    if mode == "medusa":
+        asks.append((("target", "model"), target, "medusa", spec.target.model))
+    if draft is not None and draft.quantization.enabled:  # a self-draft is the target's own layers
+        source = draft.model if draft.model is not None else spec.target.model
+        asks.append((("draft", "quantization"), architecture_of(source), "quantized_draft", source))
+    problems: list[tuple[Loc, str]] = []
+    for loc, arch, method, where in asks:
+        for engine in engines:
+            message = refusal_message(arch, method, engine, where) if arch is not None else None
+            if message is not None:
+                problems.append((loc, message))
+    return problems
+
+
+def support_table() -> list[list[str]]:
+    """The docs' "Model families" table: one row per family, one column per (method, engine) pair the table
+    restricts somewhere; a cell is "yes" or "no" (the reason is in REFUSALS, which the docs link)."""
+    columns = sorted({(method, engine) for _, method, engine in REFUSALS}, key=lambda c: (list(METHODS).index(c[0]),
+                                                                                          list(ENGINES).index(c[1])))
+    header = ["Family", *(f"{METHODS[m]}: {ENGINES[e]}" for m, e in columns)]
+    rows = [[family(arch), *("no" if (arch, m, e) in REFUSALS or (arch, "model", e) in REFUSALS else "yes"
+                             for m, e in columns)]
+            for arch in ARCHITECTURES]
+    return [header, *rows]

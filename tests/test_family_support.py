@@ -1,0 +1,269 @@
+"""Every speculative method on the model families users deploy, or the engine's own reason where the engine cannot
+run it (issue 49, "What users get" 3).
+
+What users rely on: a spec asking an engine for a method it does not run on the model's family is refused by
+`specbuild validate` (and by `export` for vLLM/SGLang, and by the trainers before they load anything) with the
+engine's reason, where that reason was read, and what to do instead, at the spec line of the model whose family
+is refused; the same spec with a family the engine does run passes that check. The refusals are parametrized from
+`specbuild.contracts.family_support.REFUSALS`; each assertion reads the real command's output. The engines'
+reasons themselves are facts read from their sources (cited in that module): TensorRT-LLM cannot run here, vLLM
+and SGLang judge exports in `make test-engines`. Inputs: tiny random checkpoints written by transformers
+(tests/tiny_models.py), EAGLE-3 drafts and Medusa heads in their real formats with zero tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from specbuild import corpus
+from specbuild.cli import app
+from specbuild.contracts.family_support import (
+    ARCHITECTURES,
+    REFUSALS,
+    family,
+    family_problems,
+    support_table,
+)
+from specbuild.eagle.format import (
+    Eagle3DraftConfig,
+    expected_shapes,
+    fit_problems,
+    read_eagle3_header,
+    target_from_config,
+    write_eagle3_draft,
+)
+from specbuild.errors import CheckpointError
+from tests.tiny_models import FAMILIES, make_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+FAMILY_OF = {spec[1].__name__: name for name, spec in FAMILIES.items()}
+"""HF architecture -> tests/tiny_models.py family name."""
+LIMITS = {"max_batch_size": 2, "max_input_len": 32, "max_output_len": 16}
+CAPTURED = (0, 1, 2)
+DEEP = {"num_hidden_layers": 4}
+"""Every tiny target has 4 layers, so that an EAGLE-3 draft capturing layers 0-2 fits it (Gemma 3's layer_types
+already list 4)."""
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, " ".join(result.output.split())
+
+
+def said(text: str) -> str:
+    return " ".join(text.split())
+
+
+def line_of(path: Path, needle: str) -> int:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return next(number for number, line in enumerate(lines, start=1) if needle in line)
+
+
+def _config(model: Path) -> dict[str, Any]:
+    return json.loads((model / "config.json").read_text())
+
+
+def _size(config: dict[str, Any], *names: str) -> int:
+    return next(config[name] for name in names if name in config)
+
+
+def eagle3_draft(directory: Path, target: Path) -> Path:
+    """An EAGLE-3 draft sized for `target` (zero tensors, the real format)."""
+    config = _config(target)
+    hidden, vocab = _size(config, "hidden_size", "n_embd"), config["vocab_size"]
+    draft = Eagle3DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=vocab, target_layer_ids=CAPTURED)
+    tensors = {name: torch.zeros(shape) for name, shape in expected_shapes(draft).items()
+               if name not in ("d2t", "t2d", "embed_tokens.weight")}
+    return write_eagle3_draft(directory, draft, tensors)
+
+
+def medusa_heads(directory: Path, target: Path, heads: int = 2) -> Path:
+    """FasterDecoding-format heads of `target`'s width and vocabulary."""
+    config = _config(target)
+    hidden, vocab = _size(config, "hidden_size", "n_embd"), config["vocab_size"]
+    directory.mkdir(parents=True)
+    state: dict[str, torch.Tensor] = {}
+    for h in range(heads):
+        state[f"{h}.0.linear.weight"] = torch.zeros(hidden, hidden, dtype=torch.float16)
+        state[f"{h}.0.linear.bias"] = torch.zeros(hidden, dtype=torch.float16)
+        state[f"{h}.1.weight"] = torch.zeros(vocab, hidden, dtype=torch.float16)
+    save_file(state, directory / "medusa_lm_head.safetensors")
+    (directory / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": 1}))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    """Per HF architecture: a tiny target, an EAGLE-3 draft and Medusa heads made for it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    root = tmp_path_factory.mktemp("families")
+    made: dict[str, dict[str, Path]] = {}
+    for arch in ARCHITECTURES:
+        name = FAMILY_OF[arch]
+        target = make_checkpoint(root / name, name, **({"n_layer": 4} if name == "gpt2" else DEEP))
+        Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(target / "tokenizer.json"))
+        made[arch] = {"target": target, "eagle3": eagle3_draft(root / f"{name}-eagle3", target),
+                      "heads": medusa_heads(root / f"{name}-heads", target)}
+    return made
+
+
+def spec_for(directory: Path, files: dict[str, Path], method: str, engine: str) -> Path:
+    """A spec asking `engine` for `method` on the family of `files["target"]`."""
+    build: dict[str, Any] = {**LIMITS, "flow": "pytorch" if engine == "pytorch" else "engine"}
+    data: dict[str, Any] = {"name": "families", "output_dir": str(directory / "out"),
+                            "target": {"model": str(files["target"])}}
+    if method == "eagle3":
+        build["backend"] = "tensorrt"  # TensorRT-LLM's own PyTorch backend, not specbuild's reference runtime
+        data |= {"draft": {"model": str(files["eagle3"])}, "speculative": {"mode": "eagle3"}}
+    elif method == "medusa":
+        data |= {"medusa": {"heads": str(files["heads"])}, "speculative": {"mode": "medusa"}}
+    elif method == "quantized_draft":
+        data |= {"draft": {"model": str(files["target"]), "quantization": {"format": "fp8"}},
+                 "speculative": {"mode": "draft_target"}}
+    elif method == "model":
+        data |= {"speculative": {"mode": "ngram" if engine == "pytorch" else "none"}}
+    data["build"] = build
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+WHERE = {"eagle3": ("target", "model"), "medusa": ("target", "model"), "model": ("target", "model"),
+         "quantized_draft": ("draft", "quantization")}
+"""The spec field each method's refusal is said at: the model whose family is refused."""
+AT_VALIDATE = sorted(key for key in REFUSALS if key[2] in ("engine", "pytorch") and key[1] in WHERE)
+AT_EXPORT = sorted(key for key in REFUSALS if key[2] in ("vllm", "sglang"))
+
+
+def _refusal_said(text: str, key: tuple[str, str, str]) -> None:
+    refusal = REFUSALS[key]
+    assert f"is a {family(key[0])}" in text, text
+    assert said(refusal.reason) in text, text
+    assert said(refusal.source) in text, text
+    assert said(refusal.instead) in text, text
+
+
+@pytest.mark.parametrize("key", AT_VALIDATE, ids=["-".join(k) for k in AT_VALIDATE])
+def test_validate_refuses_what_the_engine_cannot_run_on_the_family(
+        key: tuple[str, str, str], models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    arch, method, engine = key
+    spec = spec_for(tmp_path, models[arch], method, engine)
+    code, text = cli("validate", str(spec))
+    assert code == 1, text
+    field = ".".join(WHERE[method])
+    needle = {"draft.quantization": "quantization:"}.get(field, f"model: {models[arch]['target']}")
+    assert f"{spec}:{line_of(spec, needle)}: {field}: " in text, text
+    _refusal_said(text, key)
+
+
+SUPPORTED = [(arch, method, engine) for method, engine in (("eagle3", "pytorch"), ("medusa", "engine"))
+             for arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+             if (arch, method, engine) not in REFUSALS]
+
+
+@pytest.mark.parametrize("key", SUPPORTED, ids=["-".join(k) for k in SUPPORTED])
+def test_a_family_the_engine_runs_passes_the_family_check(
+        key: tuple[str, str, str], models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    """The control for the refusals: the same spec on a family the engine runs the method on says nothing about
+    the family (validate's other checks, e.g. a converter not written yet, are theirs)."""
+    arch, method, engine = key
+    _, text = cli("validate", str(spec_for(tmp_path, models[arch], method, engine)))
+    assert "cannot run" not in text, text
+    from specbuild.spec import load_spec
+
+    assert family_problems(load_spec(tmp_path / "pipeline.yaml")) == []
+
+
+@pytest.mark.parametrize("key", AT_EXPORT, ids=["-".join(k) for k in AT_EXPORT])
+def test_export_refuses_eagle3_on_a_target_the_engine_captures_nothing_from(
+        key: tuple[str, str, str], models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    arch, method, engine = key
+    assert method == "eagle3"
+    spec = spec_for(tmp_path, models[arch], "eagle3", "pytorch")
+    code, text = cli("export", engine, str(spec), "--dry-run")
+    assert code == 1, text
+    _refusal_said(text, key)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("arch", "engine"), [("Gemma3ForCausalLM", "sglang"), ("Phi3ForCausalLM", "vllm"),
+                                              ("Qwen3ForCausalLM", "vllm"), ("Qwen3MoeForCausalLM", "sglang")])
+def test_export_writes_eagle3_for_a_target_the_engine_serves_it_on(
+        arch: str, engine: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    """Gemma 3 is refused by vLLM and taken by SGLang, Phi-3 the other way round: the check is per engine."""
+    spec = spec_for(tmp_path, models[arch], "eagle3", "pytorch")
+    code, text = cli("export", engine, str(spec), "--dry-run")
+    assert code == 0, text
+    assert ("EAGLE3" if engine == "sglang" else "eagle3") in text, text
+
+
+# -- the trainers refuse before loading anything ---------------------------------------------------------------------
+@pytest.mark.parametrize("arch", sorted(a for a, m, _ in REFUSALS if m == "eagle3_training"))
+def test_eagle_train_refuses_a_target_no_engine_serves_eagle3_on(
+        arch: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    code, text = cli("eagle", "train", str(models[arch]["target"]), str(tmp_path / "draft"))
+    assert code == 1, text
+    refusal = REFUSALS[(arch, "eagle3_training", "specbuild")]
+    assert f"a {family(arch)} target: no engine serves an EAGLE-3 draft on this target" in text, text
+    assert said(refusal.instead) in text
+    assert not (tmp_path / "draft").exists()
+
+
+@pytest.mark.parametrize("arch", sorted(a for a, m, _ in REFUSALS if m == "medusa_training"))
+def test_medusa_train_refuses_a_base_no_engine_serves_medusa_on(
+        arch: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    from specbuild.medusa.train import train_medusa_heads
+
+    with pytest.raises(CheckpointError, match=re.escape(f"a {family(arch)} base: no engine serves Medusa heads")):
+        train_medusa_heads(models[arch]["target"], tmp_path / "heads", steps=1, progress=False)
+    assert not (tmp_path / "heads").exists()
+
+
+# -- EAGLE-3 training on the new families ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_path: Path) -> None:
+    """The families users pair with EAGLE-3 drafts today: training lowers the draft's held-out loss against the
+    target's own distribution and raises its agreement with the target's next token (both measured in the same
+    run against the untrained draft), and the draft written fits its target as the
+    engines' loaders read the pair (specbuild.eagle.format.fit_problems)."""
+    from specbuild.demo.tokenizer import save_tokenizer, train_tokenizer
+    from specbuild.eagle.train import Eagle3TrainSettings, train_eagle3
+
+    texts, held = corpus.training_texts()[:40], corpus.heldout_texts()[:6]
+    layers = {"layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2} \
+        if name == "gemma3" else {}
+    target = make_checkpoint(tmp_path / "target", name, seed=3, dtype=torch.float32, num_hidden_layers=8,
+                             vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=3, **layers)
+    save_tokenizer(train_tokenizer(texts, 512), target, 256)
+    settings = Eagle3TrainSettings(steps=40, lr=5e-3, seq_len=32, batch_size=4, seed=1)
+    metrics = train_eagle3(target, tmp_path / "draft", settings, texts=texts, eval_texts=held, progress=False)
+    assert metrics["loss"] < metrics["init_loss"], metrics
+    assert metrics["step1_top1"] > metrics["init_step1_top1"], metrics
+    config, shapes = read_eagle3_header(tmp_path / "draft")
+    fitted = target_from_config(_config(target), target / "config.json")
+    assert fit_problems(config, fitted, own_embedding="embed_tokens.weight" in shapes, llama_only=False) == []
+
+
+# -- the docs -------------------------------------------------------------------------------------------------------
+def test_the_docs_table_is_the_contract_table() -> None:
+    """docs/methods/families.md's table is `support_table()` rendered: a change to the table without the docs (or
+    the other way round) fails here."""
+    page = (REPO / "docs" / "methods" / "families.md").read_text(encoding="utf-8")
+    rows = support_table()
+    rendered = "\n".join(["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
+                          *("| " + " | ".join(row) + " |" for row in rows[1:])])
+    assert rendered in page
