@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from specbuild.convert.architectures.base import Architecture, register
+from specbuild.convert.architectures.base import Architecture, refuse, register
 from specbuild.convert.mapping import TensorMapping
 from specbuild.convert.sharding import Rank, decoder_tp_problems, fuse_qkv, split
 from specbuild.errors import CheckpointError
@@ -309,18 +309,8 @@ class Gemma3(Gemma2):
                   plus_one)
 
 
-@register
-class Gemma3Multimodal(Architecture):
-    """Gemma 3 with its vision tower: refused with the reason (the engine flow's GemmaForCausalLM is text only)."""
-
-    hf_architectures: ClassVar[tuple[str, ...]] = ("Gemma3ForConditionalGeneration",)
-
-    def __init__(self, config: dict[str, Any], config_path: Path) -> None:
-        super().__init__(config, config_path)
-        raise CheckpointError(
-            f"{config_path}: Gemma3ForConditionalGeneration is Gemma 3 with a vision tower; specbuild converts Gemma 3 "
-            "text models only (TensorRT-LLM's GemmaForCausalLM has no vision encoder, and its Gemma converter reads "
-            "Gemma3ForCausalLM checkpoints, models/gemma/config.py @9df6d722)",
-            hint="convert a text-only Gemma 3 checkpoint (architectures: [\"Gemma3ForCausalLM\"], e.g. "
-            "google/gemma-3-1b-it)",
-        )
+refuse(("Gemma3ForConditionalGeneration",),
+       "Gemma 3 with a vision tower; specbuild converts Gemma 3 text models only (TensorRT-LLM's GemmaForCausalLM has "
+       "no vision encoder, and its Gemma converter reads Gemma3ForCausalLM checkpoints, models/gemma/config.py "
+       "@9df6d722)",
+       "convert a text-only Gemma 3 checkpoint (architectures: [\"Gemma3ForCausalLM\"], e.g. google/gemma-3-1b-it)")
