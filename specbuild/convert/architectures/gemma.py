@@ -75,20 +75,21 @@ class Gemma2(Architecture):
         self.check_expressible()
 
     # -- what TensorRT-LLM's Gemma model can express ---------------------------------------------------------------
-    def refuse(self, what: str, hint: str) -> CheckpointError:
+    def error(self, what: str, hint: str) -> CheckpointError:
+        """A refusal of this checkpoint's config.json."""
         return CheckpointError(f"{self.config_path}: {what}", hint=hint)
 
     def check_expressible(self) -> None:
         """Refuse a config whose model TensorRT-LLM's GemmaForCausalLM would compute differently."""
         activation = self.config.get("hidden_activation") or self.config.get("hidden_act") or "gelu_pytorch_tanh"
         if activation not in TANH_GELU:
-            raise self.refuse(
+            raise self.error(
                 f"hidden_activation {activation!r}: TensorRT-LLM's Gemma MLP computes the tanh GELU "
                 "(its `gelu`, NVIDIA/TensorRT-LLM tensorrt_llm/functional.py), so this model would give other outputs",
                 "use a checkpoint with hidden_activation gelu_pytorch_tanh (as Gemma 2 and 3 ship)")
         for name in ("attention_bias", "use_bidirectional_attention"):
             if self.config.get(name):
-                raise self.refuse(
+                raise self.error(
                     f"{name} is true, which TensorRT-LLM's GemmaForCausalLM cannot express (no attention biases, "
                     f"causal attention only; {SOURCES})",
                     f"use a checkpoint with {name}: false (as Gemma 2 and 3 text models ship)")
@@ -106,7 +107,7 @@ class Gemma2(Architecture):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.refuse(f"field {name!r} must be a positive number or null, not {value!r}",
+            raise self.error(f"field {name!r} must be a positive number or null, not {value!r}",
                               "fix config.json: it does not look like one transformers wrote")
         return value
 
@@ -114,7 +115,7 @@ class Gemma2(Architecture):
         """Tokens a query on a sliding layer sees (itself included)."""
         window = self.config.get("sliding_window", 4096)  # transformers' default
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise self.refuse(
+            raise self.error(
                 f"field 'sliding_window' must be a positive number of tokens, not {window!r}: TensorRT-LLM's Gemma "
                 f"config needs the window of its sliding layers ({SOURCES})",
                 "set sliding_window to the window the model was trained with (Gemma 2: 4096, Gemma 3: 512 or 1024)")
@@ -126,10 +127,14 @@ class Gemma2(Architecture):
         beside it), else from the family's pattern fields."""
         types = self.config.get("layer_types")
         if not types:
-            return self.field(*self.pattern_fields, default=self.default_pattern) if self.pattern_fields \
+            pattern = self.field(*self.pattern_fields, default=self.default_pattern) if self.pattern_fields \
                 else self.default_pattern
+            if pattern < 1:
+                raise self.error(f"field {self.pattern_fields[0]!r} must be a positive number of layers, not {pattern}",
+                                 "fix config.json: it does not look like one transformers wrote")
+            return pattern
         if not isinstance(types, list) or len(types) != self.layers or not set(types) <= {SLIDING, FULL}:
-            raise self.refuse(
+            raise self.error(
                 f"field 'layer_types' must list {SLIDING!r} or {FULL!r} for each of the {self.layers} layers",
                 "fix config.json: it does not look like one transformers wrote")
         full = [i for i, kind in enumerate(types) if kind == FULL]
@@ -137,7 +142,7 @@ class Gemma2(Architecture):
         expected = [SLIDING if (i + 1) % pattern else FULL for i in range(self.layers)]
         if types != expected:
             bad = next(i for i, (kind, rule) in enumerate(zip(types, expected, strict=True)) if kind != rule)
-            raise self.refuse(
+            raise self.error(
                 f"layer_types marks layer {bad} {types[bad]!r}, which TensorRT-LLM cannot express: its Gemma model "
                 "slides layer l iff (l + 1) % _sliding_window_pattern != 0 (NVIDIA/TensorRT-LLM tensorrt_llm/models/"
                 f"gemma/model.py @5dedf53b), and the first full-attention layer ({pattern - 1}) makes that pattern "
@@ -166,7 +171,7 @@ class Gemma2(Architecture):
         params = self.rope_parameters(kind)
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type != "default":
-            raise self.refuse(
+            raise self.error(
                 f"the {kind} layers use {rope_type!r} rope scaling ({params}), which "
                 "TensorRT-LLM 1.2's Gemma checkpoint cannot carry: its converter writes rotary_scaling null (it reads "
                 "an HF field `rotary_scaling` Gemma configs do not have, models/gemma/config.py @9df6d722), and its "
@@ -177,7 +182,7 @@ class Gemma2(Architecture):
         try:
             return float(params.get("rope_theta", 10000.0))
         except (TypeError, ValueError) as err:
-            raise self.refuse(f"rope_theta {params.get('rope_theta')!r} is not a number",
+            raise self.error(f"rope_theta {params.get('rope_theta')!r} is not a number",
                               "fix config.json: it does not look like one transformers wrote") from err
 
     # -- shapes ---------------------------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ class Gemma2(Architecture):
     def query_pre_attn_scalar(self) -> int | float:
         value = self.config.get("query_pre_attn_scalar", 256)  # transformers' default
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.refuse(f"field 'query_pre_attn_scalar' must be a positive number, not {value!r}",
+            raise self.error(f"field 'query_pre_attn_scalar' must be a positive number, not {value!r}",
                               "fix config.json: it does not look like one transformers wrote")
         return value
 
@@ -288,7 +293,7 @@ class Gemma3(Gemma2):
 
     def softcaps(self) -> dict[str, float | None]:
         if self.config.get("attn_logit_softcapping") is not None:
-            raise self.refuse(
+            raise self.error(
                 f"attn_logit_softcapping is {self.config['attn_logit_softcapping']!r}: TensorRT-LLM's Gemma 3 config "
                 "has no attention soft-capping (Gemma3ConfigGroup, tensorrt_llm/models/modeling_utils.py; "
                 "models/gemma/model.py @5dedf53b caps only Gemma 2)",
