@@ -30,7 +30,7 @@ from tokenizers.models import WordLevel
 from typer.testing import CliRunner
 
 from specbuild.cli import app
-from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, prepare_conversion, write_conversion
 from tests.test_convert_sharding import load_rank, merge_checkpoint, stage_layers
 from tests.tiny_models import edit_config, make_checkpoint
 
@@ -274,3 +274,19 @@ def test_engine_layout_limits_apply_only_where_specbuild_converts(tmp_path: Path
     assert code == 0 and "mlp_only_layers" not in text, text
     code, text = validate_spec(tmp_path / "reference", target, flow="pytorch", backend="reference")
     assert code == 1 and "mlp_only_layers [1]" in text, text
+
+
+def test_planned_bytes_count_the_float32_router(tmp_path: Path) -> None:
+    """The size convert plans (its free-space check, `--dry-run`, validate) is what the rank files hold, the float32
+    routers included, in a float16 conversion split over two ranks."""
+    src = make_checkpoint(tmp_path / "hf", "qwen3_moe")
+    request = ConvertRequest("m", src, tmp_path / "out", dtype="float16", tp_size=2)
+    prepared = prepare_conversion(request)
+    try:
+        planned = prepared.output_bytes
+        write_conversion(prepared)
+    finally:
+        prepared.close()
+    written = sum(t.numel() * t.element_size() for r in range(2)
+                  for t in load_rank(tmp_path / "out" / f"rank{r}.safetensors").values())
+    assert planned == written
