@@ -668,3 +668,38 @@ def test_generate_runs_where_the_device_is(windowed: tuple[Any, Path, Path]) -> 
                                      "--device", device, "--max-tokens", "4", "--json"])
         assert result.exit_code == 0, result.output
         assert len(json.loads(result.stdout.splitlines()[-1])["output_ids"]) == 4
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_per_layer_windows_reach_the_engine_and_the_deployed_model(family: str, tmp_path: Path) -> None:
+    """Gemma alternates sliding and global layers: the engine (engine.json, the TensorRT build script's and the
+    reference bundle's) and the deployed tensorrt_llm model carry one period of per-layer windows, which TensorRT-LLM
+    repeats over the layers (examples/models/core/gemma/README.md @b35ac1b6); repeated, it must give every layer
+    the window transformers gives it (layer_types), and a global layer the whole sequence."""
+    from specbuild.build import build_pipeline
+    from specbuild.build.plan import plan_engine
+    from specbuild.contracts.engine_info import engine_dir, read_engine_info
+    from specbuild.deploy.pbtxt import parameter, read_config
+    from specbuild.deploy.repository import deploy_repository
+    from specbuild.spec import load_spec
+
+    hf = add_tokenizer(make_checkpoint(tmp_path / "hf", family, dtype=torch.float32))
+    layer_types = json.loads((hf / "config.json").read_text())["layer_types"]
+    window = json.loads((hf / "config.json").read_text())["sliding_window"]
+    spec_path = write_spec(tmp_path, hf, build={"dtype": "float32", "backend": "tensorrt"})
+    assert cli("convert", str(spec_path))[0] == 0
+    code, text = cli("build", str(spec_path), "--dry-run")
+    assert code == 0, text
+    spec = load_spec(spec_path)
+    seq = plan_engine(spec, "target", None).engine_max_seq_len
+    expected = [window if kind == "sliding_attention" else seq for kind in layer_types]
+    script = (tmp_path / "out" / "build-scripts" / "target" / "build.sh").read_text()
+    period = json.loads(script.split('"max_attention_window_size": ', 1)[1].split("]", 1)[0] + "]")
+    assert [period[layer % len(period)] for layer in range(len(layer_types))] == expected
+
+    spec = load_spec(write_spec(tmp_path, hf, build={"dtype": "float32"}))
+    build_pipeline(spec, console=QUIET)
+    assert read_engine_info(engine_dir(spec, "target")).max_attention_window_size == period
+    repository = deploy_repository(spec, console=QUIET).repository
+    deployed = parameter(read_config(repository / "tensorrt_llm" / "config.pbtxt"), "max_attention_window_size")
+    assert deployed == ",".join(map(str, period))

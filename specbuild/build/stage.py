@@ -225,12 +225,18 @@ def window_warnings(plans: list[BuildPlan], facts: dict[str, CheckpointFacts]) -
         window = attention_window(plan.engine_max_seq_len, fact) if fact is not None else None
         if window is not None and plan.max_draft_len:
             found.append(BuildProblem("warning", (
-                f"{plan.role} engine: attention window {window} (sliding_window) is shorter than its sequences "
-                f"({plan.engine_max_seq_len} tokens) and it verifies {plan.max_draft_len} draft tokens per step; "
+                f"{plan.role} engine: attention window {_windows(window)} (sliding_window) is shorter than its "
+                f"sequences ({plan.engine_max_seq_len} tokens) and it verifies {plan.max_draft_len} draft tokens per "
+                "step; "
                 "TensorRT-LLM serves the window as a rolling KV cache (deploy sets max_attention_window_size), with "
                 "speculative verification unverified by specbuild: compare its output on prompts longer than the "
                 "window with the reference backend's before serving"), ("build", "max_input_len")))
     return found
+
+
+def _windows(window: int | list[int]) -> str:
+    """One window as a number, Gemma's per-layer period as TensorRT-LLM's README writes it ("8 8 8 8 8 320")."""
+    return " ".join(map(str, window)) if isinstance(window, list) else str(window)
 
 
 def build_pipeline(

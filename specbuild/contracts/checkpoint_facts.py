@@ -42,6 +42,10 @@ class CheckpointFacts:
     position_embedding_type: str = "learned_absolute"
     sliding_window: int | None = None
     """The attention window every layer uses (Mistral's `sliding_window`, kept by `convert`); None: full."""
+    local_window: tuple[int, int] | None = None
+    """Gemma's alternating attention, (window, p): layer l attends to the last `window` tokens when (l + 1) % p != 0
+    and to every token otherwise (`sliding_window` and `_sliding_window_pattern` as TensorRT-LLM's Gemma checkpoint
+    carries them, NVIDIA/TensorRT-LLM models/gemma/model.py @5dedf53b); then `sliding_window` is None."""
     weight_bytes: int = 0
     """Sum of the rank files' sizes: what the engine's weights occupy, spread over world_size GPUs."""
 
@@ -86,6 +90,17 @@ def _window(config: dict[str, Any]) -> int | None:
     return window
 
 
+def _windows(config: dict[str, Any]) -> tuple[int | None, tuple[int, int] | None]:
+    """(every layer's window, Gemma's (window, pattern)): a `_sliding_window_pattern` makes the window local."""
+    window = _window(config)
+    if window is None or config.get("_sliding_window_pattern") is None:
+        return window, None
+    pattern = _int(config, "_sliding_window_pattern")
+    if pattern < 1:
+        raise ValueError(f"field '_sliding_window_pattern' must be a positive number of layers (got {pattern})")
+    return None, (None if pattern == 1 else (window, pattern))
+
+
 def facts_from_config(role: str, directory: Path, config: dict[str, Any], weight_bytes: int = 0) -> CheckpointFacts:
     """The facts of a checkpoint config that is not written yet (`specbuild validate` checks the configs `convert`
     would write); raises ValueError/KeyError like `read_checkpoint_facts` reports."""
@@ -109,7 +124,8 @@ def facts_from_config(role: str, directory: Path, config: dict[str, Any], weight
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
         num_medusa_heads=_int(config, "num_medusa_heads", 0),
         max_draft_len=_int(config, "max_draft_len", 0),
-        sliding_window=_window(config),
+        sliding_window=_windows(config)[0],
+        local_window=_windows(config)[1],
         weight_bytes=weight_bytes,
     )
 

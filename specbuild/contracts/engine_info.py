@@ -77,9 +77,10 @@ class EngineInfo:
     """The checkpoint's `quantization.quant_algo` (e.g. FP8, W4A16_AWQ); None when unquantized."""
     kv_cache_quant_algo: str | None = None
     """FP8 or INT8 when the KV cache is quantized."""
-    max_attention_window_size: int | None = None
-    """The checkpoint's attention window (Mistral's sliding_window) where it is shorter than max_seq_len: what the
-    runtime must be told (the tensorrt_llm model's `max_attention_window_size`); None: full attention."""
+    max_attention_window_size: int | list[int] | None = field(default=None, hash=False)
+    """The checkpoint's attention window (Mistral's sliding_window) where it is shorter than max_seq_len, or one
+    period of Gemma's per-layer windows: what the runtime must be told (the tensorrt_llm model's
+    `max_attention_window_size`); None: full attention."""
 
     @property
     def world_size(self) -> int:

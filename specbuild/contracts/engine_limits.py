@@ -107,11 +107,16 @@ def engine_limits(spec: PipelineSpec, role: str) -> EngineLimits:
     )
 
 
-def attention_window(engine_max_seq_len: int, facts: CheckpointFacts) -> int | None:
+def attention_window(engine_max_seq_len: int, facts: CheckpointFacts) -> int | list[int] | None:
     """The window the runtime must apply: the checkpoint's sliding window where it is shorter than the engine's
     sequences. trtllm-build has no window flag; TensorRT-LLM applies it at run time as max_attention_window_size,
     which "regulates both sliding window attention in the context phase and rolling buffer cache in the generation
-    phase" (NVIDIA/TensorRT-LLM examples/models/core/llama/README.md, Mistral v0.1, @076efc2b)."""
+    phase" (NVIDIA/TensorRT-LLM examples/models/core/llama/README.md, Mistral v0.1, @076efc2b). Gemma's alternating
+    layers get one period of per-layer windows, which the runtime repeats over the layers: "512 512 512 512 512
+    3100" for gemma-3-1b (examples/models/core/gemma/README.md @b35ac1b6)."""
+    if facts.local_window is not None:
+        window, pattern = facts.local_window
+        return [window] * (pattern - 1) + [engine_max_seq_len] if window < engine_max_seq_len else None
     window = facts.sliding_window
     return window if window is not None and window < engine_max_seq_len else None
 
@@ -155,7 +160,7 @@ def stale_engine_problems(spec: PipelineSpec, role: str, info: EngineInfo,
     window = attention_window(limits.engine_max_seq_len, facts) if facts is not None else None
     if facts is not None and info.max_attention_window_size != window:
         problems.append(f"max_attention_window_size: the engine says {_show(info.max_attention_window_size)}, the "
-                        f"checkpoint's sliding_window makes it {_show(window)}")
+                        f"checkpoint's attention windows make it {_show(window)}")
     return problems
 
 

@@ -172,8 +172,10 @@ def _llm(name: str, spec: PipelineSpec, info: EngineInfo, directory: Path, decou
         params.update(_lookahead_parameters(spec, info, directory))
     if info.max_attention_window_size is not None:
         # Mistral's sliding window: TensorRT-LLM applies it only when the runtime is told (trtllm-build has no such
-        # flag; NVIDIA/TensorRT-LLM examples/models/core/llama/README.md @076efc2b), one value for every layer.
-        params["max_attention_window_size"] = str(info.max_attention_window_size)
+        # flag; NVIDIA/TensorRT-LLM examples/models/core/llama/README.md @076efc2b), one value for every layer;
+        # Gemma's per-layer windows comma separated, as the backend parses them (specbuild.contracts.triton_backend).
+        window = info.max_attention_window_size
+        params["max_attention_window_size"] = ",".join(map(str, window)) if isinstance(window, list) else str(window)
     if medusa:
         if not info.medusa_choices:
             raise SpecbuildError(f"{directory}: a Medusa engine without medusa_choices in engine.json",
