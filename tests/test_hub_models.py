@@ -55,6 +55,7 @@ def test_hub_id_validates_converts_and_records_its_commit(tmp_path: Path, demo_m
     spec = write_spec(tmp_path, "target: {model: acme/tiny}\n")
     validated = specbuild(tmp_path, "validate", str(spec))
     assert validated.returncode == 0, validated.stdout + validated.stderr
+    assert f"acme/tiny@{MAIN} (Hugging Face Hub snapshot in" in validated.stdout  # what was resolved, by name
     converted = specbuild(tmp_path, "convert", str(spec))
     assert converted.returncode == 0, converted.stdout + converted.stderr
     assert manifest_settings(tmp_path, "target")["source"] == str(first)

@@ -6,11 +6,15 @@ from collections.abc import Iterator
 
 from rich.table import Table
 
+from specbuild.spec.fields import snapshot_commit
 from specbuild.spec.schema import ModelSource, PipelineSpec
 
 
 def _model_row(source: ModelSource) -> str:
-    return f"{source.model}" + ("  (trust_remote_code)" if source.trust_remote_code else "")
+    """A Hub model as `owner/name@commit` (what was resolved, readable), with the cache directory it reads."""
+    hub = snapshot_commit(source.model) if source.model is not None else None
+    where = f"{hub} (Hugging Face Hub snapshot in {source.model})" if hub else f"{source.model}"
+    return where + ("  (trust_remote_code)" if source.trust_remote_code else "")
 
 
 def _speculation_rows(spec: PipelineSpec) -> Iterator[tuple[str, str]]:
