@@ -31,8 +31,9 @@ from typer.testing import CliRunner
 
 from specbuild.cli import app
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint, prepare_conversion, write_conversion
+from tests.test_convert_modelopt_peer import modelopt_export
 from tests.test_convert_sharding import load_rank, merge_checkpoint, stage_layers
-from tests.tiny_models import edit_config, make_checkpoint
+from tests.tiny_models import FAMILIES, edit_config, make_checkpoint, make_model, save_model
 
 runner = CliRunner()
 
@@ -290,3 +291,16 @@ def test_planned_bytes_count_the_float32_router(tmp_path: Path) -> None:
     written = sum(t.numel() * t.element_size() for r in range(2)
                   for t in load_rank(tmp_path / "out" / f"rank{r}.safetensors").values())
     assert planned == written
+
+
+def test_qwen3_tensors_equal_modelopt_export(tmp_path: Path) -> None:
+    """An independent writer of the same format: ModelOpt 0.47's `export_tensorrt_llm_checkpoint` (decoder type
+    qwen) gives the same tensors, q/k layernorms included, bit for bit. (Its MoE export cannot read transformers 5's
+    fused expert modules, so the MoE layouts are checked against NVIDIA's rules above only.)"""
+    model = make_model("qwen3")
+    ours = load_rank(convert(save_model(model, tmp_path / "hf"), tmp_path / "ours") / "rank0.safetensors")
+    theirs = load_rank(modelopt_export(model, FAMILIES["qwen3"][3], tmp_path / "modelopt") / "rank0.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    assert "transformer.layers.0.attention.q_layernorm.weight" in ours
+    for name in ours:
+        assert ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]), name
