@@ -211,6 +211,25 @@ def test_export_writes_eagle3_for_a_target_the_engine_serves_it_on(
     assert ("EAGLE3" if engine == "sglang" else "eagle3") in text, text
 
 
+@pytest.mark.parametrize(("engine", "arch", "refused"), [("vllm", "Gemma3ForCausalLM", True),
+                                                         ("sglang", "Gemma3ForCausalLM", False),
+                                                         ("sglang", "MixtralForCausalLM", True)])
+def test_a_dynamo_deployment_is_judged_by_its_workers_engine(
+        engine: str, arch: str, refused: bool, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    """deploy.target: dynamo with vLLM or SGLang workers: those engines' reasons apply, not TensorRT-LLM's (which
+    refuses EAGLE-3 on Gemma 3 whatever the worker)."""
+    spec = spec_for(tmp_path, models[arch], "eagle3", "pytorch")
+    data = yaml.safe_load(spec.read_text())
+    data["deploy"] = {"target": "dynamo", "dynamo": {"engine": engine}}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    _, text = cli("validate", str(spec))
+    key = (arch, "eagle3", engine)
+    if refused:
+        _refusal_said(text, key)
+    else:
+        assert "cannot run" not in text, text
+
+
 # -- the trainers refuse before loading anything ---------------------------------------------------------------------
 @pytest.mark.parametrize("arch", sorted(a for a, m, _ in REFUSALS if m == "eagle3_training"))
 def test_eagle_train_refuses_a_target_no_engine_serves_eagle3_on(
