@@ -157,3 +157,25 @@ def test_convert_asks_the_hub_for_what_the_cache_lacks_and_validate_never_does(t
     assert any("acme/missing" in path for path in asked), asked
     assert f"{spec}:4: draft.model: acme/missing: no such model on the Hugging Face Hub" in output, output
     assert not (tmp_path / "out").exists()
+
+
+def test_medusa_heads_may_be_a_hub_id(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    """`medusa.heads` takes a Hub id (with `revision`) like the models: resolved in the cache, converted with the
+    target into one MedusaForCausalLM checkpoint whose manifest records the heads' snapshot."""
+    add_snapshot(tmp_path / "hub", "acme/heads", MAIN, demo_models["medusa-heads"], "v1")
+    spec = write_spec(tmp_path, f"target: {{model: {demo_models['target']}}}\n"
+                      "medusa: {heads: acme/heads, revision: v1}\nspeculative: {mode: medusa}\n")
+    validated = specbuild(tmp_path, "validate", str(spec))
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    assert f"acme/heads@{MAIN}" in validated.stdout, validated.stdout
+    converted = specbuild(tmp_path, "convert", str(spec))
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    config = json.loads((tmp_path / "out/checkpoints/medusa/config.json").read_text())
+    assert config["architecture"] == "MedusaForCausalLM"
+    assert manifest_settings(tmp_path, "medusa")["medusa_heads"] == str(
+        tmp_path / "hub/models--acme--heads/snapshots" / MAIN), manifest_settings(tmp_path, "medusa")
+    untagged = write_spec(tmp_path, f"target: {{model: {demo_models['target']}}}\n"
+                          "medusa: {heads: acme/heads, revision: v9}\nspeculative: {mode: medusa}\n")
+    result = specbuild(tmp_path, "validate", str(untagged))
+    output = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "medusa.heads: acme/heads@v9 is not in the Hugging Face cache" in output, output

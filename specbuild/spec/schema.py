@@ -213,8 +213,11 @@ class DraftSpec(ModelSource):
 class MedusaSpec(_Section):
     """Medusa heads (FasterDecoding format) trained on top of the target, and the token tree they fill."""
 
-    heads: SpecPath
-    """Directory with `medusa_lm_head.safetensors` (or `.pt`) and its config.json."""
+    revision: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    """With a Hub id in `heads`: the branch, tag or commit to use (default `main`)."""
+    heads: ModelPath
+    """Directory with `medusa_lm_head.safetensors` (or `.pt`) and its config.json, or a Hub id (`owner/name`) whose
+    snapshot holds them (only safetensors and JSON are fetched: heads published as `.pt` need a local copy)."""
     choices: str | list[list[int]] = DEFAULT_MEDUSA_CHOICES
     """A preset name (built in: `specbuild/data/medusa_choices/<name>.json`, or `medusa_choices/` next to the
     spec), a path to a .json file, or an explicit list of top-k index paths."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from rich.table import Table
 
@@ -10,11 +11,14 @@ from specbuild.spec.fields import snapshot_commit
 from specbuild.spec.schema import ModelSource, PipelineSpec
 
 
+def _where(path: Path) -> str:
+    """A Hub snapshot as `owner/name@commit` (what was resolved, readable), with the cache directory it reads."""
+    hub = snapshot_commit(path)
+    return f"{hub} (Hugging Face Hub snapshot in {path})" if hub else str(path)
+
+
 def _model_row(source: ModelSource) -> str:
-    """A Hub model as `owner/name@commit` (what was resolved, readable), with the cache directory it reads."""
-    hub = snapshot_commit(source.model) if source.model is not None else None
-    where = f"{hub} (Hugging Face Hub snapshot in {source.model})" if hub else f"{source.model}"
-    return where + ("  (trust_remote_code)" if source.trust_remote_code else "")
+    return _where(source.model) + ("  (trust_remote_code)" if source.trust_remote_code else "")
 
 
 def _speculation_rows(spec: PipelineSpec) -> Iterator[tuple[str, str]]:
@@ -33,7 +37,7 @@ def _speculation_rows(spec: PipelineSpec) -> Iterator[tuple[str, str]]:
     if spec.medusa is not None:
         tree = spec.medusa.resolved_choices()
         origin = spec.medusa.choices if isinstance(spec.medusa.choices, str) else "inline list"
-        yield "medusa heads", str(spec.medusa.heads)
+        yield "medusa heads", _where(spec.medusa.heads)
         yield "medusa tree", f"{origin}: {len(tree)} nodes, depth {spec.medusa.depth}"
 
 
