@@ -277,6 +277,47 @@ def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_
     assert fit_problems(config, fitted, own_embedding="embed_tokens.weight" in shapes, llama_only=False) == []
 
 
+# -- draft quantization (ModelOpt) ------------------------------------------------------------------------------------
+def _quantizable(directory: Path, name: str) -> Path:
+    """A tiny float32 draft of family `name` with a tokenizer (calibration tokenizes with the draft's own)."""
+    from specbuild.demo.tokenizer import save_tokenizer, train_tokenizer
+
+    source = make_checkpoint(directory, name, seed=3, dtype=torch.float32, vocab_size=512, bos_token_id=1,
+                             eos_token_id=2, pad_token_id=3)
+    save_tokenizer(train_tokenizer(corpus.training_texts()[:40], 512), source, 256)
+    return source
+
+
+def _fp8(**changes: Any) -> Any:
+    from dataclasses import replace
+
+    from specbuild.convert.quantize.settings import QuantizeSettings
+
+    return replace(QuantizeSettings("fp8", "none", calib_source="builtin", calib_size=8, calib_seq_len=64),
+                   **changes)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "mixtral"])
+def test_a_draft_refused_for_the_engine_flow_quantizes_on_the_pytorch_flow(name: str, tmp_path: Path) -> None:
+    """What the engine flow's refusal tells the user to do instead works: ModelOpt's Hugging Face export (what
+    build.flow: pytorch loads) quantizes these families' linears to FP8 through specbuild's convert path."""
+    from rich.console import Console
+    from safetensors import safe_open
+
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.convert.quantize.settings import HF
+
+    arch = FAMILIES[name][1].__name__
+    assert (arch, "quantized_draft", "engine") in REFUSALS
+    assert "build.flow: pytorch" in REFUSALS[(arch, "quantized_draft", "engine")].instead
+    source = _quantizable(tmp_path / "source", name)
+    request = ConvertRequest("draft-hf", source, tmp_path / "out", "float32", quantization=_fp8(export=HF))
+    convert_checkpoint(request, console=Console(stderr=True, quiet=True))
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as fh:
+        fp8 = [key for key in fh.keys() if fh.get_slice(key).get_dtype() == "F8_E4M3"]  # noqa: SIM118
+    assert fp8 and all(key.endswith("weight") for key in fp8), fp8
+
+
 # -- the docs -------------------------------------------------------------------------------------------------------
 def test_the_docs_table_is_the_contract_table() -> None:
     """docs/methods/families.md's table is `support_table()` rendered: a change to the table without the docs (or
