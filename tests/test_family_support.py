@@ -53,6 +53,10 @@ CAPTURED = (0, 1, 2)
 DEEP = {"num_hidden_layers": 4}
 """Every tiny target has 4 layers, so that an EAGLE-3 draft capturing layers 0-2 fits it (Gemma 3's layer_types
 already list 4)."""
+SHALLOW = {"gemma3": {"num_hidden_layers": 1, "layer_types": ["sliding_attention"]}}
+"""The draft-target drafts have one layer (a draft no smaller than its target is refused)."""
+VOCAB = 512
+"""Targets and drafts share one tokenizer trained on the built-in corpus (validate reads real tokenizer files)."""
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -106,16 +110,20 @@ def medusa_heads(directory: Path, target: Path, heads: int = 2) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
     """Per HF architecture: a tiny target, an EAGLE-3 draft and Medusa heads made for it."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
+    from specbuild.demo.tokenizer import save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp("families")
+    tokenizer = train_tokenizer(corpus.training_texts()[:20], VOCAB)
     made: dict[str, dict[str, Path]] = {}
     for arch in ARCHITECTURES:
         name = FAMILY_OF[arch]
-        target = make_checkpoint(root / name, name, **({"n_layer": 4} if name == "gpt2" else DEEP))
-        Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(target / "tokenizer.json"))
-        made[arch] = {"target": target, "eagle3": eagle3_draft(root / f"{name}-eagle3", target),
+        target = make_checkpoint(root / name, name, vocab_size=VOCAB,
+                                 **({"n_layer": 4} if name == "gpt2" else DEEP))
+        draft = make_checkpoint(root / f"{name}-draft", name, seed=1, vocab_size=VOCAB,
+                                **({"n_layer": 1} if name == "gpt2" else SHALLOW.get(name, {"num_hidden_layers": 1})))
+        for model in (target, draft):
+            save_tokenizer(tokenizer, model, 256)
+        made[arch] = {"target": target, "draft": draft, "eagle3": eagle3_draft(root / f"{name}-eagle3", target),
                       "heads": medusa_heads(root / f"{name}-heads", target)}
     return made
 
@@ -133,6 +141,8 @@ def spec_for(directory: Path, files: dict[str, Path], method: str, engine: str) 
     elif method == "quantized_draft":
         data |= {"draft": {"model": str(files["target"]), "quantization": {"format": "fp8"}},
                  "speculative": {"mode": "draft_target"}}
+    elif method == "draft_target":
+        data |= {"draft": {"model": str(files["draft"])}, "speculative": {"mode": "draft_target"}}
     elif method == "model":
         data |= {"speculative": {"mode": "ngram" if engine == "pytorch" else "none"}}
     data["build"] = build
@@ -186,6 +196,27 @@ def test_a_family_the_engine_runs_passes_the_family_check(
     from specbuild.spec import load_spec
 
     assert family_problems(load_spec(tmp_path / "pipeline.yaml")) == []
+
+
+NEW_FAMILIES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Gemma2ForCausalLM",
+                "Gemma3ForCausalLM", "Phi3ForCausalLM")
+
+
+@pytest.mark.parametrize("arch", NEW_FAMILIES)
+def test_draft_target_with_a_draft_of_the_same_family_validates_and_exports(
+        arch: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    """Draft-target runs on every engine for every new family: the spec validates on both TensorRT-LLM flows
+    (the engine flow's converter planning and build checks included) and exports to vLLM and SGLang with the
+    draft as their draft model."""
+    for flow in ("engine", "pytorch"):
+        spec = spec_for(tmp_path / flow, models[arch], "draft_target", flow)
+        code, text = cli("validate", str(spec))
+        assert code == 0, (flow, text)
+    draft = str(models[arch]["draft"])
+    for engine, method in (("vllm", '"method": "draft_model"'), ("sglang", "STANDALONE")):
+        code, text = cli("export", engine, str(tmp_path / "pytorch" / "pipeline.yaml"), "--dry-run")
+        assert code == 0, (engine, text)
+        assert method in text and draft in text, (engine, text)
 
 
 @pytest.mark.parametrize("key", AT_EXPORT, ids=["-".join(k) for k in AT_EXPORT])
