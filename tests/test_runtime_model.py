@@ -397,8 +397,8 @@ def test_config_claiming_quantization_over_float_weights_is_refused(build: Build
 
 def test_unknown_rotary_scaling_is_refused(build: Builder, tmp_path: Path) -> None:
     ckpt = copy_checkpoint(build("llama")[1], tmp_path / "c")
-    edit_trt_config(ckpt, rotary_scaling={"rope_type": "longrope", "factor": 2.0})
-    with pytest.raises(RuntimeCheckpointError, match=r"config\.json: rotary_scaling: type 'longrope' is not supported"):
+    edit_trt_config(ckpt, rotary_scaling={"rope_type": "mrope", "factor": 2.0})  # Qwen2-VL's multimodal RoPE
+    with pytest.raises(RuntimeCheckpointError, match=r"config\.json: rotary_scaling: type 'mrope' is not supported"):
         load_checkpoint(ckpt)
 
 
@@ -417,6 +417,6 @@ def test_missing_tensor_and_shape_mismatch_are_named(build: Builder, tmp_path: P
 
 def test_unsupported_architecture_is_refused(build: Builder, tmp_path: Path) -> None:
     ckpt = copy_checkpoint(build("llama")[1], tmp_path / "c")
-    edit_trt_config(ckpt, architecture="MixtralForCausalLM")
-    with pytest.raises(RuntimeCheckpointError, match="'MixtralForCausalLM' is not supported"):
+    edit_trt_config(ckpt, architecture="DeepseekV2ForCausalLM")
+    with pytest.raises(RuntimeCheckpointError, match="'DeepseekV2ForCausalLM' is not supported"):
         load_checkpoint(ckpt)

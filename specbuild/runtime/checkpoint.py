@@ -10,6 +10,14 @@ under local indices; per rank the fused QKV is `[q_r; k_r; v_r]`, with KV heads 
 are fewer KV heads than ranks; `attention.dense` and `mlp.proj` are split on dim 1, `mlp.fc`/`mlp.gate` (weight
 and bias), `lm_head` and the Medusa heads on dim 0; the lm_head is zero-padded to a multiple of tp. The config
 is parsed by `specbuild.runtime.config`.
+
+The families of issue 49: q/k norms (`attention.q_layernorm`/`k_layernorm`, [head_size]) and Gemma's
+`pre_feedforward_layernorm`/`post_feedforward_layernorm` are replicated on every rank; an MoE layer's router is
+replicated (its RowLinear has tp_size 1), its experts split as `_merge_experts` says (tensorrt_llm/layers/moe.py
+@03961722, mapping.py). A fused gated fc (hidden_act swiglu/geglu: Phi-3's `mlp.fc` [up; gate], TensorRT-LLM's
+models/phi3/convert.py @89fd9b74 "swap the halves") is held by each rank as [up_r; gate_r], so that each rank's
+swiglu pairs its own rows: specbuild's converter writes that (TensorRT-LLM 1.2's split_weights_tp @7dfda15a would
+cut [up; gate] in contiguous pieces, which a per-rank swiglu cannot use; see the Phi-3 converter).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from specbuild.runtime.config import ModelConfig, RuntimeCheckpointError, read_config
+from specbuild.runtime.config import FUSED_GATED, ModelConfig, RuntimeCheckpointError, read_config
 from specbuild.runtime.dequantize import QuantizedCheckpointError, dequantize_rank
 
 
@@ -32,6 +40,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every full (merged, unpadded) tensor the model needs, with its shape."""
     h, q_rows, kv_rows = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     inter, gpt2 = cfg.intermediate_size, cfg.family == "gpt2"
+    fused_gated = cfg.hidden_act in FUSED_GATED  # one fc holding [x; gate] (Phi-3, MoE experts)
     shapes: dict[str, tuple[int, ...]] = {"transformer.vocab_embedding.weight": (cfg.vocab_size, h)}
     if gpt2:
         shapes["transformer.position_embedding.weight"] = (cfg.max_position_embeddings, h)
@@ -47,7 +56,22 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "attention.dense.weight"] = (h, q_rows)
         if cfg.dense_bias:
             shapes[p + "attention.dense.bias"] = (h,)
+        if cfg.qk_norm:
+            shapes[p + "attention.q_layernorm.weight"] = (cfg.head_dim,)
+            shapes[p + "attention.k_layernorm.weight"] = (cfg.head_dim,)
+        if cfg.inter_layernorms:
+            shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+        if cfg.moe_num_experts:
+            # MixtureOfExperts (tensorrt_llm/layers/moe.py @03961722): a float32 router [experts, hidden], every
+            # expert's fc [up; gate] as one [experts, 2 * inter, hidden] tensor, proj [experts, hidden, inter].
+            experts, moe_inter = cfg.moe_num_experts, cfg.moe_intermediate_size
+            shapes[p + "mlp.router.weight"] = (experts, h)
+            shapes[p + "mlp.fc.weight"] = (experts, (2 if fused_gated else 1) * moe_inter, h)
+            shapes[p + "mlp.proj.weight"] = (experts, h, moe_inter)
+            continue
         mlp = (("fc", (inter, h)), ("proj", (h, inter))) if gpt2 else (
+            ("fc", (2 * inter, h)), ("proj", (h, inter))) if fused_gated else (
             ("fc", (inter, h)), ("gate", (inter, h)), ("proj", (h, inter)))
         for name, shape in mlp:
             shapes[p + f"mlp.{name}.weight"] = shape
@@ -120,12 +144,38 @@ def _merge_qkv(name: str, parts: list[torch.Tensor], cfg: ModelConfig, files: li
     return torch.cat([torch.cat(qs), k, v])
 
 
+def _merge_halves(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """A fused gated fc whose every rank holds [x_r; gate_r]: [x; gate] again."""
+    xs, gates = zip(*(p.chunk(2, dim=dim) for p in parts), strict=True)
+    return torch.cat([*xs, *gates], dim=dim)
+
+
+def _merge_experts(name: str, parts: list[torch.Tensor], cfg: ModelConfig) -> torch.Tensor:
+    """An MoE layer's fc or proj from its ranks. TensorRT-LLM's Mapping numbers rank t's expert shard
+    moe_tp_rank = t // moe_ep_size, moe_ep_rank = t % moe_ep_size (tensorrt_llm/mapping.py); each EP rank holds
+    num_experts / moe_ep_size whole experts, each TP rank the rows of every one of them: fc's up and gate halves
+    each split over moe_tp_size ([up_r; gate_r] per rank), proj split on its input (dim 2)."""
+    ep, tp = cfg.moe_ep_size, cfg.moe_tp_size
+    groups = []
+    for ep_rank in range(ep):
+        shards = [parts[tp_rank * ep + ep_rank] for tp_rank in range(tp)]
+        if name.endswith("mlp.proj.weight"):
+            groups.append(torch.cat(shards, dim=2))
+        else:
+            groups.append(_merge_halves(shards, 1) if cfg.hidden_act in FUSED_GATED else torch.cat(shards, dim=1))
+    return torch.cat(groups, dim=0)
+
+
 def _merge_tp(name: str, parts: list[torch.Tensor], cfg: ModelConfig, files: list[Path]) -> torch.Tensor:
     """One tensor of one PP stage from its TP ranks."""
     if len(parts) == 1:
         return parts[0]
     if ".attention.qkv." in name and name.endswith((".weight", ".bias")):  # not its (replicated) scales
         return _merge_qkv(name, parts, cfg, files)
+    if cfg.moe_num_experts and name.endswith(("mlp.fc.weight", "mlp.proj.weight")) and parts[0].dim() == 3:
+        return _merge_experts(name, parts, cfg)
+    if cfg.hidden_act in FUSED_GATED and name.endswith(("mlp.fc.weight", "mlp.fc.bias")):
+        return _merge_halves(parts, 0)  # Phi-3: each rank's [up_r; gate_r] (see the module docstring)
     dim = _split_dim(name, cfg)
     shapes = {tuple(p.shape) for p in parts}
     if len(shapes) != 1:

@@ -14,7 +14,7 @@ prefix plus the new tokens a tree mask allows, which is what draft-target and Me
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbuild.runtime.checkpoint import load_checkpoint
-from specbuild.runtime.config import ModelConfig, RuntimeCheckpointError
+from specbuild.runtime.config import FUSED_GATED, ModelConfig, RuntimeCheckpointError
 from specbuild.runtime.dequantize import (
     QuantizedCheckpointError,
     fp8_qdq,
@@ -31,6 +31,7 @@ from specbuild.runtime.dequantize import (
     same_input,
 )
 from specbuild.runtime.kv_cache import KVCache
+from specbuild.runtime.moe import MixtureOfExperts
 from specbuild.runtime.rope import RotaryEmbedding, apply_rotary
 
 __all__ = ["ACTIVATIONS", "CausalLM", "ForwardOutput", "ModelConfig"]
@@ -50,6 +51,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_pytorch_tanh": _gelu_tanh,
     "gelu_fast": _gelu_tanh,
     "relu": F.relu,
+    "swiglu": F.silu,
+    "geglu": _gelu_tanh,
 }
 MEDUSA_ACT = F.silu  # TensorRT-LLM's MedusaLayer activation (the converter's --medusa_hidden_act default)
 
@@ -95,14 +98,23 @@ def project(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) 
 
 
 class Attention(_Weights):
-    """Fused-QKV multi-head attention with GQA, RoPE (LLaMA family) and the cache."""
+    """Fused-QKV multi-head attention with GQA, RoPE (LLaMA family) and the cache; per layer an attention window
+    (`window`), the local rotary base (`local_rope`), q/k RMSNorm and Gemma 2's score soft-capping, as the config
+    says."""
 
-    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], prefix: str, *,
+                 window: int | None = None, local_rope: bool = False) -> None:
         super().__init__(tensors, prefix, {"qkv_weight": "qkv.weight", "qkv_bias": "qkv.bias",
-                                           "dense_weight": "dense.weight", "dense_bias": "dense.bias"},
+                                           "dense_weight": "dense.weight", "dense_bias": "dense.bias",
+                                           "q_norm": "q_layernorm.weight", "k_norm": "k_layernorm.weight"},
                          input_major=("qkv_weight", "dense_weight"))
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attention_scale
+        self.window, self.local_rope = window, local_rope
+        self.eps, self.softcap = cfg.norm_epsilon, cfg.attn_logit_softcap
+        if cfg.qk_norm and (self.q_norm is None or self.k_norm is None):
+            raise RuntimeCheckpointError(f"{prefix}q_layernorm.weight and {prefix}k_layernorm.weight are needed "
+                                         "(qk_layernorm)")
         self.sizes = [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim]
         # Quantized checkpoints: what TensorRT-LLM does to the GEMM inputs and the KV cache (runtime.dequantize).
         self.qkv_input = input_quantizer(cfg.quant_algo, tensors, prefix + "qkv.")
@@ -117,19 +129,42 @@ class Attention(_Weights):
         q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        if step.cos is not None:
-            q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
+        if self.q_norm is not None:  # per head, before RoPE (HF Qwen3/Gemma3 attention, TRT-LLM qk_layernorm)
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        cos, sin = (step.cos_local, step.sin_local) if self.local_rope else (step.cos, step.sin)
+        if cos is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.kv_scale is not None:  # an FP8 cache holds keys (after RoPE) and values rounded to fp8
             k, v = fp8_qdq(k, self.kv_scale), fp8_qdq(v, self.kv_scale)
         step.cache.write(layer, k, v)
         keys = step.cache.keys(layer)[:, :, : step.num_slots]
         values = step.cache.values(layer)[:, :, : step.num_slots]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, scale=self.scale,
-                                             enable_gqa=self.heads != self.kv_heads)
+        mask = step.mask if self.window is None else step.mask_for(self.window)
+        if self.softcap is None:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale,
+                                                 enable_gqa=self.heads != self.kv_heads)
+        else:
+            out = softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
         out = out.transpose(1, 2).reshape(b, t, -1)
         if self.dense_input is not None:
             out = self.dense_input(out)
         return project(out, self.dense_weight, self.dense_bias)
+
+
+def softcapped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                         scale: float, cap: float) -> torch.Tensor:
+    """Attention whose scores are soft-capped before the mask and softmax, `cap * tanh(q.k * scale / cap)`
+    (HF Gemma 2; TensorRT-LLM's max_attn_value), with the softmax in float32. q [B, H, T, D], keys/values
+    [B, KV, S, D] (GQA: each KV head serves H / KV query heads)."""
+    groups = q.shape[1] // keys.shape[1]
+    if groups > 1:
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(weights, values)
 
 
 class MLP(_Weights):
@@ -141,6 +176,7 @@ class MLP(_Weights):
             "proj_weight": "proj.weight", "proj_bias": "proj.bias",
         }, input_major=("fc_weight", "gate_weight", "proj_weight"))
         self.act = ACTIVATIONS[cfg.hidden_act]
+        self.fused_gated = cfg.hidden_act in FUSED_GATED and self.gate_weight is None
         self.fc_input = input_quantizer(cfg.quant_algo, tensors, prefix + "fc.")
         self.proj_input = input_quantizer(cfg.quant_algo, tensors, prefix + "proj.")
         if self.gate_weight is not None and not same_input(
@@ -162,6 +198,9 @@ class MLP(_Weights):
         if self.fc_weight is None:
             fc, gate = project(x, self.fc_gate_weight, self.fc_gate_bias).chunk(2, dim=-1)
             hidden = self.act(fc) * gate
+        elif self.fused_gated:  # one fc holding [x; gate] (Phi-3's swiglu MLP)
+            fc, gate = project(x, self.fc_weight, self.fc_bias).chunk(2, dim=-1)
+            hidden = fc * self.act(gate)
         else:
             hidden = self.act(project(x, self.fc_weight, self.fc_bias))
         if self.proj_input is not None:
@@ -183,18 +222,32 @@ class Norm(_Weights):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x += attention(input_layernorm(x)); x += mlp(post_layernorm(x))."""
+    """Pre-norm residual block: x += attention(input_layernorm(x)); x += mlp(post_layernorm(x)). With Gemma's
+    inter_layernorms (GemmaDecoderLayer, models/gemma/model.py @5dedf53b): x += post_layernorm(attention(...));
+    x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x))). The MLP is a mixture of experts when the
+    config has experts."""
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], index: int) -> None:
         super().__init__()
         prefix = f"transformer.layers.{index}."
         self.index = index
+        window = cfg.layer_window(index)
         self.input_layernorm = Norm(cfg, tensors, prefix + "input_layernorm.")
-        self.attention = Attention(cfg, tensors, prefix + "attention.")
+        self.attention = Attention(cfg, tensors, prefix + "attention.", window=window,
+                                   local_rope=cfg.layer_rotary_base(index) != cfg.rotary_base)
         self.post_layernorm = Norm(cfg, tensors, prefix + "post_layernorm.")
-        self.mlp = MLP(cfg, tensors, prefix + "mlp.")
+        self.mlp: nn.Module = MixtureOfExperts(
+            cfg, tensors, prefix + "mlp.", ACTIVATIONS[cfg.hidden_act], gated=cfg.hidden_act in FUSED_GATED
+        ) if cfg.moe_num_experts else MLP(cfg, tensors, prefix + "mlp.")
+        self.inter_layernorms = cfg.inter_layernorms
+        if cfg.inter_layernorms:
+            self.pre_feedforward_layernorm = Norm(cfg, tensors, prefix + "pre_feedforward_layernorm.")
+            self.post_feedforward_layernorm = Norm(cfg, tensors, prefix + "post_feedforward_layernorm.")
 
     def forward(self, x: torch.Tensor, step: _Step) -> torch.Tensor:
+        if self.inter_layernorms:
+            x = x + self.post_layernorm(self.attention(self.input_layernorm(x), step, self.index))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.attention(self.input_layernorm(x), step, self.index)
         return x + self.mlp(self.post_layernorm(x))
 
@@ -236,6 +289,19 @@ class _Step:
     num_slots: int
     cos: torch.Tensor | None
     sin: torch.Tensor | None
+    # Layers with an attention window take their mask from `mask_for`, built once per window and forward.
+    window_mask: Callable[[int], torch.Tensor | None] | None = None
+    cos_local: torch.Tensor | None = None  # Gemma 3's local layers: their own rotary base
+    sin_local: torch.Tensor | None = None
+    masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+    def mask_for(self, window: int) -> torch.Tensor | None:
+        """The mask of a layer that sees `window` positions (its own included)."""
+        if self.window_mask is None:
+            return self.mask
+        if window not in self.masks:
+            self.masks[window] = self.window_mask(window)
+        return self.masks[window]
 
 
 def attention_mask(lengths: torch.Tensor, num_tokens: int, num_slots: int,
@@ -288,6 +354,9 @@ class CausalLM(nn.Module):
         self.medusa_heads = MedusaHeads(config, tensors) if config.num_medusa_heads else None
         self.rope = None if config.family == "gpt2" else RotaryEmbedding(
             config.rotary_dim, config.rotary_base, config.rotary_scaling, config.max_position_embeddings)
+        # Gemma 3's local layers: their own base, no scaling (rotary_embedding_base_local, GemmaDecoderLayer).
+        self.rope_local = None if config.rotary_base_local is None else RotaryEmbedding(
+            config.rotary_dim, config.rotary_base_local, None, config.max_position_embeddings)
 
     @classmethod
     def from_checkpoint(cls, directory: Path, *, dtype: torch.dtype = torch.float32,
@@ -370,20 +439,28 @@ class CausalLM(nn.Module):
         position_ids = self._check_inputs(input_ids, cache, position_ids, tree_mask)
         t = input_ids.shape[1]
         num_slots = cache.begin_block(t)
-        # One new token after equally long prefixes sees every slot in use: no mask needed (the common decode step),
-        # unless an attention window hides the oldest of them.
-        window = self.config.sliding_window
-        windowed = window is not None and num_slots > window
-        uniform_step = t == 1 and tree_mask is None and cache.uniform and not windowed
-        mask = None if uniform_step else attention_mask(cache.lengths, t, num_slots, tree_mask, positions=position_ids,
-                                                        window=window if windowed else None)
+        # One new token after equally long prefixes sees every slot in use: no mask needed (the common decode step).
+        # A layer with an attention window that hides some of the slots gets a mask of its own (`mask_for`), built
+        # once per window and forward, only when a layer asks for it.
+        uniform_step = t == 1 and tree_mask is None and cache.uniform
+        mask = None if uniform_step else attention_mask(cache.lengths, t, num_slots, tree_mask, positions=position_ids)
+
+        def window_mask(window: int) -> torch.Tensor | None:
+            if num_slots <= window:
+                return mask
+            return attention_mask(cache.lengths, t, num_slots, tree_mask, positions=position_ids, window=window)
+
         x = F.embedding(input_ids, self.vocab_embedding)
-        cos = sin = None
+        if self.config.embedding_scale != 1.0:  # Gemma: the scale rounded to the activations' dtype, as HF does
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        cos = sin = cos_local = sin_local = None
         if self.rope is not None:
             cos, sin = self.rope.cos_sin(position_ids, x.dtype)
         else:
             x = x + F.embedding(position_ids, self.position_embedding)
-        step = _Step(cache, mask, num_slots, cos, sin)
+        if self.rope_local is not None:
+            cos_local, sin_local = self.rope_local.cos_sin(position_ids, x.dtype)
+        step = _Step(cache, mask, num_slots, cos, sin, window_mask, cos_local, sin_local)
         if any(not 0 <= i < len(self.layers) for i in capture_layers):
             raise ValueError(f"capture_layers {list(capture_layers)} must be layer ids in [0, {len(self.layers)})")
         captured: dict[int, torch.Tensor] = {}
@@ -397,6 +474,9 @@ class CausalLM(nn.Module):
                 captured[index] = x
         hidden = self.ln_f(x)
         logits = F.linear(hidden, self.lm_head).float()
+        cap = self.config.final_logit_softcap
+        if cap is not None:  # Gemma: logits = cap * tanh(logits / cap)
+            logits = torch.tanh(logits / cap) * cap
         heads = None
         if medusa and self.medusa_heads is not None:
             heads = self.medusa_heads(hidden)

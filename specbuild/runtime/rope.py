@@ -5,7 +5,11 @@ TensorRT-LLM's LLaMA config carries HF's `rope_scaling` dict unchanged as `rotar
 NVIDIA/TensorRT-LLM tensorrt_llm/models/llama/config.py, commit 89fd9b74), so
 the frequencies follow the HF formulas: "linear" (factor), "llama3" (factor, low/high_freq_factor,
 original_max_position_embeddings), "dynamic" (NTK, recomputed when positions pass max_position_embeddings) and
-"yarn" (with its cos/sin attention factor). Anything else is refused rather than silently run unscaled.
+"yarn" (with its cos/sin attention factor) and "longrope" (HF's older name "su": Phi-3's per-frequency short and long
+factors, the long ones once a forward's positions pass original_max_position_embeddings, cos/sin scaled by
+sqrt(1 + ln(s) / ln(original)) with s = max_position_embeddings / original, as HF's `_compute_longrope_parameters` and
+TensorRT-LLM's long_rope (models/phi3/model.py @c4dc529f) compute them). Anything else is refused rather than
+silently run unscaled.
 """
 
 from __future__ import annotations
@@ -15,16 +19,18 @@ from typing import Any
 
 import torch
 
-SCALING_TYPES = ("default", "linear", "llama3", "dynamic", "yarn")
+SCALING_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
 _REQUIRED = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-             "dynamic": ("factor",), "yarn": ("factor",)}
+             "dynamic": ("factor",), "yarn": ("factor",), "longrope": ("short_factor", "long_factor")}
 
 
 def scaling_type(scaling: dict[str, Any] | None) -> str:
-    """HF spells the type `rope_type` (newer) or `type` (older); None and "default" mean no scaling."""
+    """HF spells the type `rope_type` (newer) or `type` (older); None and "default" mean no scaling; "su" is
+    LongRoPE's first name."""
     if not scaling:
         return "default"
-    return str(scaling.get("rope_type", scaling.get("type", "default")))
+    kind = str(scaling.get("rope_type", scaling.get("type", "default")))
+    return "longrope" if kind == "su" else kind
 
 
 def rope_scaling_problem(scaling: Any) -> str | None:
@@ -90,6 +96,22 @@ def _yarn(base: float, dim: int, scaling: dict[str, Any], max_positions: int) ->
     return inv_freq, float(attention)
 
 
+def _longrope(base: float, dim: int, scaling: dict[str, Any], max_positions: int
+              ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(short inv_freq, long inv_freq, attention factor): each frequency divided by its factor."""
+    short, long = (torch.tensor(scaling[key], dtype=torch.float32) for key in ("short_factor", "long_factor"))
+    if short.shape != (dim // 2,) or long.shape != (dim // 2,):
+        raise ValueError(f"rotary_scaling: longrope factors must each hold rotary_dim / 2 = {dim // 2} values, not "
+                         f"{short.numel()} and {long.numel()}")
+    original = scaling.get("original_max_position_embeddings") or max_positions
+    factor = max_positions / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (short * base**exponents), 1.0 / (long * base**exponents), float(attention)
+
+
 class RotaryEmbedding:
     """cos/sin tables for positions, and their application to queries and keys."""
 
@@ -108,11 +130,25 @@ class RotaryEmbedding:
             inv_freq = _llama3(inv_freq, self.scaling, max_positions)
         elif self.kind == "yarn":
             inv_freq, self.attention_scaling = _yarn(base, rotary_dim, self.scaling, max_positions)
+        self.long_inv_freq: torch.Tensor | None = None
+        if self.kind == "longrope":
+            inv_freq, self.long_inv_freq, self.attention_scaling = _longrope(base, rotary_dim, self.scaling,
+                                                                            max_positions)
+            self.long_inv_freq = self.long_inv_freq.to(device)
         self.inv_freq = inv_freq.to(device)
 
     def to(self, device: torch.device | str) -> RotaryEmbedding:
         self.inv_freq = self.inv_freq.to(device)
+        if self.long_inv_freq is not None:
+            self.long_inv_freq = self.long_inv_freq.to(device)
         return self
+
+    def _longrope_inv_freq(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """The long factors once the longest position of the forward passes the original context."""
+        original = self.scaling.get("original_max_position_embeddings") or self.max_positions
+        if int(position_ids.max()) + 1 > original:
+            return self.long_inv_freq.to(position_ids.device)
+        return self.inv_freq
 
     def _dynamic_inv_freq(self, position_ids: torch.Tensor) -> torch.Tensor:
         """Dynamic NTK: past max_position_embeddings the base grows with the longest position in the batch."""
@@ -127,7 +163,8 @@ class RotaryEmbedding:
         """cos and sin of shape [B, 1, T, rotary_dim] (computed in float32, returned in `dtype`)."""
         if self.inv_freq.device != position_ids.device:
             self.inv_freq = self.inv_freq.to(position_ids.device)
-        inv_freq = self._dynamic_inv_freq(position_ids) if self.kind == "dynamic" else self.inv_freq
+        inv_freq = self._dynamic_inv_freq(position_ids) if self.kind == "dynamic" else (
+            self._longrope_inv_freq(position_ids) if self.kind == "longrope" else self.inv_freq)
         freqs = position_ids.to(torch.float32)[..., None] * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
