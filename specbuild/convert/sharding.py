@@ -91,6 +91,12 @@ class RowBlocks:
         return RowBlocks([b.to(dtype) for b in self.blocks], self.shape)
 
 
+def fused_qkv_rows(heads: int, kv_heads: int, head_dim: int, tp_size: int) -> int:
+    """Rows of one rank's fused QKV: heads/tp query heads and max(kv, tp)/tp KV heads each for K and V (repeated
+    when kv < tp)."""
+    return (heads + 2 * max(kv_heads, tp_size)) * head_dim // tp_size
+
+
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: Rank, num_kv_heads: int) -> RowBlocks:
     """This rank's fused QKV weight or bias: cat(split(q), split(k'), split(v')) along dim 0."""
     k = repeat_kv_heads(k, num_kv_heads, rank.tp_size)
@@ -131,15 +137,16 @@ def stack_experts(*weights: torch.Tensor, rank: Rank, dim: int) -> RowBlocks:
     return RowBlocks(blocks, (len(blocks), *blocks[0].shape))
 
 
-def decoder_tp_problems(tp_size: int, heads: int, kv_heads: int, intermediate: int) -> list[str]:
+def decoder_tp_problems(tp_size: int, heads: int, kv_heads: int, intermediate: int | None) -> list[str]:
     """Why `tp_size` cannot split a decoder's attention and dense MLP as TensorRT-LLM does (empty when it can):
     query heads and the MLP's intermediate dim are split evenly, KV heads are split or, when fewer than tp,
-    repeated (`dup_kv_weight`), so one of kv and tp must divide the other."""
+    repeated (`dup_kv_weight`), so one of kv and tp must divide the other. `intermediate` is None for a model
+    without a dense MLP (experts split their own intermediate size)."""
     problems = []
     if heads % tp_size:
         problems.append(f"tp_size {tp_size} does not divide num_attention_heads {heads}")
     if kv_heads % tp_size and tp_size % kv_heads:
         problems.append(f"tp_size {tp_size} and num_key_value_heads {kv_heads}: one must divide the other")
-    if intermediate % tp_size:
+    if intermediate is not None and intermediate % tp_size:
         problems.append(f"tp_size {tp_size} does not divide intermediate_size {intermediate}")
     return problems

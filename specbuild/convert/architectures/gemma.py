@@ -35,9 +35,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from specbuild.convert.architectures.base import Architecture, refuse, register
+from specbuild.convert.architectures.base import refuse, register
+from specbuild.convert.architectures.decoder import Decoder
 from specbuild.convert.mapping import TensorMapping
-from specbuild.convert.sharding import Rank, decoder_tp_problems, fuse_qkv, split
+from specbuild.convert.sharding import Rank, split
 from specbuild.errors import CheckpointError
 
 SOURCES = "NVIDIA/TensorRT-LLM models/gemma (config.py @9df6d722, convert.py @65b31db1, model.py @5dedf53b)"
@@ -52,7 +53,7 @@ def plus_one(weight: torch.Tensor) -> torch.Tensor:
 
 
 @register
-class Gemma2(Architecture):
+class Gemma2(Decoder):
     """Gemma 2: every norm +1, pre/post feed-forward norms, attention and final soft-capping, alternating windows."""
 
     hf_architectures: ClassVar[tuple[str, ...]] = ("Gemma2ForCausalLM",)
@@ -186,13 +187,8 @@ class Gemma2(Architecture):
                               "fix config.json: it does not look like one transformers wrote") from err
 
     # -- shapes ---------------------------------------------------------------------------------------------------
-    @property
-    def num_layers(self) -> int:
-        return self.layers
-
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
         problems = super().parallelism_problems(tp_size, pp_size)
-        problems += decoder_tp_problems(tp_size, self.heads, self.kv_heads, self.intermediate)
         if self.vocab % tp_size:
             problems.append(
                 f"tp_size {tp_size} does not divide vocab_size {self.vocab} (TensorRT-LLM's Gemma splits the "
@@ -212,38 +208,24 @@ class Gemma2(Architecture):
             "ship); a Gemma with a trained head of its own cannot be served by TensorRT-LLM's GemmaForCausalLM",
         )
 
-    def attention_norms(self, m: TensorMapping, src: str, dst: str) -> None:
-        """Hook: norms inside attention (Gemma 3's q/k norms); Gemma 2 has none."""
+    # -- tensors: Decoder's layer loop with Gemma's norms and embedding ---------------------------------------------
+    #: Gemma normalises the attention output and the MLP's input and output (all three before the MLP is declared).
+    mlp_norms: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("post_layernorm", "post_attention_layernorm"),
+        ("pre_feedforward_layernorm", "pre_feedforward_layernorm"),
+        ("post_feedforward_layernorm", "post_feedforward_layernorm"),
+    )
 
-    def mapping(self, rank: Rank) -> TensorMapping:
-        tp, h, inter, hd = rank.tp_size, self.hidden, self.intermediate, self.head_dim
-        q, kv = self.heads * hd, self.kv_heads * hd
-        qkv_rows = (self.heads + 2 * max(self.kv_heads, tp)) * hd // tp
-        column = partial(split, rank=rank, dim=0)
-        row = partial(split, rank=rank, dim=1)
-        qkv = partial(fuse_qkv, rank=rank, num_kv_heads=self.kv_heads)
-        m = TensorMapping()
-        if rank.is_first_stage:  # split by vocabulary rows when tp > 1 (use_parallel_embedding)
-            m.add("transformer.vocab_embedding.weight", (self.vocab // tp, h),
-                  {"model.embed_tokens.weight": (self.vocab, h)}, column)
-        for i, layer in enumerate(rank.layers):
-            src, dst = f"model.layers.{layer}.", f"transformer.layers.{i}."
-            m.add(dst + "input_layernorm.weight", (h,), {src + "input_layernorm.weight": (h,)}, plus_one)
-            m.add(dst + "attention.qkv.weight", (qkv_rows, h),
-                  {src + f"self_attn.{p}_proj.weight": (rows, h) for p, rows in (("q", q), ("k", kv), ("v", kv))}, qkv)
-            m.add(dst + "attention.dense.weight", (h, q // tp), {src + "self_attn.o_proj.weight": (h, q)}, row)
-            self.attention_norms(m, src, dst)
-            for trt, hf in (("post_layernorm", "post_attention_layernorm"),
-                            ("pre_feedforward_layernorm", "pre_feedforward_layernorm"),
-                            ("post_feedforward_layernorm", "post_feedforward_layernorm")):
-                m.add(dst + f"{trt}.weight", (h,), {src + f"{hf}.weight": (h,)}, plus_one)
-            for trt, hf in (("fc", "gate"), ("gate", "up")):
-                m.add(dst + f"mlp.{trt}.weight", (inter // tp, h), {src + f"mlp.{hf}_proj.weight": (inter, h)}, column)
-            m.add(dst + "mlp.proj.weight", (h, inter // tp), {src + "mlp.down_proj.weight": (h, inter)}, row)
-        if rank.is_last_stage:
-            m.add("transformer.ln_f.weight", (h,), {"model.norm.weight": (h,)}, plus_one)
-            self.add_lm_head(m, rank, "model.embed_tokens.weight", self.vocab, h)
-        return m
+    def add_embedding(self, m: TensorMapping, rank: Rank) -> None:
+        """Split by vocabulary rows when tp > 1 (use_parallel_embedding)."""
+        m.add("transformer.vocab_embedding.weight", (self.vocab // rank.tp_size, self.hidden),
+              {"model.embed_tokens.weight": (self.vocab, self.hidden)}, partial(split, rank=rank, dim=0))
+
+    def add_norm(self, m: TensorMapping, name: str, source: str) -> None:
+        m.add(name, (self.hidden,), {source: (self.hidden,)}, plus_one)
+
+    def lm_head_source(self) -> str:
+        return "model.embed_tokens.weight"
 
     # -- config.json ------------------------------------------------------------------------------------------------
     def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
@@ -308,7 +290,7 @@ class Gemma3(Gemma2):
     def rope_thetas(self) -> dict[str, float]:
         return {"rotary_base": self.rope_base(FULL), "rope_local_base_freq": self.rope_base(SLIDING)}
 
-    def attention_norms(self, m: TensorMapping, src: str, dst: str) -> None:
+    def attention_extras(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
         for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):  # per head: replicated on every rank
             m.add(dst + f"attention.{trt}.weight", (self.head_dim,), {src + f"self_attn.{hf}.weight": (self.head_dim,)},
                   plus_one)

@@ -1,25 +1,25 @@
-"""LLaMA-family decoders (Llama, Mistral; Qwen2 subclasses this): HF -> TensorRT-LLM `LLaMAForCausalLM`.
+"""LLaMA-family decoders (Llama, Mistral; Qwen2, Qwen3, Mixtral and Phi-3 subclass this): HF -> TensorRT-LLM
+`LLaMAForCausalLM`.
 
 Mapping as NVIDIA/TensorRT-LLM writes it: the legacy converter's `get_prefix_and_param_name_map()`
 (tensorrt_llm/models/llama/convert.py, commit 04a2cacb) and the 1.x unified loader's default map
 (tensorrt_llm/models/model_weights_loader.py, 1.x): note `mlp.fc` <- `gate_proj` (the activated branch) and
 `mlp.gate` <- `up_proj`; `attention.dense` and `mlp.proj` are row-parallel (split on dim 1); the lm_head is
-vocab-padded then split on dim 0.
+vocab-padded then split on dim 0. The layer loop is `decoder.Decoder`'s (shared with Gemma); LLaMA adds the optional
+biases (`attention_bias`, `mlp_bias`) and the tied head.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, ClassVar
 
-from specbuild.convert.architectures.base import Architecture, register
-from specbuild.convert.mapping import TensorMapping
-from specbuild.convert.sharding import Rank, fuse_qkv, split
+from specbuild.convert.architectures.base import register
+from specbuild.convert.architectures.decoder import Decoder
 from specbuild.errors import CheckpointError
 
 
 @register
-class Llama(Architecture):
+class Llama(Decoder):
     """Llama 1/2/3.x and anything with the same tensor names and gated-SiLU MLP."""
 
     hf_architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM",)
@@ -74,23 +74,7 @@ class Llama(Architecture):
             "output_multiplier_scale": 1.0,
         }
 
-    # -- shapes ------------------------------------------------------------------------------------------------
-    @property
-    def num_layers(self) -> int:
-        return self.layers
-
-    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
-        problems = super().parallelism_problems(tp_size, pp_size)
-        if self.heads % tp_size:
-            problems.append(f"tp_size {tp_size} does not divide num_attention_heads {self.heads}")
-        if self.kv_heads % tp_size and tp_size % self.kv_heads:
-            problems.append(
-                f"tp_size {tp_size} and num_key_value_heads {self.kv_heads}: one must divide the other"
-            )
-        if self.intermediate % tp_size:
-            problems.append(f"tp_size {tp_size} does not divide intermediate_size {self.intermediate}")
-        return problems
-
+    # -- tensors (the layer loop is Decoder's) -----------------------------------------------------------------
     def is_ignored(self, name: str) -> bool:
         # A tied checkpoint may still carry a copy of the embedding as lm_head; the embedding is used (after
         # check_source_values has made sure it is a copy).
@@ -105,41 +89,8 @@ class Llama(Architecture):
                 "(save the model with tied weights)",
             )
 
-    def mapping(self, rank: Rank) -> TensorMapping:
-        tp, h, inter = rank.tp_size, self.hidden, self.intermediate
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        # Per rank the fused QKV holds heads/tp query heads and max(kv, tp)/tp KV heads (repeated when kv < tp).
-        qkv_rows = (self.heads + 2 * max(self.kv_heads, tp)) * self.head_dim // tp
-        projections = {"q": q, "k": kv, "v": kv}
-        column = partial(split, rank=rank, dim=0)
-        row = partial(split, rank=rank, dim=1)
-        qkv = partial(fuse_qkv, rank=rank, num_kv_heads=self.kv_heads)
-        m = TensorMapping()
-        if rank.is_first_stage:
-            m.copy("transformer.vocab_embedding.weight", "model.embed_tokens.weight", (self.vocab, h))
-        for i, layer in enumerate(rank.layers):
-            src, dst = f"model.layers.{layer}.", f"transformer.layers.{i}."
-            m.copy(dst + "input_layernorm.weight", src + "input_layernorm.weight", (h,))
-            m.add(dst + "attention.qkv.weight", (qkv_rows, h),
-                  {src + f"self_attn.{p}_proj.weight": (rows, h) for p, rows in projections.items()}, qkv)
-            if self.qkv_bias:
-                m.add(dst + "attention.qkv.bias", (qkv_rows,),
-                      {src + f"self_attn.{p}_proj.bias": (rows,) for p, rows in projections.items()}, qkv)
-            m.add(dst + "attention.dense.weight", (h, q // tp), {src + "self_attn.o_proj.weight": (h, q)}, row)
-            if self.dense_bias:  # row-parallel bias: added once after the all-reduce, so not split
-                m.copy(dst + "attention.dense.bias", src + "self_attn.o_proj.bias", (h,))
-            m.copy(dst + "post_layernorm.weight", src + "post_attention_layernorm.weight", (h,))
-            for trt, hf in (("fc", "gate"), ("gate", "up")):  # column-parallel, bias too
-                m.add(dst + f"mlp.{trt}.weight", (inter // tp, h), {src + f"mlp.{hf}_proj.weight": (inter, h)}, column)
-                if self.mlp_bias:
-                    m.add(dst + f"mlp.{trt}.bias", (inter // tp,), {src + f"mlp.{hf}_proj.bias": (inter,)}, column)
-            m.add(dst + "mlp.proj.weight", (h, inter // tp), {src + "mlp.down_proj.weight": (h, inter)}, row)
-            if self.mlp_bias:  # row-parallel: not split
-                m.copy(dst + "mlp.proj.bias", src + "mlp.down_proj.bias", (h,))
-        if rank.is_last_stage:
-            m.copy("transformer.ln_f.weight", "model.norm.weight", (h,))
-            self.add_lm_head(m, rank, "model.embed_tokens.weight" if self.tied else "lm_head.weight", self.vocab, h)
-        return m
+    def lm_head_source(self) -> str:
+        return "model.embed_tokens.weight" if self.tied else "lm_head.weight"
 
     # -- config.json -------------------------------------------------------------------------------------------
     def rope(self) -> tuple[float, dict[str, Any] | None]:

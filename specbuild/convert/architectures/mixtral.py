@@ -22,9 +22,8 @@ Facts from NVIDIA/TensorRT-LLM (1.x engine flow), shared with Qwen3-MoE (`qwen3.
 
 from __future__ import annotations
 
-import re
 from functools import partial
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,35 +35,6 @@ from specbuild.errors import CheckpointError
 
 #: MoeConfig.ExpertScaleNormalizationMode values (tensorrt_llm/layers/moe.py).
 NORMALIZE_NONE, NORMALIZE_RENORMALIZE = 0, 1
-
-
-class LayerHooks(Protocol):
-    def attention_norms(self, m: TensorMapping, src: str, dst: str) -> None:
-        """Declare a layer's extra attention tensors (e.g. q/k norms) after its `attention.dense`."""
-
-
-def with_layer_hooks(arch: LayerHooks, base: TensorMapping, rank: Rank) -> TensorMapping:
-    """LLaMA's mapping with the family's layer hooks applied in place: `attention_norms` right after each layer's
-    `attention.dense`, and `moe_mlp` (when the family has experts) instead of the dense `mlp.*` tensors. Kept in
-    write order (each layer's tensors together), so the rank files read like TensorRT-LLM's."""
-    out = TensorMapping()
-    replaced: set[int] = set()
-    for name, target in base.targets.items():
-        match = re.fullmatch(r"transformer\.layers\.(\d+)\.(.+)", name)
-        if match is None:
-            out.targets[name] = target
-            continue
-        i, rest = int(match[1]), match[2]
-        src, dst = f"model.layers.{rank.layers[i]}.", f"transformer.layers.{i}."
-        if rest.startswith("mlp.") and isinstance(arch, MixtureOfExperts):
-            if i not in replaced:
-                arch.moe_mlp(out, rank, src, dst)
-                replaced.add(i)
-            continue
-        out.targets[name] = target
-        if rest == "attention.dense.weight":
-            arch.attention_norms(out, src, dst)
-    return out
 
 
 class MixtureOfExperts:
@@ -111,8 +81,9 @@ class MixtureOfExperts:
                 f"{config_path}: num_experts_per_tok {self.top_k} must be between 1 and the model's {self.experts} "
                 "experts", hint="check that config.json belongs to these weights")
 
-    def moe_mlp(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
-        """Router (float32, whole), fused up+gate experts and stacked down experts of one layer."""
+    def add_mlp(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
+        """Decoder's MLP hook: the router (float32, whole), fused up+gate experts and stacked down experts of one
+        layer, in place of the dense MLP."""
         h, inter, count, tp = self.hidden, self.expert_intermediate, self.experts, rank.tp_size
         module = src + self.moe_module
         up, gate, down = (module + ".experts.{e}." + name + ".weight" for name in self.expert_names)
@@ -143,14 +114,8 @@ class Mixtral(MixtureOfExperts, Mistral):
     def normalization_mode(self) -> int:
         return NORMALIZE_RENORMALIZE
 
-    def attention_norms(self, m: TensorMapping, src: str, dst: str) -> None:
-        """Mixtral's attention has no extra norms."""
-
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
         return super().parallelism_problems(tp_size, pp_size) + self.moe_problems(tp_size)
-
-    def mapping(self, rank: Rank) -> TensorMapping:
-        return with_layer_hooks(self, super().mapping(rank), rank)
 
     def family_config(self) -> dict[str, Any]:
         return {**super().family_config(), "hidden_act": "swiglu", "moe": self.moe_config()}

@@ -40,7 +40,7 @@ import torch
 from specbuild.convert.architectures.base import refuse, register
 from specbuild.convert.architectures.llama import Llama, Mistral
 from specbuild.convert.mapping import TensorMapping
-from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, split
+from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, fused_qkv_rows, split
 from specbuild.errors import CheckpointError
 
 #: TensorRT-LLM's Phi3Config switches to long_rope at this max_position_embeddings (models/phi3/config.py @1e6a4f97).
@@ -164,30 +164,33 @@ class Phi3(Llama):
                     "built with TensorRT-LLM 1.2",
                 )
 
-    # -- tensors ---------------------------------------------------------------------------------------------
-    def mapping(self, rank: Rank) -> TensorMapping:
-        tp, h, inter, d = rank.tp_size, self.hidden, self.intermediate, self.head_dim
-        q, kv = self.heads * d, self.kv_heads * d
-        qkv_rows = (self.heads + 2 * max(self.kv_heads, tp)) * d // tp
-        qkv = partial(split_qkv_proj, rank=rank, q_rows=q, kv_rows=kv, num_kv_heads=self.kv_heads)
-        fc = partial(swiglu_fc, rank=rank, intermediate=inter)
-        row = partial(split, rank=rank, dim=1)
-        m = TensorMapping()
-        if rank.is_first_stage:
-            m.copy("transformer.vocab_embedding.weight", "model.embed_tokens.weight", (self.vocab, h))
-        for i, layer in enumerate(rank.layers):
-            src, dst = f"model.layers.{layer}.", f"transformer.layers.{i}."
-            m.copy(dst + "input_layernorm.weight", src + "input_layernorm.weight", (h,))
-            m.add(dst + "attention.qkv.weight", (qkv_rows, h), {src + "self_attn.qkv_proj.weight": (q + 2 * kv, h)},
-                  qkv)
-            m.add(dst + "attention.dense.weight", (h, q // tp), {src + "self_attn.o_proj.weight": (h, q)}, row)
-            m.copy(dst + "post_layernorm.weight", src + "post_attention_layernorm.weight", (h,))
-            m.add(dst + "mlp.fc.weight", (2 * inter // tp, h), {src + "mlp.gate_up_proj.weight": (2 * inter, h)}, fc)
-            m.add(dst + "mlp.proj.weight", (h, inter // tp), {src + "mlp.down_proj.weight": (h, inter)}, row)
-        if rank.is_last_stage:
-            m.copy("transformer.ln_f.weight", "model.norm.weight", (h,))
-            self.add_lm_head(m, rank, "model.embed_tokens.weight" if self.tied else "lm_head.weight", self.vocab, h)
-        return m
+    # -- tensors (Decoder's layer loop, with Phi-3's fused projections) ----------------------------------------
+    @property
+    def qkv_bias(self) -> bool:  # no biases: Attention(bias=False), MLP(bias=False), models/phi3/model.py @c4dc529f
+        return False
+
+    @property
+    def dense_bias(self) -> bool:
+        return False
+
+    @property
+    def mlp_bias(self) -> bool:
+        return False
+
+    def add_qkv(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
+        """`attention.qkv` from HF's fused `qkv_proj`, q, k and v split as from separate projections."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        m.add(dst + "attention.qkv.weight", (fused_qkv_rows(self.heads, self.kv_heads, self.head_dim, rank.tp_size), h),
+              {src + "self_attn.qkv_proj.weight": (q + 2 * kv, h)},
+              partial(split_qkv_proj, rank=rank, q_rows=q, kv_rows=kv, num_kv_heads=self.kv_heads))
+
+    def add_mlp(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
+        """The swiglu `mlp.fc` ([up_r; gate_r] per rank) from HF's fused `gate_up_proj`, and `mlp.proj`."""
+        h, inter, tp = self.hidden, self.intermediate, rank.tp_size
+        m.add(dst + "mlp.fc.weight", (2 * inter // tp, h), {src + "mlp.gate_up_proj.weight": (2 * inter, h)},
+              partial(swiglu_fc, rank=rank, intermediate=inter))
+        m.add(dst + "mlp.proj.weight", (h, inter // tp), {src + "mlp.down_proj.weight": (h, inter)},
+              partial(split, rank=rank, dim=1))
 
     # -- config.json -------------------------------------------------------------------------------------------
     def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:

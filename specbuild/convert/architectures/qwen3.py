@@ -30,12 +30,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from specbuild.convert.architectures.base import register
-from specbuild.convert.architectures.mixtral import (
-    NORMALIZE_NONE,
-    NORMALIZE_RENORMALIZE,
-    MixtureOfExperts,
-    with_layer_hooks,
-)
+from specbuild.convert.architectures.mixtral import NORMALIZE_NONE, NORMALIZE_RENORMALIZE, MixtureOfExperts
 from specbuild.convert.architectures.qwen2 import Qwen2
 from specbuild.convert.mapping import EngineLayoutError, TensorMapping
 from specbuild.convert.sharding import Rank
@@ -63,13 +58,10 @@ class Qwen3(Qwen2):
     def qkv_bias(self) -> bool:
         return False
 
-    def attention_norms(self, m: TensorMapping, src: str, dst: str) -> None:
+    def attention_extras(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
         """Per-head RMSNorm weights of the queries and keys, replicated on every TP rank."""
         for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
             m.copy(dst + f"attention.{trt}.weight", src + f"self_attn.{hf}.weight", (self.head_dim,))
-
-    def mapping(self, rank: Rank) -> TensorMapping:
-        return with_layer_hooks(self, super().mapping(rank), rank)
 
     def family_config(self) -> dict[str, Any]:
         return {
