@@ -206,12 +206,18 @@ NEW_FAMILIES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
 def test_draft_target_with_a_draft_of_the_same_family_validates_and_exports(
         arch: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
     """Draft-target runs on every engine for every new family: the spec validates on both TensorRT-LLM flows
-    (the engine flow's converter planning and build checks included) and exports to vLLM and SGLang with the
-    draft as their draft model."""
+    (the engine flow's converter planning and build checks included), a self-draft of the target's first layer
+    validates on the engine flow, and the spec exports to vLLM and SGLang with the draft as their draft model."""
     for flow in ("engine", "pytorch"):
         spec = spec_for(tmp_path / flow, models[arch], "draft_target", flow)
         code, text = cli("validate", str(spec))
         assert code == 0, (flow, text)
+    spec = spec_for(tmp_path / "self", models[arch], "draft_target", "engine")  # the target's first layer drafts
+    data = yaml.safe_load(spec.read_text())
+    data["draft"] = {"source": "target_layers", "layers": 1}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, text = cli("validate", str(spec))
+    assert code == 0, ("self-draft", text)
     draft = str(models[arch]["draft"])
     for engine, method in (("vllm", '"method": "draft_model"'), ("sglang", "STANDALONE")):
         code, text = cli("export", engine, str(tmp_path / "pytorch" / "pipeline.yaml"), "--dry-run")
@@ -283,6 +289,39 @@ def test_medusa_train_refuses_a_base_no_engine_serves_medusa_on(
     assert not (tmp_path / "heads").exists()
 
 
+@pytest.mark.parametrize("arch", sorted(a for a, m, _ in REFUSALS if m == "self_draft_adapter"))
+def test_draft_train_refuses_a_target_it_cannot_train_an_adapter_for(
+        arch: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    code, text = cli("draft", "train", "--target", str(models[arch]["target"]), "--layers", "1", "--output",
+                     str(tmp_path / "adapter"))
+    assert code == 1, text
+    refusal = REFUSALS[(arch, "self_draft_adapter", "specbuild")]
+    assert f"a {family(arch)} target: {said(refusal.reason)}" in text, text
+    assert not (tmp_path / "adapter").exists()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "phi3"])
+def test_a_self_draft_adapter_trains_and_converts_for_qwen3_and_phi3(name: str, tmp_path: Path) -> None:
+    """The adapter trainer's new families: distillation lowers the held-out KL of the adapter draft below its
+    start (a copy of the target's own layer L; both measured in the same run), and a spec using the adapter validates
+    (convert's planning reads the adapter's tensors as the target's layer L: Phi-3's fused projections too)."""
+    from specbuild.self_draft.train import train_adapter
+
+    target = _quantizable(tmp_path / "target", name, num_hidden_layers=4)  # the draft: 2 of its 4 layers
+
+    metrics = train_adapter(target, tmp_path / "adapter", layers=1, steps=30, seq_len=32, batch_size=4, lr=3e-3,
+                            texts=corpus.training_texts()[:40], eval_texts=corpus.heldout_texts()[:6],
+                            progress=False)
+    assert metrics["kl"] < metrics["init_kl"], metrics
+    data = {"name": "adapter", "output_dir": str(tmp_path / "out"), "target": {"model": str(target)},
+            "draft": {"source": "target_layers", "layers": 1, "adapter": str(tmp_path / "adapter")},
+            "speculative": {"mode": "draft_target"}, "build": LIMITS}
+    spec = tmp_path / "pipeline.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    code, text = cli("validate", str(spec))
+    assert code == 0, text
+
+
 # -- EAGLE-3 training on the new families ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_path: Path) -> None:
@@ -309,12 +348,12 @@ def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_
 
 
 # -- draft quantization (ModelOpt) ------------------------------------------------------------------------------------
-def _quantizable(directory: Path, name: str) -> Path:
-    """A tiny float32 draft of family `name` with a tokenizer (calibration tokenizes with the draft's own)."""
+def _quantizable(directory: Path, name: str, **overrides: Any) -> Path:
+    """A tiny float32 model of family `name` with a tokenizer (calibration tokenizes with the draft's own)."""
     from specbuild.demo.tokenizer import save_tokenizer, train_tokenizer
 
     source = make_checkpoint(directory, name, seed=3, dtype=torch.float32, vocab_size=512, bos_token_id=1,
-                             eos_token_id=2, pad_token_id=3)
+                             eos_token_id=2, pad_token_id=3, **overrides)
     save_tokenizer(train_tokenizer(corpus.training_texts()[:40], 512), source, 256)
     return source
 

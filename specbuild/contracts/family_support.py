@@ -175,9 +175,21 @@ MODELOPT_DECODER_TYPES: dict[str, str] = {LLAMA: "llama", MISTRAL: "llama", QWEN
 """HF architecture -> ModelOpt's `decoder_type` (modelopt/torch/export/model_utils.py MODEL_NAME_TO_TYPE, 0.47.0);
 whether the TensorRT-LLM export then works is REFUSALS' ("quantized_draft", "engine") entries."""
 
-SELF_DRAFT_ADAPTER_FAMILIES: dict[str, str] = {LLAMA: "llama", MISTRAL: "mistral", QWEN2: "qwen2"}
-"""HF architecture -> model_type of the targets `specbuild self-draft train` trains an adapter on: their decoder
-layer runs standalone given rotary embeddings (specbuild.self_draft.train)."""
+SELF_DRAFT_ADAPTER_FAMILIES: dict[str, str] = {LLAMA: "llama", MISTRAL: "mistral", QWEN2: "qwen2", QWEN3: "qwen3",
+                                               PHI3: "phi3"}
+"""HF architecture -> model_type of the targets `specbuild draft train` trains an adapter on: their decoder layer
+runs standalone given rotary embeddings, and its parameters carry the checkpoint's own tensor names
+(specbuild.self_draft.train)."""
+_ADAPTER_SOURCE = "specbuild/self_draft/train.py, transformers 5.14"
+_ADAPTER_INSTEAD = "use draft.source: target_layers without draft.adapter"
+_ADAPTER_REASONS = {
+    GPT2: "GPT-2's blocks have no rotary embeddings for the adapter trainer to run one standalone with",
+    **dict.fromkeys((QWEN3_MOE, MIXTRAL), "transformers 5 holds an MoE layer's experts fused in one module "
+                    "(experts.gate_up_proj), not under the per-expert names the checkpoint and convert use, so a "
+                    "trained layer could not be written as the target's own"),
+    **dict.fromkeys((GEMMA2, GEMMA3), "Gemma's layers take a sliding-window or global mask and a per-layer-type "
+                    "rotary embedding that the adapter trainer's standalone layer call does not give"),
+}
 
 EAGLE3_ENGINES = ("pytorch", "vllm", "sglang")
 """The engines that serve EAGLE-3 drafts (TensorRT-LLM's engine flow has none: contracts.llm_api)."""
@@ -210,10 +222,8 @@ for _arch in ARCHITECTURES:
             "no engine serves Medusa heads on this base (" + "; ".join(_nobody) + ")",
             "the Medusa entries of specbuild/contracts/family_support.py", _MEDUSA_INSTEAD)
     if _arch not in SELF_DRAFT_ADAPTER_FAMILIES:
-        REFUSALS[(_arch, "self_draft_adapter", "specbuild")] = Refusal(
-            "the adapter trainer runs one decoder layer standalone, as transformers' Llama, Mistral and Qwen2 "
-            "layers run given rotary embeddings; this family's layer is not set up for it",
-            "specbuild/self_draft/train.py", "use draft.source: target_layers without draft.adapter")
+        REFUSALS[(_arch, "self_draft_adapter", "specbuild")] = Refusal(_ADAPTER_REASONS[_arch], _ADAPTER_SOURCE,
+                                                                      _ADAPTER_INSTEAD)
 
 
 def refusal(architecture: str, method: str, engine: str) -> Refusal | None:

@@ -146,9 +146,8 @@ def self_draft_architecture(base: Architecture, checkpoint: HFCheckpoint, reques
 
     refused = refusal(base.hf_architecture, "self_draft_adapter", "specbuild")
     if refused is not None:
-        raise CheckpointError(f"{request.source / 'config.json'}: draft.adapter needs a Llama, Mistral or Qwen2 "
-                              f"target, not a {family(base.hf_architecture)}: {refused.reason}",
-                              hint="remove draft.adapter")
+        raise CheckpointError(f"{request.source / 'config.json'}: draft.adapter is not trained for a "
+                              f"{family(base.hf_architecture)} target: {refused.reason}", hint="remove draft.adapter")
     info = read_adapter(request.self_draft_adapter)
     problem = adapter_problem(info, request.self_draft_layers, checkpoint.config)
     if problem is not None:

@@ -13,9 +13,11 @@ trained adapter drafts, the whole target verifies); the loss is the forward KL, 
 (Zhou et al. 2023, arXiv 2310.08461) compares for aligning a draft with its target (here on the training text,
 not on the draft's own samples).
 
-LLaMA-family targets (Llama, Mistral, Qwen2): their decoder layers run standalone given rotary embeddings
-(huggingface/transformers 5.14 src/transformers/models/llama/modeling_llama.py, `LlamaDecoderLayer.forward(
-hidden_states, attention_mask, position_ids, ..., position_embeddings)`), with causal attention when no mask is
+Targets: Llama, Mistral, Qwen2, Qwen3 and Phi-3 (`contracts.family_support` says why not the others): their
+decoder layers run standalone given rotary embeddings (huggingface/transformers 5.14
+src/transformers/models/llama/modeling_llama.py `LlamaDecoderLayer.forward(hidden_states, attention_mask,
+position_ids, ..., position_embeddings)`, the same call in models/qwen3/modeling_qwen3.py and
+models/phi3/modeling_phi3.py), with causal attention when no mask is
 given (src/transformers/integrations/sdpa_attention.py: `is_causal` when `attention_mask is None`); a Mistral
 window longer than seq_len changes nothing.
 """
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specbuild.atomic import MANIFEST, Inputs, atomic_directory
-from specbuild.contracts.family_support import SELF_DRAFT_ADAPTER_FAMILIES
+from specbuild.contracts.family_support import SELF_DRAFT_ADAPTER_FAMILIES, family, refusal
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
 from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 PRODUCER = "specbuild.self_draft.train"
 FAMILIES = tuple(SELF_DRAFT_ADAPTER_FAMILIES.values())
 """model_type of the targets adapters are trained on (contracts.family_support, with the reason for the others)."""
+_INSTEAD = "use draft.source: target_layers without draft.adapter for this model"
 EVAL_WINDOWS = 64  # held-out windows scored (enough for a figure; each costs two target forwards)
 
 
@@ -125,11 +128,12 @@ def train_adapter(
 
 def _check_model(model: PreTrainedModel, target_dir: Path, layers: int) -> str:
     """The HF name prefix of the target's layer `layers` (the adapter's tensors take its names)."""
-    model_type = model.config.model_type
-    if model_type not in FAMILIES:
-        raise CheckpointError(f"{target_dir / 'config.json'}: model_type {model_type!r}: adapters are trained for "
-                              f"the LLaMA family ({', '.join(FAMILIES)})",
-                              hint="use draft.source: target_layers without draft.adapter for this model")
+    architecture = type(model).__name__
+    refused = refusal(architecture, "self_draft_adapter", "specbuild")
+    if refused is not None or model.config.model_type not in FAMILIES:
+        reason = refused.reason if refused is not None else f"adapters are trained for {', '.join(FAMILIES)}"
+        raise CheckpointError(f"{target_dir / 'config.json'}: a {family(architecture)} target: {reason}",
+                              hint=refused.instead if refused is not None else _INSTEAD)
     total = model.config.num_hidden_layers
     if not 1 <= layers < total:
         raise CheckpointError(f"{target_dir / 'config.json'}: --layers {layers} must be 1 to {total - 1} (the "
