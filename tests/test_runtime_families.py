@@ -8,17 +8,19 @@ is lossless (speculative greedy == plain greedy).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import PreTrainedModel
 
-from specbuild.runtime import CausalLM
+from specbuild.runtime import CausalLM, RuntimeCheckpointError, load_checkpoint
 from specbuild.runtime.generation import generate
 from specbuild.runtime.sequence import StopCriteria
 from specbuild.runtime.serving import EngineRequest, ServingEngine
 from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 from tests import test_runtime_model
-from tests.test_runtime_model import Builder, full_logits, max_diff, prompt
+from tests.test_runtime_model import Builder, copy_checkpoint, edit_trt_config, full_logits, max_diff, prompt
 
 build = test_runtime_model.build  # the same memoised convert-a-tiny-model fixture the runtime model tests use
 
@@ -91,13 +93,15 @@ def test_logits_equal_transformers_past_the_window(build: Builder, family: str, 
     assert max_diff(torch.cat(stepwise, dim=1), torch.cat(hf_steps, dim=1)) < 1e-3
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_tp2_checkpoint_gives_tp1_logits(build: Builder, family: str) -> None:
+@pytest.mark.parametrize(("family", "tp", "pp"), [*((f, 2, 1) for f in FAMILIES), ("gemma3", 1, 2), ("mixtral", 2, 2)])
+def test_sharded_checkpoint_gives_unsharded_logits(build: Builder, family: str, tp: int, pp: int) -> None:
+    """TP=2 merges experts, fused gated fc and replicated norms back; PP=2 keeps each layer's window and rope base
+    by its global index."""
     _, one = build(family)
-    _, two = build(family, tp=2)
+    _, sharded = build(family, tp=tp, pp=pp)
     ids = prompt(2, 2 * WINDOW, seed=6)
-    assert max_diff(full_logits(CausalLM.from_checkpoint(two), ids), full_logits(CausalLM.from_checkpoint(one), ids)
-                    ) < 1e-4
+    assert max_diff(full_logits(CausalLM.from_checkpoint(sharded), ids),
+                    full_logits(CausalLM.from_checkpoint(one), ids)) < 1e-4
 
 
 def alone(model: CausalLM, request: EngineRequest) -> list[int]:
@@ -136,3 +140,25 @@ def test_draft_target_with_a_same_family_draft_is_lossless(build: Builder, famil
     for k in (1, 4):
         assert generate_draft_target(target, draft, prompts, stop=stop, config=DraftTargetConfig(k)).output_ids == plain
 
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"moe": {"num_experts": 4, "top_k": 2, "normalization_mode": 2}},
+     r"field 'moe\.normalization_mode' = 2 is not supported by the reference runtime"),
+    ({"moe": {"num_experts": 4, "top_k": 5, "normalization_mode": 1}},
+     r"field 'moe\.top_k' = 5 must be in 1\.\.moe\.num_experts \(4\)"),
+    ({"quantization": {"quant_algo": "FP8"}}, r"quantized mixture-of-experts checkpoint"),
+])
+def test_unsupported_moe_settings_are_refused_by_field(build: Builder, tmp_path: Path, changes: dict,
+                                                       message: str) -> None:
+    ckpt = copy_checkpoint(build("mixtral")[1], tmp_path / "c")
+    edit_trt_config(ckpt, **changes)
+    with pytest.raises(RuntimeCheckpointError, match=message):
+        load_checkpoint(ckpt)
+
+
+def test_long_rope_without_its_factors_is_refused(build: Builder, tmp_path: Path) -> None:
+    ckpt = copy_checkpoint(build("phi3", **LONGROPE)[1], tmp_path / "c")
+    edit_trt_config(ckpt, longrope_scaling_long_factors=None)
+    with pytest.raises(RuntimeCheckpointError, match=r"'long_rope' needs field 'longrope_scaling_long_factors'"):
+        load_checkpoint(ckpt)

@@ -46,6 +46,7 @@ MOE_NORMALIZATION = {0: "none", 1: "renormalize"}  # MoeConfig.ExpertScaleNormal
 # TensorRT-LLM's gated activations over one fused fc, `x, gate = chunk(fc_out, 2); act(gate) * x`
 # (tensorrt_llm/functional.py swiglu/geglu): Phi-3's MLP and MoE experts.
 FUSED_GATED = ("swiglu", "geglu")
+_RECONVERT = "convert the Hugging Face model again with `specbuild convert`, which writes what this runtime reads"
 
 # Fields of TensorRT-LLM configs whose non-default values change the model's math in ways this runtime does
 # not implement; refusing them beats silently computing something else.
@@ -291,7 +292,8 @@ def _long_rope(config: dict[str, Any], path: Path) -> dict[str, Any]:
     names = ("longrope_scaling_short_factors", "longrope_scaling_long_factors", "original_max_position_embeddings")
     missing = [name for name in names if config.get(name) is None]
     if missing:
-        raise RuntimeCheckpointError(f"{path}: position_embedding_type 'long_rope' needs field {missing[0]!r}")
+        raise RuntimeCheckpointError(f"{path}: position_embedding_type 'long_rope' needs field {missing[0]!r}",
+                                     hint=_RECONVERT)
     return {"rope_type": "longrope", "short_factor": list(config[names[0]]), "long_factor": list(config[names[1]]),
             "original_max_position_embeddings": _field(config, path, names[2], int)}
 
@@ -308,7 +310,7 @@ def _hidden_act(config: dict[str, Any], path: Path, family: str) -> str:
 def _softcap(config: dict[str, Any], path: Path, name: str) -> float | None:
     cap = _field(config, path, name, float, None)
     if cap is not None and cap <= 0:
-        raise RuntimeCheckpointError(f"{path}: field {name!r} must be positive or null, not {cap}")
+        raise RuntimeCheckpointError(f"{path}: field {name!r} must be positive or null, not {cap}", hint=_RECONVERT)
     return cap
 
 
@@ -316,25 +318,30 @@ def _moe(config: dict[str, Any], path: Path, architecture: str, tp: int) -> dict
     """The ModelConfig fields of TensorRT-LLM's `moe` object (MoeConfig) and the mapping's expert split."""
     moe = config.get("moe") or {}
     if not isinstance(moe, dict):
-        raise RuntimeCheckpointError(f"{path}: field 'moe' must be an object, not {moe!r}")
+        raise RuntimeCheckpointError(f"{path}: field 'moe' must be an object, not {moe!r}", hint=_RECONVERT)
     experts = _field(moe, path, "num_experts", int, 0)
     if experts <= 1:  # MoeConfig.has_moe: num_experts > 1
         return {}
     top_k = _field(moe, path, "top_k", int, 0)
     if not 1 <= top_k <= experts:
-        raise RuntimeCheckpointError(f"{path}: field 'moe.top_k' = {top_k} must be in 1..moe.num_experts ({experts})")
+        raise RuntimeCheckpointError(f"{path}: field 'moe.top_k' = {top_k} must be in 1..moe.num_experts ({experts})",
+                                     hint=_RECONVERT)
     mode = _field(moe, path, "normalization_mode", int, 1)
     if mode not in MOE_NORMALIZATION:
         raise RuntimeCheckpointError(
             f"{path}: field 'moe.normalization_mode' = {mode} is not supported by the reference runtime "
-            f"(supported: {', '.join(f'{k} ({v})' for k, v in MOE_NORMALIZATION.items())})")
+            f"(supported: {', '.join(f'{k} ({v})' for k, v in MOE_NORMALIZATION.items())})",
+            hint="these are the routings of Mixtral and Qwen3-MoE; serve other MoE models with TensorRT-LLM, or "
+                 "`specbuild export vllm|sglang`")
     for name in ("shared_expert_intermediate_size",):
         if moe.get(name):
             raise RuntimeCheckpointError(f"{path}: field 'moe.{name}' (shared experts) is not supported by the "
-                                         "reference runtime")
+                                         "reference runtime",
+                                         hint="serve this model with TensorRT-LLM, or `specbuild export vllm|sglang`")
     if (config.get("quantization") or {}).get("quant_algo"):
         raise RuntimeCheckpointError(f"{path}: a quantized mixture-of-experts checkpoint (moe with "
-                                     "quantization.quant_algo) is not supported by the reference runtime")
+                                     "quantization.quant_algo) is not supported by the reference runtime",
+                                     hint="convert it without quantization for the reference runtime")
     qwen_moe = config.get("qwen_type") in ("qwen2_moe", "qwen3_moe")
     inter = _field(config, path, "moe_intermediate_size" if qwen_moe else "intermediate_size", int)
     mapping = config.get("mapping") or {}
@@ -348,7 +355,7 @@ def _moe(config: dict[str, Any], path: Path, architecture: str, tp: int) -> dict
     if moe_tp * moe_ep != tp or experts % moe_ep or inter % moe_tp:
         raise RuntimeCheckpointError(
             f"{path}: mapping.moe_tp_size {moe_tp} * moe_ep_size {moe_ep} must be tp_size {tp}, dividing "
-            f"moe.num_experts {experts} and the experts' intermediate size {inter}")
+            f"moe.num_experts {experts} and the experts' intermediate size {inter}", hint=_RECONVERT)
     return {"moe_num_experts": experts, "moe_top_k": top_k, "moe_normalization": MOE_NORMALIZATION[mode],
             "moe_intermediate_size": inter, "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}
 
@@ -356,7 +363,8 @@ def _moe(config: dict[str, Any], path: Path, architecture: str, tp: int) -> dict
 def _window_value(value: Any, path: Path, name: str) -> int:
     window = _field({"w": value}, path, "w", int)
     if window < 1:
-        raise RuntimeCheckpointError(f"{path}: field {name!r} must be a positive number of tokens, not {window}")
+        raise RuntimeCheckpointError(f"{path}: field {name!r} must be a positive number of tokens, not {window}",
+                                     hint=_RECONVERT)
     return window
 
 
@@ -378,7 +386,7 @@ def _attention_windows(config: dict[str, Any], path: Path, architecture: str
         return (), window
     if not isinstance(windows, list) or not windows:
         raise RuntimeCheckpointError(f"{path}: runtime_defaults.max_attention_window must be a non-empty list of "
-                                     f"token counts, not {windows!r}")
+                                     f"token counts, not {windows!r}", hint=_RECONVERT)
     longest = _field(config, path, "max_position_embeddings", int, 2048)
     values = [_window_value(w, path, "runtime_defaults.max_attention_window") for w in windows]
     pattern_windows = tuple(None if w >= longest else w for w in values)

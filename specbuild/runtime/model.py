@@ -5,7 +5,10 @@ tensorrt_llm/models/llama/model.py, models/gpt/model.py, models/medusa/model.py 
 mapping back to transformers: LLaMA-family decoders (Llama, Mistral, Qwen2; RMSNorm, GPT-NeoX RoPE,
 fused QKV, gated MLP `proj(act(fc(x)) * gate(x))`), GPT-2 (LayerNorm, learned positions, `proj(act(fc(x)))`)
 and Medusa (a LLaMA-family base plus heads `x + act(W x + b)` per ResBlock, then the head's own lm_head, all
-reading the final normalised hidden state).
+reading the final normalised hidden state). The families of issue 49 are options of the same modules, set by the
+config (`runtime.config` cites their sources): q/k RMSNorm (Qwen3, Gemma 3), a mixture-of-experts MLP
+(`runtime.moe`: Mixtral, Qwen3-MoE), Gemma's scaled embedding, inter-layer norms and soft-caps, per-layer attention
+windows and a local rope base (Gemma 2/3), a fused swiglu fc and LongRoPE (Phi-3).
 
 A forward writes its tokens' K/V into a `KVCache` without committing them, and attends to each row's committed
 prefix plus the new tokens a tree mask allows, which is what draft-target and Medusa verification need.
