@@ -160,6 +160,8 @@ def merge_experts(directory: Path) -> dict[str, torch.Tensor]:
         ("qwen3", {"num_hidden_layers": 3}, 2, 2),
         ("qwen3_moe", {}, 2, 1),
         ("qwen3_moe", {"num_hidden_layers": 3}, 2, 2),
+        # intermediate_size is no layer's (every layer has experts): tp need not divide it, only the experts' 32
+        ("qwen3_moe", {"intermediate_size": 129}, 2, 1),
         ("mixtral", {}, 2, 1),
         ("mixtral", {}, 1, 2),
     ],
@@ -224,10 +226,27 @@ def test_refusals(tmp_path: Path, family: str, change: dict[str, Any], extra: tu
     assert not (tmp_path / "out").exists()
 
 
-def test_tp_must_divide_the_experts(tmp_path: Path) -> None:
-    src = make_checkpoint(tmp_path / "hf", "qwen3_moe", moe_intermediate_size=30)
+@pytest.mark.parametrize(("family", "overrides", "field"), [
+    ("qwen3_moe", {"moe_intermediate_size": 30}, "moe_intermediate_size"),
+    ("mixtral", {"intermediate_size": 30}, "intermediate_size"),
+])
+def test_tp_must_divide_the_experts(tmp_path: Path, family: str, overrides: dict[str, Any], field: str) -> None:
+    """Each expert's intermediate dim is what tp splits (moe_tp = tp): a tp that cannot split it is refused naming
+    the config.json field that holds it."""
+    src = make_checkpoint(tmp_path / "hf", family, **overrides)
     code, text = run_convert(src, tmp_path / "out", "--tp-size", "4")
-    assert code == 1 and "does not divide the experts' intermediate size 30" in text, text
+    assert code == 1 and f"does not divide the experts' intermediate size 30 ({field})" in text, text
+    assert not (tmp_path / "out").exists()
+
+
+def test_tp_rule_ignores_an_unused_intermediate_size(tmp_path: Path) -> None:
+    """A Qwen3-MoE's `intermediate_size` sizes a dense MLP that no layer has (every layer holds experts, and dense
+    layers are refused), so a tp that splits the experts converts whatever it says; the decoder's dense-MLP rule
+    refused tp=2 here for intermediate_size 129. (The shards' contents: test_shards_recombine.)"""
+    src = make_checkpoint(tmp_path / "hf", "qwen3_moe", intermediate_size=129, moe_intermediate_size=32)
+    code, text = run_convert(src, tmp_path / "out", "--tp-size", "2")
+    assert code == 0, text
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["mapping"]["tp_size"] == 2
 
 
 def test_missing_expert_is_named(tmp_path: Path) -> None:

@@ -49,6 +49,8 @@ class MixtureOfExperts:
     #: up (linear), gate (activated) and down projections.
     moe_module: ClassVar[str]
     expert_names: ClassVar[tuple[str, str, str]]
+    #: The config.json field holding each expert's intermediate size.
+    expert_intermediate_field: ClassVar[str]
 
     def normalization_mode(self) -> int:
         raise NotImplementedError
@@ -67,12 +69,17 @@ class MixtureOfExperts:
             "device_limited_routed_scaling_factor": 1.0,
         }
 
-    def moe_problems(self, tp_size: int) -> list[str]:
-        problems = []
-        # (Mixtral's experts are its intermediate_size, which LLaMA's own check covers)
-        if self.expert_intermediate % tp_size and self.expert_intermediate != getattr(self, "intermediate", None):
+    @property
+    def dense_intermediate(self) -> None:
+        """Decoder's tp rule for the dense MLP does not apply: no layer has one (an HF `intermediate_size` beside
+        `moe_intermediate_size`, as Qwen3-MoE configs carry, is never split); the experts' size is checked below."""
+        return None
+
+    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
+        problems = super().parallelism_problems(tp_size, pp_size)  # type: ignore[misc]  # the Decoder's
+        if self.expert_intermediate % tp_size:  # moe_tp = tp splits each expert's intermediate dim (mapping.py, 1.x)
             problems.append(f"tp_size {tp_size} does not divide the experts' intermediate size "
-                            f"{self.expert_intermediate}")
+                            f"{self.expert_intermediate} ({self.expert_intermediate_field})")
         return problems
 
     def check_routing(self, config_path: Any) -> None:
@@ -103,6 +110,7 @@ class Mixtral(MixtureOfExperts, Mistral):
     hf_architectures: ClassVar[tuple[str, ...]] = ("MixtralForCausalLM",)
     moe_module: ClassVar[str] = "block_sparse_moe"
     expert_names: ClassVar[tuple[str, str, str]] = ("w3", "w1", "w2")
+    expert_intermediate_field: ClassVar[str] = "intermediate_size"
 
     def __init__(self, config: dict[str, Any], config_path: Any) -> None:
         super().__init__(config, config_path)
@@ -113,9 +121,6 @@ class Mixtral(MixtureOfExperts, Mistral):
 
     def normalization_mode(self) -> int:
         return NORMALIZE_RENORMALIZE
-
-    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
-        return super().parallelism_problems(tp_size, pp_size) + self.moe_problems(tp_size)
 
     def family_config(self) -> dict[str, Any]:
         return {**super().family_config(), "hidden_act": "swiglu", "moe": self.moe_config()}

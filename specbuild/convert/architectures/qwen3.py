@@ -89,6 +89,7 @@ class Qwen3Moe(MixtureOfExperts, Qwen3):
     hf_architectures: ClassVar[tuple[str, ...]] = ("Qwen3MoeForCausalLM",)
     moe_module: ClassVar[str] = "mlp"
     expert_names: ClassVar[tuple[str, str, str]] = ("up_proj", "gate_proj", "down_proj")
+    expert_intermediate_field: ClassVar[str] = "moe_intermediate_size"
 
     def __init__(self, config: dict[str, Any], config_path: Any) -> None:
         super().__init__(config, config_path)
@@ -113,9 +114,6 @@ class Qwen3Moe(MixtureOfExperts, Qwen3):
 
     def normalization_mode(self) -> int:
         return NORMALIZE_RENORMALIZE if self.norm_topk_prob else NORMALIZE_NONE
-
-    def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
-        return super().parallelism_problems(tp_size, pp_size) + self.moe_problems(tp_size)
 
     def family_config(self) -> dict[str, Any]:
         return {
