@@ -328,7 +328,8 @@ def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_
     """The families users pair with EAGLE-3 drafts today: training lowers the draft's held-out loss against the
     target's own distribution and raises its agreement with the target's next token (both measured in the same
     run against the untrained draft), and the draft written fits its target as the
-    engines' loaders read the pair (specbuild.eagle.format.fit_problems)."""
+    engines' loaders read the pair (specbuild.eagle.format.fit_problems); on Qwen3 the reference runtime serves it
+    losslessly."""
     from specbuild.demo.tokenizer import save_tokenizer, train_tokenizer
     from specbuild.eagle.train import Eagle3TrainSettings, train_eagle3
 
@@ -345,6 +346,32 @@ def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_
     config, shapes = read_eagle3_header(tmp_path / "draft")
     fitted = target_from_config(_config(target), target / "config.json")
     assert fit_problems(config, fitted, own_embedding="embed_tokens.weight" in shapes, llama_only=False) == []
+    if name == "qwen3":  # the reference runtime serves a Qwen3 target's EAGLE-3 draft (Gemma: only SGLang does)
+        _eagle3_serves_losslessly(target, tmp_path / "draft", tmp_path / "trt")
+
+
+def _eagle3_serves_losslessly(hf_target: Path, draft_dir: Path, checkpoint: Path) -> None:
+    """The trained draft on the reference runtime: EAGLE-3 greedy output is the target's plain greedy output
+    token for token, with some of the draft's tokens accepted (a 40-step draft on a random target accepts few)."""
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.runtime.eagle3 import Eagle3Draft
+    from specbuild.runtime.eagle3_decoding import Eagle3Config, generate_eagle3
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.sequence import StopCriteria
+    from specbuild.tokenizer import load_tokenizer
+
+    convert_checkpoint(ConvertRequest("target", hf_target, checkpoint, "float32"))
+    target = CausalLM.from_checkpoint(checkpoint)
+    draft = Eagle3Draft.from_directory(draft_dir, target)
+    tokenizer = load_tokenizer(hf_target)
+    prompts = [tokenizer.encode(text, add_special_tokens=False)[:length]
+               for text, length in zip(corpus.heldout_texts()[:2], (12, 5), strict=True)]
+    stop = StopCriteria(max_new_tokens=24)
+    plain = generate(target, prompts, stop=stop)
+    speculative = generate_eagle3(target, draft, prompts, Eagle3Config(3), stop=stop)
+    assert speculative.output_ids == plain.output_ids
+    assert sum(speculative.stats.accepted_by_position) > 0, speculative.stats  # the draft ran and was verified
 
 
 # -- draft quantization (ModelOpt) ------------------------------------------------------------------------------------
@@ -365,6 +392,29 @@ def _fp8(**changes: Any) -> Any:
 
     return replace(QuantizeSettings("fp8", "none", calib_source="builtin", calib_size=8, calib_seq_len=64),
                    **changes)
+
+
+@pytest.mark.parametrize("fmt", ["int8_sq", "fp8"])
+def test_a_qwen3_draft_quantizes_for_the_engine_flow_and_runs_as_modelopt_computes(fmt: str, tmp_path: Path) -> None:
+    """ModelOpt's TensorRT-LLM export takes Qwen3 (decoder type "qwen", q/k norms included): `specbuild convert`
+    writes the quantized checkpoint (repaired and coverage-checked as for Llama), and the reference runtime's
+    logits on it are ModelOpt's own fake-quantized model's (the agreement reference tests/test_quantize.py uses)."""
+    from rich.console import Console
+
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.convert.quantize.settings import QuantizeSettings
+    from tests.test_quantize import fake_quantized, runtime_logits
+
+    source = _quantizable(tmp_path / "source", "qwen3")
+    quantization = QuantizeSettings(fmt, "none", calib_source="builtin", calib_size=8, calib_seq_len=64)
+    convert_checkpoint(ConvertRequest("draft", source, tmp_path / "out", "float32", quantization=quantization),
+                       console=Console(stderr=True, quiet=True))
+    written = _config(tmp_path / "out")
+    assert written["architecture"] == "Qwen3ForCausalLM" and written["quantization"]["quant_algo"] is not None
+    ids = torch.randint(4, 500, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = fake_quantized(source, quantization)(ids).logits
+    torch.testing.assert_close(runtime_logits(tmp_path / "out", ids), reference, atol=1e-3, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3", "mixtral"])
