@@ -87,9 +87,9 @@ class Decoder(Architecture):
         """The token embedding, whole on every rank (no parallel embedding)."""
         m.copy("transformer.vocab_embedding.weight", "model.embed_tokens.weight", (self.vocab, self.hidden))
 
-    def add_norm(self, m: TensorMapping, name: str, source: str) -> None:
-        """One RMSNorm weight, copied as it is."""
-        m.copy(name, source, (self.hidden,))
+    def add_norm(self, m: TensorMapping, name: str, source: str, size: int | None = None) -> None:
+        """One RMSNorm weight (of `size` values, hidden_size by default), copied as it is."""
+        m.copy(name, source, (size or self.hidden,))
 
     def lm_head_source(self) -> str:
         """The HF tensor the LM head is made from."""
@@ -116,7 +116,14 @@ class Decoder(Architecture):
             m.copy(dst + "attention.dense.bias", src + "self_attn.o_proj.bias", (h,))
 
     def attention_extras(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
-        """Tensors of the attention beyond QKV and dense (e.g. q/k norms), declared after `attention.dense`."""
+        """Tensors of the attention beyond QKV and dense (e.g. `add_qk_norms`), declared after `attention.dense`."""
+
+    def add_qk_norms(self, m: TensorMapping, src: str, dst: str) -> None:
+        """Per-head RMSNorm weights of the queries and keys (head_dim values, whole on every TP rank):
+        `attention.q_layernorm` / `k_layernorm` <- `self_attn.q_norm` / `k_norm`, as TensorRT-LLM's Qwen and Gemma
+        converters name them (models/qwen/convert.py @0428c188, models/gemma/convert.py @65b31db1)."""
+        for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
+            self.add_norm(m, dst + f"attention.{trt}.weight", src + f"self_attn.{hf}.weight", self.head_dim)
 
     def add_mlp(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
         """The dense gated MLP: `mlp.fc` <- gate_proj and `mlp.gate` <- up_proj column-parallel, `mlp.proj` <-

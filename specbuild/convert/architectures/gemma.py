@@ -221,8 +221,9 @@ class Gemma2(Decoder):
         m.add("transformer.vocab_embedding.weight", (self.vocab // rank.tp_size, self.hidden),
               {"model.embed_tokens.weight": (self.vocab, self.hidden)}, partial(split, rank=rank, dim=0))
 
-    def add_norm(self, m: TensorMapping, name: str, source: str) -> None:
-        m.add(name, (self.hidden,), {source: (self.hidden,)}, plus_one)
+    def add_norm(self, m: TensorMapping, name: str, source: str, size: int | None = None) -> None:
+        shape = (size or self.hidden,)
+        m.add(name, shape, {source: shape}, plus_one)
 
     def lm_head_source(self) -> str:
         return "model.embed_tokens.weight"
@@ -291,10 +292,7 @@ class Gemma3(Gemma2):
         return {"rotary_base": self.rope_base(FULL), "rope_local_base_freq": self.rope_base(SLIDING)}
 
     def attention_extras(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
-        for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):  # per head: replicated on every rank
-            m.add(dst + f"attention.{trt}.weight", (self.head_dim,), {src + f"self_attn.{hf}.weight": (self.head_dim,)},
-                  plus_one)
-
+        self.add_qk_norms(m, src, dst)  # +1 like every Gemma norm (add_norm)
 
 refuse(("Gemma3ForConditionalGeneration",),
        "Gemma 3 with a vision tower; specbuild converts Gemma 3 text models only (TensorRT-LLM's GemmaForCausalLM has "

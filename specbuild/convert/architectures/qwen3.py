@@ -59,9 +59,7 @@ class Qwen3(Qwen2):
         return False
 
     def attention_extras(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
-        """Per-head RMSNorm weights of the queries and keys, replicated on every TP rank."""
-        for trt, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
-            m.copy(dst + f"attention.{trt}.weight", src + f"self_attn.{hf}.weight", (self.head_dim,))
+        self.add_qk_norms(m, src, dst)
 
     def family_config(self) -> dict[str, Any]:
         return {
