@@ -8,10 +8,12 @@ is lossless (speculative greedy == plain greedy).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from specbuild.runtime import CausalLM, RuntimeCheckpointError, load_checkpoint
@@ -20,7 +22,15 @@ from specbuild.runtime.sequence import StopCriteria
 from specbuild.runtime.serving import EngineRequest, ServingEngine
 from specbuild.runtime.speculative import DraftTargetConfig, generate_draft_target
 from tests import test_runtime_model
-from tests.test_runtime_model import Builder, copy_checkpoint, edit_trt_config, full_logits, max_diff, prompt
+from tests.test_runtime_model import (
+    Builder,
+    copy_checkpoint,
+    edit_trt_config,
+    full_logits,
+    max_diff,
+    prompt,
+    read_rank,
+)
 
 build = test_runtime_model.build  # the same memoised convert-a-tiny-model fixture the runtime model tests use
 
@@ -38,14 +48,14 @@ LONGROPE = dict(max_position_embeddings=131072, original_max_position_embeddings
 SHARP_ROUTER = {"initializer_range": 0.3}
 #: Each family as tiny_models makes it, plus the variants that take another path through the runtime, or make a path
 #: visible: soft-caps small enough to bend these random models' scores and logits (tiny_models' 50 / 30 barely do).
-VARIANTS = [*((f, {}) for f in FAMILIES), ("phi3", LONGROPE),
+VARIANTS = [*((f, {}) for f in FAMILIES), ("phi3", LONGROPE), ("phi3", {"sliding_window": WINDOW}),
             ("mixtral", SHARP_ROUTER), ("qwen3_moe", SHARP_ROUTER),
             ("qwen3_moe", {**SHARP_ROUTER, "norm_topk_prob": False}),
             # transformers' SDPA attention leaves Gemma 2's score soft-cap out; its eager attention is the model.
             ("gemma2", {**SHARP_ROUTER, "attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0,
                         "attn_implementation": "eager"}),
             ("gemma3", {"final_logit_softcapping": 2.0})]
-VARIANT_IDS = [*FAMILIES, "phi3-longrope", "mixtral-sharp-router", "qwen3_moe-sharp-router",
+VARIANT_IDS = [*FAMILIES, "phi3-longrope", "phi3-window", "mixtral-sharp-router", "qwen3_moe-sharp-router",
                "qwen3_moe-no-renormalization", "gemma2-small-softcaps", "gemma3-final-softcap"]
 
 
@@ -140,6 +150,28 @@ def test_draft_target_with_a_same_family_draft_is_lossless(build: Builder, famil
     for k in (1, 4):
         assert generate_draft_target(target, draft, prompts, stop=stop, config=DraftTargetConfig(k)).output_ids == plain
 
+
+
+def test_expert_parallel_shards_give_unsharded_logits(build: Builder, tmp_path: Path) -> None:
+    """Experts split whole over moe_ep_size ranks (no converter writes this yet; the layout is TensorRT-LLM's:
+    rank t holds expert shard moe_ep_rank = t % moe_ep_size, num_experts / moe_ep_size consecutive experts, by
+    tensorrt_llm/mapping.py's `moe_ep_rank = tp_rank % moe_ep_size` and layers/moe.py's ep_experts): made here from
+    the TP=1 experts over a TP=2 conversion, it gives the TP=1 logits."""
+    _, one = build("mixtral")
+    ckpt = copy_checkpoint(build("mixtral", tp=2)[1], tmp_path / "ep")
+    full = read_rank(one / "rank0.safetensors")
+    config = json.loads((ckpt / "config.json").read_text())
+    edit_trt_config(ckpt, mapping={**config["mapping"], "moe_tp_size": 1, "moe_ep_size": 2})
+    for rank in range(2):
+        path = ckpt / f"rank{rank}.safetensors"
+        tensors = read_rank(path)
+        for name in tensors:
+            if name.endswith(("mlp.fc.weight", "mlp.proj.weight")):
+                tensors[name] = full[name].chunk(2, dim=0)[rank % 2].contiguous()
+        save_file(tensors, path)
+    ids = prompt(2, 2 * WINDOW, seed=8)
+    assert max_diff(full_logits(CausalLM.from_checkpoint(ckpt), ids), full_logits(CausalLM.from_checkpoint(one), ids)
+                    ) < 1e-4
 
 
 @pytest.mark.parametrize(("changes", "message"), [
