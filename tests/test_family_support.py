@@ -31,6 +31,8 @@ from specbuild.contracts.family_support import (
     REFUSALS,
     family,
     family_problems,
+    reasons_markdown,
+    support_markdown,
     support_table,
 )
 from specbuild.eagle.format import (
@@ -440,10 +442,10 @@ def test_a_draft_refused_for_the_engine_flow_quantizes_on_the_pytorch_flow(name:
 
 # -- the docs -------------------------------------------------------------------------------------------------------
 def test_the_docs_table_is_the_contract_table() -> None:
-    """docs/methods/families.md's table is `support_table()` rendered: a change to the table without the docs (or
-    the other way round) fails here."""
+    """docs/methods/families.md's table and its list of the engines' reasons are the contract's, rendered: a change
+    to the table without the docs (or the other way round) fails here."""
     page = (REPO / "docs" / "methods" / "families.md").read_text(encoding="utf-8")
+    assert support_markdown() in page
+    assert reasons_markdown() in page
     rows = support_table()
-    rendered = "\n".join(["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
-                          *("| " + " | ".join(row) + " |" for row in rows[1:])])
-    assert rendered in page
+    assert len(rows) == len(ARCHITECTURES) + 1 and all(cell in ("yes", "no") for row in rows[1:] for cell in row[1:])

@@ -306,3 +306,19 @@ def support_table() -> list[list[str]]:
                              for m, e in columns)]
             for arch in ARCHITECTURES]
     return [header, *rows]
+
+
+def support_markdown() -> str:
+    """`support_table()` as the Markdown table docs/methods/families.md shows."""
+    rows = support_table()
+    return "\n".join(["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]),
+                      *("| " + " | ".join(row) + " |" for row in rows[1:])])
+
+
+def reasons_markdown() -> str:
+    """One bullet per engine refusal (the trainers' derived ones are said in the table), as the docs list them."""
+    own = ("eagle3_training", "medusa_training", "self_draft_adapter")
+    entries = sorted(((key, found) for key, found in REFUSALS.items() if key[1] not in own),
+                     key=lambda item: (item[0][1], item[0][2], item[0][0]))
+    return "\n".join(f"- **{family(arch)}, {METHODS[method]}, {ENGINES[engine]}**: {found.reason} ({found.source}); "
+                     f"{found.instead}." for (arch, method, engine), found in entries)
