@@ -109,12 +109,16 @@ def test_pickle_heads_need_opt_in(tmp_path: Path) -> None:
     assert torch.equal(converted["medusa_heads.1.lm_head.weight"], state["1.1.weight"])
 
 
-@pytest.mark.parametrize("family", ["gpt2"])
-def test_medusa_needs_a_llama_family_base(tmp_path: Path, family: str) -> None:
+@pytest.mark.parametrize("family", ["gpt2", "gemma2", "qwen3"])
+def test_medusa_needs_a_base_tensorrt_llm_medusa_takes(tmp_path: Path, family: str) -> None:
+    """TensorRT-LLM 1.2's Medusa converter asserts --model_type llama, mixtral or qwen2 (cited in
+    specbuild.contracts.family_support): any other base is refused with that reason, before anything is written."""
     base = make_checkpoint(tmp_path / "base", family)
     write_heads(tmp_path / "heads")
     code, text = convert(base, tmp_path / "heads", tmp_path / "out")
-    assert code == 1 and "Medusa heads need a LLaMA, Mistral or Qwen2 base, not GPT2LMHeadModel" in text
+    text = " ".join(text.split())
+    assert code == 1 and "cannot run Medusa heads on it" in text and "--model_type llama, mixtral or qwen2" in text
+    assert not (tmp_path / "out").exists()
 
 
 def test_module_prefixed_keys_convert_like_plain_ones(tmp_path: Path) -> None:

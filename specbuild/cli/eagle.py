@@ -11,13 +11,14 @@ from specbuild.cli.errors import handled_errors, unreadable_model
 from specbuild.cli.help import App
 from specbuild.cli.options import TrainingText, print_training_metrics, read_training_texts
 
-eagle_app = App(help="EAGLE-3 drafts: train one on a frozen Llama-family target.")
+eagle_app = App(help="EAGLE-3 drafts: train one on a frozen target.")
 
 
 @eagle_app.command("train")
 def eagle_train(
-    target_dir: Annotated[Path, typer.Argument(metavar="TARGET_DIR", help="Hugging Face target model directory "
-                                               "(Llama, Mistral or Qwen2; kept frozen).")],
+    target_dir: Annotated[Path, typer.Argument(metavar="TARGET_DIR", help="Hugging Face target model directory, "
+                                               "kept frozen: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3 or Gemma 3 "
+                                               "(the families an engine runs EAGLE-3 drafts for).")],
     out_dir: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Where to write the draft (config.json + "
                                             "model.safetensors).")],
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 300,

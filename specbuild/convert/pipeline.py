@@ -24,8 +24,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from specbuild.atomic import Inputs, atomic_directory, check_replaceable, output_lock, refuse_overlap
+from specbuild.contracts.family_support import refusal_message
 from specbuild.convert.architectures import Architecture, architecture_for
-from specbuild.convert.architectures.llama import Llama
 from specbuild.convert.compatibility import check_draft_target, tokenizer_problem
 from specbuild.convert.hf_checkpoint import HFCheckpoint
 from specbuild.convert.mapping import RankPlan, check_all_used, check_sources, plan_rank
@@ -125,13 +125,12 @@ def plan_conversion(request: ConvertRequest, checkpoint: HFCheckpoint, *, read_v
 
 
 def with_medusa_heads(arch: Architecture, checkpoint: HFCheckpoint, request: ConvertRequest) -> Architecture:
-    """Wrap a LLaMA-family base with the heads of `request.medusa_heads` (TensorRT-LLM's MedusaForCausalLM
-    takes LLaMA, Mistral and Qwen2 bases only)."""
+    """Wrap a base with the heads of `request.medusa_heads`; the bases TensorRT-LLM 1.2's MedusaForCausalLM
+    takes are `specbuild.contracts.family_support`'s, which refuses the others with the engine's reason."""
     assert request.medusa_heads is not None
-    if not isinstance(arch, Llama):
-        raise SpecbuildError(
-            f"{request.source}: Medusa heads need a LLaMA, Mistral or Qwen2 base, not {arch.hf_architecture}"
-        )
+    refused = refusal_message(arch.hf_architecture, "medusa", "engine", request.source)
+    if refused is not None:
+        raise SpecbuildError(refused)
     heads, layers = attach_heads(checkpoint, request.medusa_heads, allow_pickle=request.allow_pickle)
     return MedusaArchitecture(arch, heads, layers, request.medusa_tree_nodes)
 

@@ -2,7 +2,8 @@
 
 It imports no pipeline stage: it reads checkpoints without `specbuild.convert` (an independent check of the
 converter; `runtime.config` parses config.json, `runtime.checkpoint` merges the rank files), runs
-LLaMA-family, GPT-2 and Medusa models with a commit-on-accept KV cache, and is what the reference backend's
+LLaMA-family (with Qwen3's q/k norms, Mixtral's and Qwen3-MoE's experts, Phi-3), Gemma 2/3 text, GPT-2 and Medusa
+models with a commit-on-accept KV cache, and is what the reference backend's
 Triton models serve with where no TensorRT-LLM engine can be built.
 """
 
