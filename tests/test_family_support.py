@@ -324,6 +324,31 @@ def test_a_self_draft_adapter_trains_and_converts_for_qwen3_and_phi3(name: str, 
     assert code == 0, text
 
 
+def test_medusa_heads_on_a_mixtral_base_train_convert_and_decode_losslessly(tmp_path: Path) -> None:
+    """Mixtral is a base TensorRT-LLM's Medusa takes (--model_type mixtral): `medusa train` trains heads on it,
+    convert joins them with the MoE base as one MedusaForCausalLM checkpoint, and the reference runtime's Medusa
+    greedy output is the base's plain greedy output."""
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.medusa.train import train_medusa_heads
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.medusa_decoding import MedusaConfig, generate_medusa
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.sequence import StopCriteria
+
+    base = _quantizable(tmp_path / "base", "mixtral")
+    train_medusa_heads(base, tmp_path / "heads", num_heads=2, steps=20, seq_len=32, batch_size=4,
+                       texts=corpus.training_texts()[:40], eval_texts=corpus.heldout_texts()[:4], progress=False)
+    choices = ((0,), (1,), (0, 0))
+    convert_checkpoint(ConvertRequest("medusa", base, tmp_path / "trt", "float32", medusa_heads=tmp_path / "heads",
+                                      medusa_tree_nodes=len(choices)))
+    assert _config(tmp_path / "trt")["architecture"] == "MedusaForCausalLM"
+    model = CausalLM.from_checkpoint(tmp_path / "trt")
+    prompts, stop = [[5, 9, 30, 41, 7], [11, 12]], StopCriteria(max_new_tokens=16)
+    medusa = generate_medusa(model, prompts, MedusaConfig(choices), stop=stop)
+    assert medusa.output_ids == generate(model, prompts, stop=stop).output_ids
+    assert medusa.stats.proposed_by_position  # the heads proposed and were verified
+
+
 # -- EAGLE-3 training on the new families ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_eagle_train_trains_a_draft_for_qwen3_and_gemma3_targets(name: str, tmp_path: Path) -> None:
