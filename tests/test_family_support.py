@@ -444,6 +444,26 @@ def test_a_qwen3_draft_quantizes_for_the_engine_flow_and_runs_as_modelopt_comput
     torch.testing.assert_close(runtime_logits(tmp_path / "out", ids), reference, atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["gemma2", "qwen3_moe"])
+def test_convert_refuses_the_engine_flow_quantization_before_calibrating(name: str, tmp_path: Path) -> None:
+    """`convert` on its own (a request, not a spec validate has seen) says ModelOpt's reason before loading the
+    model, and writes nothing."""
+    from rich.console import Console
+
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.errors import SpecbuildError
+
+    arch = FAMILIES[name][1].__name__
+    source = _quantizable(tmp_path / "source", name)
+    with pytest.raises(SpecbuildError) as caught:
+        convert_checkpoint(ConvertRequest("draft", source, tmp_path / "out", "float32", quantization=_fp8()),
+                           console=Console(stderr=True, quiet=True))
+    refusal = REFUSALS[(arch, "quantized_draft", "engine")]
+    assert f"is a {family(arch)}: {refusal.reason}" in caught.value.message
+    assert caught.value.hint == refusal.instead
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["gemma3", "phi3", "mixtral"])
 def test_a_draft_refused_for_the_engine_flow_quantizes_on_the_pytorch_flow(name: str, tmp_path: Path) -> None:
     """What the engine flow's refusal tells the user to do instead works: ModelOpt's Hugging Face export (what
