@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 
 from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
 from specbuild.errors import SpecbuildError
+from tests.test_convert_qwen3_mixtral import validate_spec
 from tests.test_convert_sharding import COLUMN_PARALLEL, ROW_PARALLEL, load_rank, merge_qkv, stage_layers
 from tests.tiny_models import edit_config, make_checkpoint, make_model, save_model
 
@@ -263,3 +266,18 @@ def _legacy_scaled(directory: Path) -> Path:
     cfg.update(rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0})
     (directory / "config.json").write_text(json.dumps(cfg))
     return directory
+
+
+def test_rope_scaled_gemma3_is_refused_only_where_specbuild_converts(tmp_path: Path) -> None:
+    """Gemma 3 4B and larger scale their global rope, which TensorRT-LLM 1.2's Gemma checkpoint cannot carry: `validate`
+    refuses such a target on the engine flow and on the PyTorch flow's reference backend (both run specbuild's
+    conversion), but not on the PyTorch flow with TensorRT-LLM's backend, which loads the Hugging Face directory as
+    it is, the way the refusal's hint sends users."""
+    target = rope_scaled(make_checkpoint(tmp_path / "hf", "gemma3"))
+    Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(target / "tokenizer.json"))
+    code, text = validate_spec(tmp_path / "engine", target)
+    assert code == 1 and "target.model" in text and "'linear' rope scaling" in text and "build.flow: pytorch" in text
+    code, text = validate_spec(tmp_path / "pytorch", target, flow="pytorch")
+    assert code == 0 and "rope scaling" not in text, text
+    code, text = validate_spec(tmp_path / "reference", target, flow="pytorch", backend="reference")
+    assert code == 1 and "'linear' rope scaling" in text, text

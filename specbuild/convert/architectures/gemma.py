@@ -37,7 +37,7 @@ import torch
 
 from specbuild.convert.architectures.base import refuse, register
 from specbuild.convert.architectures.decoder import Decoder
-from specbuild.convert.mapping import TensorMapping
+from specbuild.convert.mapping import EngineLayoutError, TensorMapping
 from specbuild.convert.sharding import Rank, split
 from specbuild.errors import CheckpointError
 
@@ -76,24 +76,24 @@ class Gemma2(Decoder):
         self.check_expressible()
 
     # -- what TensorRT-LLM's Gemma model can express ---------------------------------------------------------------
-    def error(self, what: str, hint: str) -> CheckpointError:
-        """A refusal of this checkpoint's config.json."""
-        return CheckpointError(f"{self.config_path}: {what}", hint=hint)
-
+    # (Refusals are raised as literal messages, so the troubleshooting page's tables list them; those of a sound
+    # checkpoint that only the engine flow's layout cannot hold are EngineLayoutError, which validate does not raise
+    # for a model the PyTorch flow loads from its Hugging Face directory.)
     def check_expressible(self) -> None:
         """Refuse a config whose model TensorRT-LLM's GemmaForCausalLM would compute differently."""
         activation = self.config.get("hidden_activation") or self.config.get("hidden_act") or "gelu_pytorch_tanh"
         if activation not in TANH_GELU:
-            raise self.error(
-                f"hidden_activation {activation!r}: TensorRT-LLM's Gemma MLP computes the tanh GELU "
-                "(its `gelu`, NVIDIA/TensorRT-LLM tensorrt_llm/functional.py), so this model would give other outputs",
-                "use a checkpoint with hidden_activation gelu_pytorch_tanh (as Gemma 2 and 3 ship)")
+            raise CheckpointError(
+                f"{self.config_path}: hidden_activation {activation!r}: TensorRT-LLM's Gemma MLP computes the tanh "
+                "GELU (its `gelu`, NVIDIA/TensorRT-LLM tensorrt_llm/functional.py), so this model would give other "
+                "outputs",
+                hint="use a checkpoint with hidden_activation gelu_pytorch_tanh (as Gemma 2 and 3 ship)")
         for name in ("attention_bias", "use_bidirectional_attention"):
             if self.config.get(name):
-                raise self.error(
-                    f"{name} is true, which TensorRT-LLM's GemmaForCausalLM cannot express (no attention biases, "
-                    f"causal attention only; {SOURCES})",
-                    f"use a checkpoint with {name}: false (as Gemma 2 and 3 text models ship)")
+                raise CheckpointError(
+                    f"{self.config_path}: {name} is true, which TensorRT-LLM's GemmaForCausalLM cannot express (no "
+                    f"attention biases, causal attention only; {SOURCES})",
+                    hint=f"use a checkpoint with {name}: false (as Gemma 2 and 3 text models ship)")
         self.rope_thetas()  # refuses rope scaling
         self.softcaps()
 
@@ -108,18 +108,20 @@ class Gemma2(Decoder):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.error(f"field {name!r} must be a positive number or null, not {value!r}",
-                              "fix config.json: it does not look like one transformers wrote")
+            raise CheckpointError(
+                f"{self.config_path}: field {name!r} must be a positive number or null, not {value!r}",
+                hint="fix config.json: it does not look like one transformers wrote")
         return value
 
     def sliding_window(self) -> int:
         """Tokens a query on a sliding layer sees (itself included)."""
         window = self.config.get("sliding_window", 4096)  # transformers' default
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise self.error(
-                f"field 'sliding_window' must be a positive number of tokens, not {window!r}: TensorRT-LLM's Gemma "
-                f"config needs the window of its sliding layers ({SOURCES})",
-                "set sliding_window to the window the model was trained with (Gemma 2: 4096, Gemma 3: 512 or 1024)")
+            raise CheckpointError(
+                f"{self.config_path}: field 'sliding_window' must be a positive number of tokens, not {window!r}: "
+                f"TensorRT-LLM's Gemma config needs the window of its sliding layers ({SOURCES})",
+                hint="set sliding_window to the window the model was trained with (Gemma 2: 4096, Gemma 3: 512 or "
+                "1024)")
         return window
 
     def window_pattern(self) -> int:
@@ -131,24 +133,30 @@ class Gemma2(Decoder):
             pattern = self.field(*self.pattern_fields, default=self.default_pattern) if self.pattern_fields \
                 else self.default_pattern
             if pattern < 1:
-                raise self.error(f"field {self.pattern_fields[0]!r} must be a positive number of layers, not {pattern}",
-                                 "fix config.json: it does not look like one transformers wrote")
+                raise CheckpointError(
+                    f"{self.config_path}: field {self.pattern_fields[0]!r} must be a positive number of layers, not "
+                    f"{pattern}", hint="fix config.json: it does not look like one transformers wrote")
             return pattern
         if not isinstance(types, list) or len(types) != self.layers or not set(types) <= {SLIDING, FULL}:
-            raise self.error(
-                f"field 'layer_types' must list {SLIDING!r} or {FULL!r} for each of the {self.layers} layers",
-                "fix config.json: it does not look like one transformers wrote")
+            raise CheckpointError(
+                f"{self.config_path}: field 'layer_types' must list {SLIDING!r} or {FULL!r} for each of the "
+                f"{self.layers} layers",
+                hint="fix config.json: it does not look like one transformers wrote")
         full = [i for i, kind in enumerate(types) if kind == FULL]
         pattern = full[0] + 1 if full else self.layers + 1
         expected = [SLIDING if (i + 1) % pattern else FULL for i in range(self.layers)]
         if types != expected:
             bad = next(i for i, (kind, rule) in enumerate(zip(types, expected, strict=True)) if kind != rule)
-            raise self.error(
-                f"layer_types marks layer {bad} {types[bad]!r}, which TensorRT-LLM cannot express: its Gemma model "
-                "slides layer l iff (l + 1) % _sliding_window_pattern != 0 (NVIDIA/TensorRT-LLM tensorrt_llm/models/"
-                f"gemma/model.py @5dedf53b), and the first full-attention layer ({pattern - 1}) makes that pattern "
-                f"{pattern}, under which layer {bad} is {expected[bad]!r}",
-                "convert a checkpoint whose layer_types repeat one group of sliding layers ending in a full one")
+            raise EngineLayoutError(
+                f"{self.config_path}: layer_types marks layer {bad} {types[bad]!r}, which TensorRT-LLM cannot "
+                "express: its Gemma model slides layer l iff (l + 1) % _sliding_window_pattern != 0 "
+                "(NVIDIA/TensorRT-LLM tensorrt_llm/models/gemma/model.py @5dedf53b), and the first full-attention "
+                f"layer ({pattern - 1}) makes that pattern {pattern}, under which layer {bad} is {expected[bad]!r}; "
+                "TensorRT-LLM's PyTorch backend (build.flow: pytorch), vLLM and SGLang load the Hugging Face "
+                "directory as it is",
+                hint="serve it from its Hugging Face directory instead: build.flow: pytorch (TensorRT-LLM's own "
+                "backend), or `specbuild export vllm|sglang`; or convert a checkpoint whose layer_types repeat one "
+                "group of sliding layers ending in a full one")
         return pattern
 
     def rope_parameters(self, kind: str) -> dict[str, Any]:
@@ -172,19 +180,21 @@ class Gemma2(Decoder):
         params = self.rope_parameters(kind)
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type != "default":
-            raise self.error(
-                f"the {kind} layers use {rope_type!r} rope scaling ({params}), which "
+            raise EngineLayoutError(
+                f"{self.config_path}: the {kind} layers use {rope_type!r} rope scaling ({params}), which "
                 "TensorRT-LLM 1.2's Gemma checkpoint cannot carry: its converter writes rotary_scaling null (it reads "
                 "an HF field `rotary_scaling` Gemma configs do not have, models/gemma/config.py @9df6d722), and its "
                 "attention applies one scaling to the global and the local rope alike (tensorrt_llm/layers/"
-                "attention.py), where HF Gemma 3 scales its global layers only",
-                "convert a Gemma checkpoint without rope scaling (e.g. Gemma 3 1B, Gemma 2), or serve this one with "
-                "a flow that reads the Hugging Face directory (TensorRT-LLM's PyTorch flow, vLLM, SGLang)")
+                "attention.py), where HF Gemma 3 scales its global layers only; TensorRT-LLM's PyTorch backend "
+                "(build.flow: pytorch), vLLM and SGLang load the Hugging Face directory as it is",
+                hint="serve it from its Hugging Face directory instead: build.flow: pytorch (TensorRT-LLM's own "
+                "backend), or `specbuild export vllm|sglang`; or convert a Gemma without rope scaling (Gemma 3 1B, "
+                "Gemma 2)")
         try:
             return float(params.get("rope_theta", 10000.0))
         except (TypeError, ValueError) as err:
-            raise self.error(f"rope_theta {params.get('rope_theta')!r} is not a number",
-                              "fix config.json: it does not look like one transformers wrote") from err
+            raise CheckpointError(f"{self.config_path}: rope_theta {params.get('rope_theta')!r} is not a number",
+                                  hint="fix config.json: it does not look like one transformers wrote") from err
 
     # -- shapes ---------------------------------------------------------------------------------------------------
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:
@@ -261,8 +271,9 @@ class Gemma2(Decoder):
     def query_pre_attn_scalar(self) -> int | float:
         value = self.config.get("query_pre_attn_scalar", 256)  # transformers' default
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.error(f"field 'query_pre_attn_scalar' must be a positive number, not {value!r}",
-                              "fix config.json: it does not look like one transformers wrote")
+            raise CheckpointError(
+                f"{self.config_path}: field 'query_pre_attn_scalar' must be a positive number, not {value!r}",
+                hint="fix config.json: it does not look like one transformers wrote")
         return value
 
 
@@ -276,11 +287,11 @@ class Gemma3(Gemma2):
 
     def softcaps(self) -> dict[str, float | None]:
         if self.config.get("attn_logit_softcapping") is not None:
-            raise self.error(
-                f"attn_logit_softcapping is {self.config['attn_logit_softcapping']!r}: TensorRT-LLM's Gemma 3 config "
-                "has no attention soft-capping (Gemma3ConfigGroup, tensorrt_llm/models/modeling_utils.py; "
-                "models/gemma/model.py @5dedf53b caps only Gemma 2)",
-                "use a Gemma 3 checkpoint with attn_logit_softcapping: null, as Gemma 3 ships")
+            raise CheckpointError(
+                f"{self.config_path}: attn_logit_softcapping is {self.config['attn_logit_softcapping']!r}: "
+                "TensorRT-LLM's Gemma 3 config has no attention soft-capping (Gemma3ConfigGroup, "
+                "tensorrt_llm/models/modeling_utils.py; models/gemma/model.py @5dedf53b caps only Gemma 2)",
+                hint="use a Gemma 3 checkpoint with attn_logit_softcapping: null, as Gemma 3 ships")
         return {"final_logit_softcapping": self.optional_number("final_logit_softcapping", None)}
 
     def legacy_rope(self, kind: str) -> dict[str, Any]:
