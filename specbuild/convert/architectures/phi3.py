@@ -223,8 +223,9 @@ class Phi3(Llama):
         return config
 
 
-_OTHER_ENGINES = ("serve the Hugging Face directory with TensorRT-LLM's PyTorch flow (build.flow: pytorch), or "
-                  "export it to vLLM or SGLang (specbuild export vllm|sglang)")
+# (Not "use build.flow: pytorch": validate reads every flow's models through architecture_for, which refuses these.)
+_OTHER_ENGINES = ("specbuild serves it on no flow; load its Hugging Face directory with an engine that implements "
+                  "this architecture itself, or convert a Phi3ForCausalLM model")
 refuse(("Phi3SmallForCausalLM",), "Phi-3-small's block-sparse attention, GeGELU MLP and muP scaling (TensorRT-LLM's "
        "Phi-3-small variant, models/phi3/model.py @c4dc529f) are not converted by specbuild", _OTHER_ENGINES)
 refuse(("PhiMoEForCausalLM",), "Phi-3.5-MoE's sparse-mixer experts (TensorRT-LLM models/phi3/model.py @c4dc529f) are "
