@@ -117,13 +117,14 @@ _SGLANG_SOURCE = ("sgl-project/sglang 0.5.23 python/sglang/srt/model_executor/mo
 def _vllm_eagle3(cls: str, module: str) -> Refusal:
     return Refusal(f"vLLM's {cls} does not implement SupportsEagle3 (\"Model does not support EAGLE3 interface but "
                    "aux_hidden_state_outputs was requested\")", _VLLM_SOURCE.format(module),
-                   "export speculative.mode draft_target or ngram to vLLM instead")
+                   "use speculative.mode draft_target or ngram with vLLM, or an engine that runs EAGLE-3 on this "
+                   "family (the docs' Model families table)")
 
 
 def _sglang_eagle3(cls: str, module: str) -> Refusal:
     return Refusal(f"SGLang's {cls} does not implement set_eagle3_layers_to_capture (\"Model {cls} does not implement "
                    "set_eagle3_layers_to_capture, which EAGLE3 aux hidden-state capture requires.\")",
-                   _SGLANG_SOURCE.format(module), "export speculative.mode draft_target or ngram to SGLang instead")
+                   _SGLANG_SOURCE.format(module), "use speculative.mode draft_target or ngram with SGLang")
 
 
 _MODELOPT_SOURCE = ("nvidia-modelopt 0.47.0 modelopt/torch/export/model_config_export.py "
