@@ -7,7 +7,9 @@ method on is refused once, with the same words, before anything is loaded. A (fa
 in the table is supported as far as this table knows: whether an engine runs a family at all is the converter's
 (engine flow: `specbuild.convert.architectures`) or the engine's own loader's question.
 
-Each entry was read in the engine's own code:
+Each entry was read in the engine's own code (methods without entries: TensorRT-LLM's Lookahead is "for any of
+decoder-only autoregressive LLM models", examples/lookahead/README.md @7ed07f06; draft-target, NGram and SA take any
+model the engine runs):
 - TensorRT-LLM 1.2 engine flow, Medusa: NVIDIA/TensorRT-LLM examples/medusa/convert_checkpoint.py @b93e14ca
   asserts `--model_type in ["llama", "mixtral", "qwen2"]`, loads a qwen2 base with QWenForCausalLM and every other
   base as transformers' LlamaForCausalLM/MixtralForCausalLM (convert_hf_llama): a Qwen3 base would lose its q/k
