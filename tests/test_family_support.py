@@ -182,6 +182,19 @@ def test_validate_refuses_what_the_engine_cannot_run_on_the_family(
     _refusal_said(text, key)
 
 
+@pytest.mark.parametrize("command", ["convert", "build", "deploy", "tune"])
+def test_each_stage_stops_on_the_family_refusal_first(
+        command: str, models: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    """The stages check the spec's families before any work (contracts.llm_api.flow_problems): Medusa heads on a
+    Qwen3 target stop `convert` (and every later stage) with TensorRT-LLM's reason, writing nothing."""
+    key = ("Qwen3ForCausalLM", "medusa", "engine")
+    spec = spec_for(tmp_path, models[key[0]], "medusa", "engine")
+    code, text = cli(command, str(spec))
+    assert code == 1, text
+    _refusal_said(text, key)
+    assert not (tmp_path / "out").exists()
+
+
 SUPPORTED = [(arch, method, engine) for method, engine in (("eagle3", "pytorch"), ("medusa", "engine"))
              for arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
              if (arch, method, engine) not in REFUSALS]
