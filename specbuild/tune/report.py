@@ -20,6 +20,7 @@ from specbuild.atomic import replace_text
 from specbuild.spec import PipelineSpec
 from specbuild.tune.stage import SETTING_FIELDS, DraftLengthTuning, TreeTuning, TuneReport
 from specbuild.tune.tree import nodes_per_depth
+from specbuild.tune.vllm_engine import EngineTuning
 
 FORMAT = 1
 """The report's layout version: a reader refuses another."""
@@ -39,9 +40,11 @@ def _ms(seconds: float) -> float:
 def _calibration(report: TuneReport) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the prompts were and what ran them, and the search settings (where the result goes is left out)."""
     options = asdict(report.options)
-    for name in ("output", "write", "inline", "calib", "prompts", "threads"):
+    for name in ("output", "write", "inline", "calib", "prompts", "threads", "vllm"):
         options.pop(name)
     load = options.pop("load_prompts")
+    if options["engine"] == "reference":  # how vLLM is started says nothing of a reference tune
+        options.pop("enforce_eager")
     calibration = {"source": report.calibration, "prompts": len(report.prompts),
                    **{name: options.pop(name) for name in CALIBRATION}, "greedy": True,
                    "torch_threads": report.torch_threads}
@@ -68,6 +71,21 @@ def _draft_length(t: DraftLengthTuning) -> dict[str, Any]:
                   "tokens_per_second_cost_model": _r(t.model_tokens_per_second(k), 1),
                   "tokens_per_second_wall": _r(t.sweep.tokens_per_second(k), 1),
                   "wall_vs_plain": _r(t.sweep.tokens_per_second(k) / plain)} for k in t.ks],
+    }
+
+
+def _engine(t: EngineTuning) -> dict[str, Any]:
+    """K on the real engine (`tune --engine vllm`): every server's passes and vLLM's own counters."""
+    return {
+        "engine": t.engine, "method": t.method, "enforce_eager": t.enforce_eager, "chosen": t.chosen,
+        "best": t.best, "spec_k": t.current, "noise": _r(t.noise),
+        "plain": {"tokens_per_second": _r(t.plain.tokens_per_second, 1),
+                  "passes": [_r(v, 1) for v in t.plain.passes]},
+        "by_k": [{"k": k, "tokens_per_second": _r(row.tokens_per_second, 1), "vs_plain": _r(t.speedup(k)),
+                  "passes": [_r(v, 1) for v in row.passes], "vs_plain_passes": [_r(v) for v in row.ratios],
+                  "counters": {name: int(value) for name, value in row.counters.items()},
+                  "acceptance_rate": None if row.acceptance_rate is None else _r(row.acceptance_rate),
+                  "greedy_equal_plain": t.greedy_equal(k)} for k, row in sorted(t.by_k.items())],
     }
 
 
@@ -102,6 +120,8 @@ def _run(report: TuneReport) -> dict[str, Any]:
         record["draft_length"] = _draft_length(report.draft_length)
     if report.tree is not None:
         record["tree"] = _tree(report.tree)
+    if report.engine is not None:
+        record["engine"] = _engine(report.engine)
     if report.lookahead is not None:
         la = report.lookahead
         record["lookahead"] = {

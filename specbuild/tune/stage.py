@@ -86,7 +86,14 @@ from specbuild.tune.served import (
     measure_served_schedule,
 )
 from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
+from specbuild.tune.vllm_engine import COUNTERS as ENGINE_COUNTERS
+from specbuild.tune.vllm_engine import PASSES_PER_REPEAT as ENGINE_PASSES_PER_REPEAT
+from specbuild.tune.vllm_engine import WAVE_KS as ENGINE_WAVE_KS
+from specbuild.tune.vllm_engine import EngineTuning
 
+ENGINES = ("reference", "vllm")
+"""What `tune --engine` measures on: specbuild's reference runtime (in-process, or behind tritonserver with
+--served) or the real vLLM serving the spec's vLLM export (`specbuild.tune.vllm_engine`)."""
 REFERENCE_TREE = "mc_sim_7b_63"
 TREE_DIR = "medusa_choices"
 
@@ -114,6 +121,9 @@ class TuneOptions:
     ngrams: tuple[int, ...] | None = None
     verification_sets: tuple[int, ...] | None = None
     layers: tuple[int, ...] | None = None  # self-draft layer counts tried; None: 1 .. the target's layers - 1
+    engine: str = "reference"  # what K is measured on: specbuild's reference runtime, or the real vLLM ("vllm")
+    vllm: Path | None = None  # engine vllm: a virtualenv with vLLM (or its bin/vllm); None: see find_vllm
+    enforce_eager: bool = True  # engine vllm: start each server with --enforce-eager (a start in ~30 s, not ~2 min)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "prompt_tokens", "new_tokens", "max_k", "repeats", "top_k"):
@@ -134,6 +144,14 @@ class TuneOptions:
             object.__setattr__(self, "load_prompts", tuple(text for text in self.load_prompts if text.strip()))
             if not self.load_prompts:
                 raise SpecbuildError("--load-prompts holds no prompt", hint="one prompt per line")
+        if self.engine not in ENGINES:
+            raise SpecbuildError(f"--engine {self.engine}: tune measures on {' or '.join(ENGINES)}")
+        if self.engine != "vllm" and (self.vllm is not None or not self.enforce_eager):
+            raise SpecbuildError("--vllm and --no-enforce-eager say how to start vLLM, which only --engine vllm "
+                                 "starts", hint="add --engine vllm, or leave them out")
+        if self.engine == "vllm" and self.served:
+            raise SpecbuildError("--served measures behind tritonserver, --engine vllm on vLLM: one at a time",
+                                 hint="leave out one of them")
         if self.served and not self.schedule:
             raise SpecbuildError("--served measures the load-aware schedule, which --no-schedule leaves out",
                                  hint="leave out one of them")
@@ -362,6 +380,7 @@ UNMEASURED_MODE_REASON = {
     mode: f"tune has no search for {what} settings yet; set speculative.num_draft_tokens and speculative.{mode} by "
           f"hand, comparing settings by the tokens per target forward `specbuild generate CKPT --{mode}` prints "
           "on the target's TensorRT-LLM checkpoint (the llmapi model also reports acceptance_rate per request)"
+          + ("; or measure K on the real vLLM with `specbuild tune --engine vllm`" if mode == "ngram" else "")
     for mode, what in (("ngram", "n-gram"), ("sa", "suffix-automaton"))
 }
 """Why tune refuses a mode it cannot measure, and what to do instead (one message: no stage to run first)."""
@@ -592,6 +611,7 @@ class TuneReport:
     schedule: ScheduleTuning | None = None
     lookahead: LookaheadTuning | None = None
     layers: LayerTuning | None = None
+    engine: EngineTuning | None = None  # --engine vllm: K measured on the real engine
     update: SpecUpdate | None = None  # what tune writes (or, in a dry run, would write) into the spec
     written: list[Path] = field(default_factory=list)
 
@@ -605,6 +625,8 @@ class TuneReport:
             chosen["draft_layers"] = self.layers.chosen
         if self.draft_length is not None:
             chosen["num_draft_tokens"] = self.draft_length.chosen
+        if self.engine is not None:
+            chosen["num_draft_tokens"] = self.engine.chosen
         if self.tree is not None:
             chosen["medusa_choices"] = self.tree.chosen.choices
         if self.lookahead is not None:
@@ -648,6 +670,8 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     console = console or Console(stderr=True)
     out = out or Console()
     spec = load_spec(spec_path)
+    if options.engine == "vllm":  # the export says what vLLM cannot serve, n-gram included in what it can
+        return _run_vllm(spec, spec_path, options, console, out)
     refuse_unmeasurable(spec, spec_path)
     refuse_unused_options(spec, spec_path, options)
     check_output(options.output if options.write else None)
@@ -729,6 +753,47 @@ def run_tune(spec_path: Path, options: TuneOptions, console: Console | None = No
     return _finish(report, update, options, console, out)
 
 
+def _run_vllm(spec: PipelineSpec, spec_path: Path, options: TuneOptions, console: Console,
+              out: Console) -> TuneReport:
+    """`tune --engine vllm`: K on the real vLLM engine serving the spec's vLLM export (`specbuild.tune.vllm_engine`);
+    every refusal of `specbuild export vllm` (Medusa, Lookahead, a self-draft, a draft format vLLM cannot load) is
+    this command's too, said before any server starts."""
+    from specbuild.export import build_plan
+    from specbuild.tune.vllm_engine import SCHEDULE_LEVER, default_log_dir, find_vllm, measure_engine
+
+    if spec.speculative.mode == "none":
+        raise SpecbuildError(f"{spec_path}: speculative.mode is 'none'; there is nothing to tune",
+                             hint="set speculative.mode to draft_target, eagle3 or ngram")
+    for name, (option, _owner) in KIND_OPTIONS.items():
+        if getattr(options, name) not in (None, False):
+            raise SpecbuildError(f"{option} would change nothing with --engine vllm, which measures K alone",
+                                 hint=f"leave out {option}")
+    check_output(options.output if options.write else None)
+    plan = build_plan(spec, "vllm", spec.output_dir)  # the directory is unused: vLLM needs only the command
+    method = next((json.loads(plan.argv[i + 1])["method"] for i, word in enumerate(plan.argv)
+                   if word == "--speculative-config"), spec.speculative.mode)
+    install = find_vllm(options.vllm)
+    log_dir = default_log_dir(spec.output_dir)
+    tokenizer, prompts, calib = _calibration(spec, options)
+    texts = [tokenizer.decode(p) for p in prompts]
+    ks = list(range(1, min(options.max_k, spec.speculative.max_draft_len or options.max_k) + 1))
+    passes = options.repeats * ENGINE_PASSES_PER_REPEAT
+    report = TuneReport(spec, prompts, options, calib)
+    out.print(f"calibration: {len(prompts)} prompts of {options.prompt_tokens} tokens from {calib}, "
+              f"{options.new_tokens} new tokens each, greedy, one client; vLLM ({install.executable}) serving the "
+              f"spec's vLLM export with K 1..{max(ks)} and plain, {passes} passes, logs in {log_dir}",
+              highlight=False)
+    if options.schedule:
+        out.print(f"draft_len_schedule is not measured on vLLM: {SCHEDULE_LEVER}", highlight=False)
+    servers = len(ks) + -(-len(ks) // ENGINE_WAVE_KS)
+    with _progress(console) as phase:
+        report.engine = measure_engine(install, plan.argv, texts, ks, options.new_tokens, passes, log_dir,
+                                       options.enforce_eager, phase(f"vLLM: plain and K 1..{max(ks)}",
+                                                                    servers * passes),
+                                       current=spec.speculative.num_draft_tokens, method=method)
+    return _finish(report, SpecUpdate(num_draft_tokens=report.engine.chosen), options, console, out)
+
+
 def _carried_schedule(spec: PipelineSpec, update: SpecUpdate, out: Console) -> dict[int, int] | None:
     """The spec's own schedule carried to the full length this tune chose where it did not measure a schedule
     (--no-schedule, or Lookahead, whose schedule is measured served) and the length changed: else the spec would
@@ -762,6 +827,8 @@ def _finish(report: TuneReport, update: SpecUpdate, options: TuneOptions, consol
         out.print(layer_table(report.layers))
     if report.draft_length is not None:
         out.print(draft_length_table(report.draft_length))
+    if report.engine is not None:
+        out.print(engine_table(report.engine))
     if report.tree is not None:
         out.print(head_accuracy_table(report.tree.accuracy))
         out.print(tree_table(report.tree))
@@ -914,6 +981,30 @@ def draft_length_table(t: DraftLengthTuning) -> Table:
                           f"against its {t.predicted_speedup(t.chosen):.3f}x, but more in only "
                           f"{t.repeat_wins(top, t.chosen)} of the {len(t.costs.repeats)} timing repeats: "
                           f"within the noise.")
+    return table
+
+
+def engine_table(t: EngineTuning) -> Table:
+    """K on the real engine: each server's median pass, its speedup over plain, and vLLM's own counters."""
+    table = Table(title=f"Draft length K on {t.engine} ({t.method}{', --enforce-eager' if t.enforce_eager else ''}):"
+                        " one client, greedy", title_justify="left")
+    for name in ("K", "tokens/s\n(median)", "vs plain\n(median)", "drafts", "draft\ntokens", "accepted",
+                 "acceptance\nrate", "accepted\nper round", "output\n= plain", ""):
+        table.add_column(name, justify="right" if name else "left")
+    chosen, best = t.chosen, t.best
+    for k in t.ks:
+        row = t.by_k[k]
+        marks = ", ".join(m for m, on in (("chosen", k == chosen), ("best", k == best), ("spec", k == t.current))
+                          if on)
+        rate, per_round = row.acceptance_rate, row.mean_accepted
+        table.add_row(str(k), f"{row.tokens_per_second:.0f}", f"{t.speedup(k):.2f}x",
+                      *(f"{row.counters.get(name, 0):.0f}" for name in ENGINE_COUNTERS),
+                      "–" if rate is None else f"{rate:.3f}", "–" if per_round is None else f"{per_round:.2f}",
+                      "yes" if t.greedy_equal(k) else "NO", marks)
+    table.caption = (f"plain {t.plain.tokens_per_second:.0f} tokens/s (median pass). Counters: vLLM's "
+                     f"spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens over the passes. Chosen: the "
+                     f"shortest K whose median speedup lies within this run's noise ({t.noise:.1%}, the median "
+                     f"spread of each K's passes) of the best K's.")
     return table
 
 
