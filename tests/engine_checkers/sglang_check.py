@@ -101,7 +101,21 @@ def _facts() -> dict[str, Any]:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return {"version": sglang.__version__, "quantization_choices": list(QUANTIZATION_CHOICES),
-            "speculative_algorithms": [member.name for member in SpeculativeAlgorithm if member.name != "NONE"]}
+            "speculative_algorithms": [member.name for member in SpeculativeAlgorithm if member.name != "NONE"],
+            "eagle3_targets": _eagle3_targets()}
+
+
+def _eagle3_targets() -> dict[str, bool | None]:
+    """Per HF architecture in $SPECBUILD_ARCHITECTURES (a JSON list): whether SGLang's model class for it has
+    set_eagle3_layers_to_capture, without which the model runner refuses EAGLE3 ("... does not implement
+    set_eagle3_layers_to_capture ..."); None where SGLang has no class for the architecture."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    found: dict[str, bool | None] = {}
+    for arch in json.loads(os.environ.get("SPECBUILD_ARCHITECTURES", "[]")):
+        cls = ModelRegistry._try_load_model_cls(arch)
+        found[arch] = None if cls is None else hasattr(cls, "set_eagle3_layers_to_capture")
+    return found
 
 
 def _draft_quant_config(server_args: Any, view: Any) -> str | None:

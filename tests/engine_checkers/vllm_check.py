@@ -52,7 +52,22 @@ def _facts() -> dict[str, Any]:
 
     return {"version": vllm.__version__, "speculative_methods": _literal_values(SpeculativeMethod),
             "cache_dtypes": _literal_values(CacheDType), "model_dtypes": _literal_values(ModelDType),
-            "quantization_methods": list(QUANTIZATION_METHODS), "modelopt_quant_algos": list(QUANT_ALGOS)}
+            "quantization_methods": list(QUANTIZATION_METHODS), "modelopt_quant_algos": list(QUANT_ALGOS),
+            "eagle3_targets": _eagle3_targets()}
+
+
+def _eagle3_targets() -> dict[str, bool | None]:
+    """Per HF architecture in $SPECBUILD_ARCHITECTURES (a JSON list): whether vLLM's model class for it implements
+    SupportsEagle3, without which gpu_model_runner refuses an EAGLE-3 draft ("Model does not support EAGLE3
+    interface ..."); None where vLLM has no class for the architecture."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    found: dict[str, bool | None] = {}
+    for arch in json.loads(os.environ.get("SPECBUILD_ARCHITECTURES", "[]")):
+        cls = ModelRegistry._try_load_model_cls(arch)
+        found[arch] = None if cls is None else bool(supports_eagle3(cls))
+    return found
 
 
 def _parser() -> tuple[Any, Any]:
