@@ -318,8 +318,9 @@ def test_draft_train_refuses_a_target_it_cannot_train_an_adapter_for(
 @pytest.mark.parametrize("name", ["qwen3", "phi3"])
 def test_a_self_draft_adapter_trains_and_converts_for_qwen3_and_phi3(name: str, tmp_path: Path) -> None:
     """The adapter trainer's new families: distillation lowers the held-out KL of the adapter draft below its
-    start (a copy of the target's own layer L; both measured in the same run), and a spec using the adapter validates
-    (convert's planning reads the adapter's tensors as the target's layer L: Phi-3's fused projections too)."""
+    start (a copy of the target's own layer L; both measured in the same run), a spec using the adapter validates
+    (convert's planning reads the adapter's tensors as the target's layer L: Phi-3's fused projections too), and
+    the converted self-draft decodes losslessly on the reference runtime."""
     from specbuild.self_draft.train import train_adapter
 
     target = _quantizable(tmp_path / "target", name, num_hidden_layers=4)  # the draft: 2 of its 4 layers
@@ -335,6 +336,29 @@ def test_a_self_draft_adapter_trains_and_converts_for_qwen3_and_phi3(name: str, 
     spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     code, text = cli("validate", str(spec))
     assert code == 0, text
+    _self_draft_serves_losslessly(target, tmp_path / "adapter", tmp_path)
+
+
+def _self_draft_serves_losslessly(hf_target: Path, adapter: Path, root: Path) -> None:
+    """The adapter's self-draft, converted as `convert` writes it, on the reference runtime: greedy draft-target
+    output (as a separate draft checkpoint, and sharing the target's layers) is the target's plain greedy output."""
+    from specbuild.convert.pipeline import ConvertRequest, convert_checkpoint
+    from specbuild.runtime.generation import generate
+    from specbuild.runtime.model import CausalLM
+    from specbuild.runtime.self_draft import generate_self_draft
+    from specbuild.runtime.sequence import StopCriteria
+    from specbuild.runtime.speculative import generate_draft_target
+
+    convert_checkpoint(ConvertRequest("target", hf_target, root / "trt-target", "float32"))
+    convert_checkpoint(ConvertRequest("draft", hf_target, root / "trt-draft", "float32", self_draft_layers=1,
+                                      self_draft_adapter=adapter))
+    target = CausalLM.from_checkpoint(root / "trt-target")
+    prompts, stop = [[5, 9, 30, 41, 7, 12], [11, 12]], StopCriteria(max_new_tokens=16)
+    plain = generate(target, prompts, stop=stop).output_ids
+    separate = generate_draft_target(target, CausalLM.from_checkpoint(root / "trt-draft"), prompts, stop=stop)
+    shared = generate_self_draft(target, 1, prompts, stop=stop, adapter=root / "trt-draft")
+    assert separate.output_ids == plain and shared.output_ids == plain
+    assert sum(shared.stats.accepted_by_position) > 0, shared.stats
 
 
 def test_medusa_heads_on_a_mixtral_base_train_convert_and_decode_losslessly(tmp_path: Path) -> None:
