@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from specbuild.bench.client import Generation, LLMClient, Protocol
+from specbuild.bench.engine_metrics import SpecDecodeCounters, read_counters
 from specbuild.bench.openai import OpenAIClient
 from specbuild.errors import SpecbuildError
 from specbuild.tokenizer import load_tokenizer
@@ -177,6 +178,8 @@ class Summary:
     not): False, and the figures are not reported rather than zero."""
     cut_short: str | None = None
     """Why the run stopped before its last request (a signal, its time bound): the figures are of what completed."""
+    acceptance_from: str = "the answers"
+    """Where the acceptance figures come from: the answers (Triton's outputs, usage details) or ENGINE_COUNTERS."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,12 +203,40 @@ def run_load(
             clients.append(OpenAIClient(url, model, timeout_s) if protocol == "openai"
                            else LLMClient(url, model, protocol, timeout_s))
         load = replace(load, halt=halt, stream=clients[0].model.decoupled if load.stream is None else load.stream)
+        name = clients[0].model.name
+        counters: list[SpecDecodeCounters | None] = []
+        on_start = (lambda: counters.append(read_counters(url, name))) if protocol == "openai" else None
         results, wall = closed_loop(load, lambda index, prompt: clients[index].generate(
-            prompt, load.max_tokens, stream=load.stream, num_draft_tokens=load.num_draft_tokens), SpecbuildError)
+            prompt, load.max_tokens, stream=load.stream, num_draft_tokens=load.num_draft_tokens), SpecbuildError,
+            on_start=on_start)
+        if counters and counters[0] is not None:
+            counters.append(read_counters(url, name))
     finally:
         for client in clients:
             client.close(cancel=halt.reason is not None)  # cut short: its requests in flight are not awaited
-    return summarise(url, clients[0].model.name, protocol, load, results, wall, counter, cut_short=halt.reason)
+    summary = summarise(url, name, protocol, load, results, wall, counter, cut_short=halt.reason)
+    if len(counters) == 2 and counters[0] is not None and counters[1] is not None:
+        engine_counted(summary, counters[1] - counters[0])
+    return summary
+
+
+ENGINE_COUNTERS = "the engine's /metrics spec-decode counters over the run"
+
+
+def engine_counted(summary: Summary, counted: SpecDecodeCounters) -> None:
+    """Where no answer carried acceptance (vLLM's OpenAI answers), the engine's own counters' difference over the
+    run is the acceptance (`engine_metrics`); answers that carry it keep theirs. A run cut short leaves requests in
+    flight whose drafts the second reading may include: it says so in `acceptance_from`."""
+    if summary.acceptance_reported:
+        return
+    summary.accepted_draft_tokens, summary.draft_tokens = counted.accepted_tokens, counted.draft_tokens
+    summary.acceptance_rate = counted.acceptance_rate
+    summary.acceptance_reported = True
+    summary.acceptance_from = ENGINE_COUNTERS + (" (cut short: may include requests left in flight)"
+                                                 if summary.cut_short else "")
+    summary.extra["engine_spec_decode"] = {"drafts": counted.drafts, "draft_tokens": counted.draft_tokens,
+                                           "accepted_tokens": counted.accepted_tokens,
+                                           "accepted_per_position": list(counted.accepted_per_position)}
 
 
 Outcome = tuple[Generation | None, str | None]
@@ -214,13 +245,15 @@ Outcome = tuple[Generation | None, str | None]
 
 def closed_loop(load: Load, send: Callable[[int, str], Generation],
                 failures: type[Exception] | tuple[type[Exception], ...],
-                describe: Callable[[Exception], str] = str) -> tuple[list[Outcome], float]:
+                describe: Callable[[Exception], str] = str,
+                on_start: Callable[[], object] | None = None) -> tuple[list[Outcome], float]:
     """`load.concurrency` clients in a closed loop: each sends one warm-up request (its failure ignored), all
     start together, and each takes the next of `load.total_requests` prompts as soon as its last answer is in.
     `send(client index, prompt)` makes one request; one raising `failures` is an outcome described by
     `describe`. Returns the outcomes and the seconds from the start to the last answer — or, when `load.halt` is
     set or `load.duration_s` runs out first, the outcomes so far and the seconds to that moment (the requests then
-    in flight are left to their threads, which take no more and whose answers are not counted)."""
+    in flight are left to their threads, which take no more and whose answers are not counted). `on_start` is
+    called once after the warm-up, before the clock starts (to read a server's counters)."""
     jobs = iter(range(load.total_requests))
     lock = threading.Lock()
     results: list[Outcome] = []
@@ -228,7 +261,13 @@ def closed_loop(load: Load, send: Callable[[int, str], Generation],
     started: list[float] = []
     ended: list[float] = []
     warm, done = threading.Event(), threading.Event()  # waited on with a timeout: a halt is polled
-    barrier = threading.Barrier(load.concurrency, action=lambda: (started.append(time.perf_counter()), warm.set()))
+    def begin() -> None:
+        if on_start is not None:
+            on_start()
+        started.append(time.perf_counter())
+        warm.set()
+
+    barrier = threading.Barrier(load.concurrency, action=begin)
     running = [load.concurrency]
 
     def attempt(index: int, prompt: str) -> Outcome | None:

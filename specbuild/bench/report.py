@@ -87,6 +87,9 @@ def table(columns: dict[str, Summary], baseline: str | None = None, title: str |
             cells.append(f"{ratio:.2f}×" if ratio is not None else "")
         grid.add_row(name.format(unit=counted), *cells)
     grid.caption = f"{counted_by(first)}; ITL = (latency − TTFT) / ({counted} − 1)"
+    engine = sorted({label for label, summary in columns.items() if summary.acceptance_from != "the answers"})
+    if engine:  # acceptance not from the answers: say whose counts they are
+        grid.caption += f"; acceptance of {', '.join(engine)}: {columns[engine[0]].acceptance_from}"
     return grid
 
 
