@@ -140,7 +140,8 @@ def test_plan_renders_lookahead_flags(tmp_path: Path) -> None:
     assert plan.lookahead_config == [7, 7, 7] and plan.to_json()["lookahead_config"] == [7, 7, 7]
     assert plan.max_num_tokens >= plan.max_batch_size * (83 + 1)  # one verification step fits
     facts = SimpleNamespace(architecture="LlamaForCausalLM", dtype="float16", vocab_size=32, tp_size=1, pp_size=1,
-                            quant_algo=None, kv_cache_quant_algo=None, sliding_window=None)
+                            quant_algo=None, kv_cache_quant_algo=None, sliding_window=None,
+                            local_window=None)
     info = plan.engine_info(facts, "tensorrt")  # type: ignore[arg-type]
     data = info.to_json()
     assert data["speculative_decoding_mode"] == "lookahead_decoding" and data["max_draft_len"] == 83
@@ -159,7 +160,8 @@ def test_plans_of_other_modes_keep_their_records(tmp_path: Path) -> None:
 def _engine(loaded: Any, **changes: Any) -> EngineInfo:
     [plan] = plan_pipeline(loaded, {"target": None})
     facts = SimpleNamespace(architecture="LlamaForCausalLM", dtype="float16", vocab_size=32, tp_size=1, pp_size=1,
-                            quant_algo=None, kv_cache_quant_algo=None, sliding_window=None)
+                            quant_algo=None, kv_cache_quant_algo=None, sliding_window=None,
+                            local_window=None)
     info = plan.engine_info(facts, "tensorrt")  # type: ignore[arg-type]
     return EngineInfo(**{**info.to_json(), **changes})
 
