@@ -191,7 +191,7 @@ def test_the_command_refuses_in_one_line(tmp_path: Path) -> None:
     hf = make_checkpoint(tmp_path / "gpt2", "gpt2", dtype=torch.float32)
     result = CliRunner().invoke(app, ["eagle", "train", str(hf), str(tmp_path / "out"), "--steps", "2"])
     assert result.exit_code == 1
-    assert "model_type 'gpt2'" in result.output and "Traceback" not in result.output
+    assert "a GPT-2 (GPT2LMHeadModel) target: no engine serves" in result.output and "Traceback" not in result.output
 
 
 # -- the demo extra ------------------------------------------------------------------------------------------------
