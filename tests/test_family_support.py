@@ -301,7 +301,10 @@ def test_medusa_train_refuses_a_base_no_engine_serves_medusa_on(
 
     with pytest.raises(CheckpointError, match=re.escape(f"a {family(arch)} base: no engine serves Medusa heads")):
         train_medusa_heads(models[arch]["target"], tmp_path / "heads", steps=1, progress=False)
-    assert not (tmp_path / "heads").exists()
+    code, text = cli("medusa", "train", "--joint", "--base", str(models[arch]["target"]), "--output",
+                     str(tmp_path / "joint"), "--steps", "1")
+    assert code == 1 and f"a {family(arch)} base: no engine serves Medusa heads" in text, text
+    assert not (tmp_path / "heads").exists() and not (tmp_path / "joint").exists()
 
 
 @pytest.mark.parametrize("arch", sorted(a for a, m, _ in REFUSALS if m == "self_draft_adapter"))

@@ -54,6 +54,7 @@ from specbuild.manifest import input_name
 from specbuild.medusa.train import (
     LOSS_DECAY,
     build_heads,
+    check_base_family,
     check_hidden_state,
     evaluate_heads,
     final_hidden,
@@ -153,6 +154,7 @@ def train_medusa_joint(
     if not (base_dir / "config.json").is_file():
         raise CheckpointError(f"{base_dir / 'config.json'}: not found; --base must be a Hugging Face model directory")
     check_weights(base_dir, "--base")
+    check_base_family(base_dir)  # a base no engine serves Medusa heads on is not trained
     start = None if heads_dir is None else load_medusa_heads(Path(heads_dir))
     num_heads = settings.num_heads if start is None else start[1]
     span = settings.seq_len + num_heads + 1  # inputs plus every head's label for the last input
