@@ -17,11 +17,12 @@ model the engine runs):
 - TensorRT-LLM PyTorch flow, any mode: GPT-2 has no model class there (tensorrt_llm/_torch/models has no
   modeling_gpt2.py and no `register_auto_model("GPT2LMHeadModel")` in the source index); the engine flow's
   MODEL_MAP has it (tensorrt_llm/models/__init__.py @02267d3d).
-- TensorRT-LLM PyTorch flow, EAGLE-3: the target's model class must be a `SpecDecOneEngineForCausalLM` (its decoder
-  layers hand their hidden states to the draft); these families are plain `DecoderModelForCausalLM`s whose layers
-  capture nothing: tensorrt_llm/_torch/models/modeling_gemma3.py @00e7d103, modeling_gemma2.py @04d175ac,
-  modeling_mixtral.py @000a01de, modeling_phi3.py @000a01de (Qwen3 and Qwen3-MoE are SpecDecOneEngineForCausalLM:
-  modeling_qwen3.py @5dedf53b, modeling_qwen3_moe.py @03441af1).
+- TensorRT-LLM PyTorch flow, EAGLE-3: one-model EAGLE-3 needs the target's class to be a
+  `SpecDecOneEngineForCausalLM`, and either mode needs its model's forward to hand hidden states to the draft
+  (`spec_metadata`); these families are plain `DecoderModelForCausalLM`s whose forward takes no spec_metadata:
+  tensorrt_llm/_torch/models/modeling_gemma3.py @00e7d103, modeling_gemma2.py @04d175ac, modeling_mixtral.py
+  @000a01de, modeling_phi3.py @000a01de (Qwen3 and Qwen3-MoE are SpecDecOneEngineForCausalLM: modeling_qwen3.py
+  @5dedf53b, modeling_qwen3_moe.py @03441af1).
 - vLLM 0.33.0 (the installed engine `make test-engines` judges with), EAGLE-3: vllm/v1/worker/gpu_model_runner.py
   `_setup_eagle3_aux_hidden_state_outputs` raises RuntimeError("Model does not support EAGLE3 interface but
   aux_hidden_state_outputs was requested") unless the target class implements `SupportsEagle3`; Llama, Mistral
@@ -105,8 +106,9 @@ def _medusa(family: str) -> Refusal:
 
 
 def _trtllm_eagle3(family: str, module: str, commit: str) -> Refusal:
-    return Refusal(f"TensorRT-LLM's PyTorch backend registers {family} as a DecoderModelForCausalLM, not a "
-                   "SpecDecOneEngineForCausalLM: its decoder layers capture no hidden states for an EAGLE-3 draft",
+    return Refusal(f"TensorRT-LLM's PyTorch backend registers {family} as a DecoderModelForCausalLM (one-model "
+                   "EAGLE-3 needs a SpecDecOneEngineForCausalLM) whose model forward captures no hidden states for a "
+                   "draft (no spec_metadata capture, which two-model EAGLE-3 reads)",
                    f"NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/{module} @{commit}",
                    "use speculative.mode draft_target (or ngram) on build.flow: pytorch")
 
