@@ -8,7 +8,8 @@ dim 0 under tensor parallelism with no vocab padding.
 
 The heads join the base checkpoint's tensors as sources named `medusa:<key>`, so the ordinary pull mapping,
 coverage check and streaming writer handle them; `MedusaArchitecture` wraps the base family's module. Which bases
-TensorRT-LLM's Medusa takes (Llama, Mistral, Mixtral, Qwen2) is `contracts.family_support`'s.
+TensorRT-LLM's Medusa takes (Llama, Mistral, Mixtral, Qwen2) is `contracts.family_support`'s, which
+`pipeline.with_medusa_heads` asks before wrapping.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from specbuild.contracts.family_support import refusal_message
 from specbuild.contracts.model_fit import MEDUSA_FIT_HINT, medusa_fit_problem, medusa_head_shape
 from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.hf_checkpoint import HFCheckpoint
@@ -55,9 +55,6 @@ class MedusaArchitecture(Architecture):
     """A base plus Medusa heads; delegates everything about the base to its module."""
 
     def __init__(self, base: Architecture, num_heads: int, head_layers: int, tree_nodes: int) -> None:
-        message = refusal_message(base.hf_architecture, "medusa", "engine", base.config_path.parent)
-        if message is not None:  # validate says it at target.model first (contracts.llm_api.flow_problems)
-            raise CheckpointError(message, hint="point target.model at a Llama, Mistral, Mixtral or Qwen2 model")
         super().__init__(base.config, base.config_path)
         self.base, self.num_heads, self.head_layers, self.tree_nodes = base, num_heads, head_layers, tree_nodes
         self.hidden = base.field("hidden_size")
