@@ -23,7 +23,7 @@ from specbuild.export import build_plan
 from specbuild.spec import load_spec
 from specbuild.tune.report import read_report, write_report
 from specbuild.tune.stage import TuneOptions, run_tune
-from specbuild.tune.vllm_engine import ENGINE_VENV, engines_dir, find_vllm, serve_args, spec_decode_counters
+from specbuild.tune.vllm_engine import ENGINE_VENV, engines_dir, find_vllm, serve_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,21 +103,6 @@ def test_command_lines_are_the_exports(tmp_path: Path, demo_models: dict[str, Pa
     assert plain == argv[1:at] + argv[at + 2:]
 
 
-def test_counters_read_from_prometheus_text() -> None:
-    """Each counter summed over its label sets (one per engine), other metrics and the _created samples ignored."""
-    text = "\n".join([
-        "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
-        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 20.0',
-        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0',
-        'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9',
-        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 60.0',
-        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 42.0',
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 18.0',
-        'vllm:prompt_tokens_total{engine="0",model_name="m"} 999.0',
-    ])
-    assert spec_decode_counters(text) == {"num_drafts": 25.0, "num_draft_tokens": 60.0, "num_accepted_tokens": 42.0}
-
-
 # -- on the real engine ------------------------------------------------------------------------------------------
 
 
@@ -132,14 +117,14 @@ def test_tune_on_vllm_writes_a_measured_k(tmp_path: Path, demo_models: dict[str,
     engine = report.engine
     assert engine is not None and engine.ks == [1, 2] and engine.method == "draft_model"
     assert "0.32" in engine.engine
-    assert not any(engine.plain.counters.values())  # the plain server never speculated
+    assert engine.plain.counters.drafts == 0  # the plain server never speculated
     for k in engine.ks:
-        row = engine.by_k[k]
-        assert row.counters["num_drafts"] > 0
-        assert row.counters["num_draft_tokens"] == k * row.counters["num_drafts"]  # vLLM drafted K every round
-        assert 0 < row.counters["num_accepted_tokens"] <= row.counters["num_draft_tokens"]
+        c = engine.by_k[k].counters
+        assert c.drafts > 0 and c.num_speculative_tokens == k  # vLLM's own draft positions: the K it ran
+        assert c.draft_tokens == k * c.drafts  # vLLM drafted K every round
+        assert 0 < c.accepted_tokens <= c.draft_tokens
         assert engine.greedy_equal(k), f"K {k}: vLLM's greedy output differs from plain"
-        assert len(row.passes) == len(row.ratios) == 3
+        assert len(engine.by_k[k].passes) == len(engine.by_k[k].ratios) == 3
     chosen = engine.chosen
     assert chosen in engine.ks
     table = printed.export_text()
@@ -152,5 +137,5 @@ def test_tune_on_vllm_writes_a_measured_k(tmp_path: Path, demo_models: dict[str,
     data = write_report(tmp_path / "tune-vllm.json", [report], {"cpu": "test"})  # the JSON `make bench` keeps
     assert read_report(tmp_path / "tune-vllm.json")["settings"]["num_draft_tokens"] == chosen
     rows = {row["k"]: row for row in data["runs"][0]["engine"]["by_k"]}
-    assert {k: rows[k]["counters"]["num_draft_tokens"] for k in rows} == {
-        k: int(engine.by_k[k].counters["num_draft_tokens"]) for k in engine.ks}
+    assert {k: rows[k]["counters"]["draft_tokens"] for k in rows} == {
+        k: engine.by_k[k].counters.draft_tokens for k in engine.ks}

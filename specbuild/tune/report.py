@@ -83,8 +83,11 @@ def _engine(t: EngineTuning) -> dict[str, Any]:
                   "passes": [_r(v, 1) for v in t.plain.passes]},
         "by_k": [{"k": k, "tokens_per_second": _r(row.tokens_per_second, 1), "vs_plain": _r(t.speedup(k)),
                   "passes": [_r(v, 1) for v in row.passes], "vs_plain_passes": [_r(v) for v in row.ratios],
-                  "counters": {name: int(value) for name, value in row.counters.items()},
-                  "acceptance_rate": None if row.acceptance_rate is None else _r(row.acceptance_rate),
+                  "counters": {"drafts": row.counters.drafts, "draft_tokens": row.counters.draft_tokens,
+                               "accepted_tokens": row.counters.accepted_tokens,
+                               "accepted_per_position": list(row.counters.accepted_per_position)},
+                  "acceptance_rate": (None if row.counters.acceptance_rate is None
+                                      else _r(row.counters.acceptance_rate)),
                   "greedy_equal_plain": t.greedy_equal(k)} for k, row in sorted(t.by_k.items())],
     }
 

@@ -86,7 +86,6 @@ from specbuild.tune.served import (
     measure_served_schedule,
 )
 from specbuild.tune.tree import MAX_TOP_K, GrownTree, expected_accepted_length, grow_tree, nodes_per_depth
-from specbuild.tune.vllm_engine import COUNTERS as ENGINE_COUNTERS
 from specbuild.tune.vllm_engine import PASSES_PER_REPEAT as ENGINE_PASSES_PER_REPEAT
 from specbuild.tune.vllm_engine import WAVE_KS as ENGINE_WAVE_KS
 from specbuild.tune.vllm_engine import EngineTuning
@@ -996,9 +995,10 @@ def engine_table(t: EngineTuning) -> Table:
         row = t.by_k[k]
         marks = ", ".join(m for m, on in (("chosen", k == chosen), ("best", k == best), ("spec", k == t.current))
                           if on)
-        rate, per_round = row.acceptance_rate, row.mean_accepted
+        c = row.counters
+        rate, per_round = c.acceptance_rate, row.mean_accepted
         table.add_row(str(k), f"{row.tokens_per_second:.0f}", f"{t.speedup(k):.2f}x",
-                      *(f"{row.counters.get(name, 0):.0f}" for name in ENGINE_COUNTERS),
+                      str(c.drafts), str(c.draft_tokens), str(c.accepted_tokens),
                       "–" if rate is None else f"{rate:.3f}", "–" if per_round is None else f"{per_round:.2f}",
                       "yes" if t.greedy_equal(k) else "NO", marks)
     table.caption = (f"plain {t.plain.tokens_per_second:.0f} tokens/s (median pass). Counters: vLLM's "

