@@ -185,15 +185,19 @@ SELF_DRAFT_ADAPTER_FAMILIES: dict[str, str] = {LLAMA: "llama", MISTRAL: "mistral
 """HF architecture -> model_type of the targets `specbuild draft train` trains an adapter on: their decoder layer
 runs standalone given rotary embeddings, and its parameters carry the checkpoint's own tensor names
 (specbuild.self_draft.train)."""
-_ADAPTER_SOURCE = "specbuild/self_draft/train.py, transformers 5.14"
+_ADAPTER_SOURCE = ("specbuild/self_draft/train.py; transformers 5.14 integrations/sdpa_attention.py, "
+                   "models/gemma2/modeling_gemma2.py, models/gemma3/modeling_gemma3.py")
 _ADAPTER_INSTEAD = "use draft.source: target_layers without draft.adapter"
 _ADAPTER_REASONS = {
     GPT2: "GPT-2's blocks have no rotary embeddings for the adapter trainer to run one standalone with",
     **dict.fromkeys((QWEN3_MOE, MIXTRAL), "transformers 5 holds an MoE layer's experts fused in one module "
                     "(experts.gate_up_proj), not under the per-expert names the checkpoint and convert use, so a "
                     "trained layer could not be written as the target's own"),
-    **dict.fromkeys((GEMMA2, GEMMA3), "Gemma's layers take a sliding-window or global mask and a per-layer-type "
-                    "rotary embedding that the adapter trainer's standalone layer call does not give"),
+    GEMMA2: "the adapter trainer runs the target through SDPA attention with a plain causal mask, and transformers' "
+            "SDPA path applies neither Gemma 2's attention-score soft-capping (only its eager attention does) nor "
+            "its sliding windows",
+    GEMMA3: "the adapter trainer gives a layer one rotary embedding and a plain causal mask, while Gemma 3's layers "
+            "take a local or global rope base and a sliding-window or global mask by layer type",
 }
 
 EAGLE3_ENGINES = ("pytorch", "vllm", "sglang")
