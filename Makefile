@@ -26,11 +26,13 @@ install: $(STAMP)
 # second `make demo` only serves. `make demo-<name>` does the same for the other demo specs (configs/demo-<name>.yaml),
 # training only the demo extra that spec needs; `make demo-all` runs every one.
 DEMO_PROMPTS := --prompt "The for statement" --prompt "A module can contain" --max-tokens 40
-DEMO_METHODS := medusa plain lookahead self-draft medusa2 eagle3
+DEMO_METHODS := medusa plain lookahead self-draft medusa2 eagle3 qwen3
 # the demo extra (specbuild.demo.extras) each spec needs; the others need none
 DEMO_EXTRAS_self-draft := self-draft-adapter
 DEMO_EXTRAS_medusa2 := medusa2
 DEMO_EXTRAS_eagle3 := eagle3-draft
+# demo-qwen3: the same draft-target pipeline on another family, a Qwen3 target and draft trained like the Llama pair
+DEMO_EXTRAS_qwen3 := qwen3
 # one spec end to end: $(1) the spec, $(2) its model repository, $(3) the extras it needs (each stage checks the spec
 # itself, as `specbuild validate` would, before it writes)
 define demo_pipeline

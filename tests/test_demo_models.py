@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from specbuild.demo import extras, qwen3_extra
 from specbuild.demo import models as dm
 from specbuild.demo import recipe as dr
 from specbuild.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -175,7 +176,7 @@ def test_target_learned_the_text(target_and_draft: tuple, windows: torch.Tensor,
     which a model that ignored its context could at best match."""
     target, _ = target_and_draft
     torch.manual_seed(0)
-    untrained = LlamaForCausalLM(target.config).eval()
+    untrained = AutoModelForCausalLM.from_config(target.config).eval()
     target_loss = next_token_loss(logits_on(target, windows), windows)
     untrained_loss = next_token_loss(logits_on(untrained, windows), windows)
 
@@ -371,3 +372,48 @@ def test_a_build_records_the_cpu_it_trained_on_and_benchmarks_name_it(tmp_path: 
     (out / dm.MANIFEST_NAME).write_text(json.dumps(manifest))
     assert "a CPU not recorded" in machine.demo_models_description(out)
     assert machine.demo_models_description(tmp_path / "none") == "not built"
+
+
+TINY_QWEN3 = {
+    **qwen3_extra.SETTINGS,
+    "target": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "intermediate_size": 64},
+    "draft": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "intermediate_size": 64},
+    "head_dim": 24,
+    "target_training": {"steps": 3, "lr": 1e-3, "seed": 1, "batch_size": 2, "seq_len": 16},
+    "draft_training": {"steps": 3, "lr": 1e-3, "seed": 2, "batch_size": 2, "seq_len": 16},
+    "draft_generated_rows": 4,
+    "eval_generated_rows": 2,
+}
+"""The demo extra "qwen3"'s code paths, shrunk so that a build takes a second or two."""
+
+
+def test_the_qwen3_extra_is_deterministic_on_the_base_builds_tokenizer(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built twice on one base build, the pair's bytes are the same (make test trains it on every fresh machine, so
+    a second build there must not differ from the first), with the base's vocabulary and tokenizer files."""
+    root = tmp_path / "models"
+    dm.build_demo_models(root, progress=False, recipe=tiny_recipe())
+    monkeypatch.setitem(extras.EXTRAS, qwen3_extra.NAME, extras.Extra(qwen3_extra.NAME, qwen3_extra.build, TINY_QWEN3))
+    built = extras.build_extra(root, qwen3_extra.NAME)
+    first = file_digests(built, "*.safetensors")
+    assert sorted(first) == ["draft/model.safetensors", "target/model.safetensors"]
+    assert extras.build_extra(root, qwen3_extra.NAME, force=True) == built
+    assert file_digests(built, "*.safetensors") == first
+    for name in ("target", "draft"):
+        assert AutoConfig.from_pretrained(built / name).vocab_size == tiny_recipe().vocab_size
+        assert (built / name / "tokenizer.json").read_bytes() == (root / "tokenizer" / "tokenizer.json").read_bytes()
+    metrics = json.loads((built / extras.EXTRA_MANIFEST).read_text())["metrics"]
+    assert {"target", "draft", "top1_agreement", "top1_agreement_on_target_text"} <= set(metrics)
+
+
+def test_the_qwen3_extra_follows_the_seed_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make test-variant` trains other weights for the second pair too: every seed moves with the base recipe's."""
+    monkeypatch.delenv(dr.SEED_OFFSET_ENV, raising=False)
+    seeds = lambda r: (r.init_seed, r.target_training.seed, r.draft_training.seed)  # noqa: E731
+    plain = qwen3_extra.qwen3_recipe(qwen3_extra.SETTINGS)
+    assert seeds(plain) == (qwen3_extra.SETTINGS["init_seed"], qwen3_extra.SETTINGS["target_training"]["seed"],
+                            qwen3_extra.SETTINGS["draft_training"]["seed"])
+    monkeypatch.setenv(dr.SEED_OFFSET_ENV, "3")
+    assert seeds(qwen3_extra.qwen3_recipe(qwen3_extra.SETTINGS)) == tuple(s + 3 for s in seeds(plain))

@@ -1,7 +1,8 @@
 """Demo artifacts trained on top of the built demo models, each cached on its own.
 
 The base build (`specbuild.demo.models`) takes minutes; methods added later (an EAGLE-3 draft, a self-draft
-adapter, Medusa-2 heads) each train something small on its frozen target. Were they part of the base recipe,
+adapter, Medusa-2 heads) each train something small on its frozen target, and a second demo pair of another family
+(a Qwen3 target and draft) is trained on its tokenizer and text. Were they part of the base recipe,
 every change to one of them would retrain everything. Instead each is an `Extra`: a directory inside the demo
 models directory, built by its own function, cached under its own key (the base build's recipe hash, the extra's
 name and its settings), written atomically under its own lock. A rebuilt base replaces the whole directory, so
@@ -142,5 +143,5 @@ def _register_known() -> None:
 
 
 KNOWN_EXTRA_MODULES: tuple[str, ...] = ("specbuild.demo.self_draft_extra", "specbuild.demo.medusa2_extra",
-                                        "specbuild.demo.eagle3_extra")
+                                        "specbuild.demo.eagle3_extra", "specbuild.demo.qwen3_extra")
 """The modules that train demo extras (each calls `register` when imported)."""

@@ -199,7 +199,7 @@ def _build_into(root: Path, recipe: Recipe, key: str, *, progress: bool) -> dict
         evaluation = evaluate(target, draft, held_ids, recipe, bars)
         models: dict[str, PreTrainedModel] = {"target": target, "draft": draft, **untrained_models(recipe)}
         for name, model in models.items():
-            _save_model(model, root / name, root / TOKENIZER_DIR)
+            save_model(model, root / name, root / TOKENIZER_DIR)
         medusa_metrics = train_medusa_heads(root / "target", root / MEDUSA_HEADS_DIR, recipe.medusa, MEDUSA_BASE_NAME,
                                             train_texts, held_texts, bars)
     metrics = {
@@ -253,7 +253,7 @@ def _print_summary(metrics: dict[str, Any]) -> None:
     )
 
 
-def _save_model(model: PreTrainedModel, out: Path, tokenizer_dir: Path) -> None:
+def save_model(model: PreTrainedModel, out: Path, tokenizer_dir: Path) -> None:
     """float32 safetensors (the exact trained weights; converters cast), generation config, tokenizer files."""
     model.generation_config.bos_token_id = BOS_ID
     model.generation_config.eos_token_id = EOS_ID

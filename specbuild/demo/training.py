@@ -82,6 +82,17 @@ def llama(recipe: Recipe, shape: Shape, *, seed: int) -> PreTrainedModel:
     return LlamaForCausalLM(config)
 
 
+def qwen3(recipe: Recipe, shape: Shape, *, head_dim: int, seed: int) -> PreTrainedModel:
+    """A Qwen3ForCausalLM shaped as the small Qwen3s ship: q/k norm (Qwen3 always has it), an explicit head_dim
+    that need not be hidden_size / heads (Qwen3-0.6B: 16 x 128 over 1024), tied embeddings, no QKV bias."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    _seeded(seed)
+    config = Qwen3Config(**{**_llama_family_config(recipe, shape), "rms_norm_eps": 1e-6}, head_dim=head_dim,
+                         tie_word_embeddings=True, attention_bias=False, use_sliding_window=False)
+    return Qwen3ForCausalLM(config)
+
+
 def untrained_models(recipe: Recipe) -> dict[str, PreTrainedModel]:
     """Random models for converter coverage, with 1-D weights (biases, norms) perturbed away from 0 and 1 so
     that a converter mixing them up produces visibly wrong logits."""
