@@ -145,8 +145,9 @@ _MOE_EXPORT = "TypeError: transformers 5 keeps the experts in one fused module t
 
 REFUSALS: dict[tuple[str, str, str], Refusal] = {
     (GPT2, "model", "pytorch"): Refusal(
-        "its PyTorch backend has no model class for GPT2LMHeadModel (no modeling_gpt2.py, nothing registered under "
-        "that architecture with register_auto_model)", "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/",
+        "TensorRT-LLM's PyTorch backend has no model class for GPT2LMHeadModel (no modeling_gpt2.py, nothing "
+        "registered under that architecture with register_auto_model)",
+        "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/",
         "use build.flow: engine (TensorRT-LLM 1.2 converts GPT-2), or export to vLLM or SGLang"),
     # Medusa: TensorRT-LLM 1.2's engine flow is the only engine with Medusa (export and the PyTorch flow refuse the
     # mode itself); its converter takes Llama-architecture (Llama, Mistral), Mixtral and Qwen2 bases.
