@@ -73,6 +73,16 @@ def test_vllm_options_need_engine_vllm(tmp_path: Path) -> None:
         TuneOptions(engine="sglang")
 
 
+def test_command_line_refuses_vllm_options_without_engine_vllm(tmp_path: Path, demo_models: dict[str, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from specbuild.cli import app
+
+    spec = _demo_spec("demo-pytorch.yaml", tmp_path, demo_models["target"].parent)
+    result = CliRunner().invoke(app, ["tune", str(spec), "--no-enforce-eager", "--dry-run"])
+    assert result.exit_code != 0 and "only --engine vllm starts" in " ".join(result.output.split())
+
+
 def test_search_options_of_other_kinds_refused(tmp_path: Path, demo_models: dict[str, Path]) -> None:
     spec = _demo_spec("demo-pytorch.yaml", tmp_path, demo_models["target"].parent)
     options = TuneOptions(engine="vllm", layers=(1,), write=False)
