@@ -20,7 +20,11 @@ decoding type each spec mode becomes. Where they were read (NVIDIA/TensorRT-LLM 
   Draft_Target, MTP, PARD, DFlash, DSpark, AUTO; `DecodingBaseConfig` renames the switch-off fields to
   `acceptance_rate_window_size` / `acceptance_rate_threshold` (a rate in [0, 1]), adds use_rejection_sampling,
   advanced_sampling_mode, enable_penalty; its validators: `max_concurrency` and `draft_len_schedule` are mutually
-  exclusive, and the schedule's smallest batch-size key must map to max_draft_len, no entry above it.
+  exclusive, and the schedule's smallest batch-size key must map to max_draft_len, no entry above it. Also checked
+  (`Line.rules`, `Line.field_aliases`): AutoDecodingConfig.supports_backend is pytorch only; `speculative_model_dir`
+  is a validation alias of `speculative_model`; SA's explicit global_pool_size must be >= max_batch_size;
+  MTPDecodingConfig's `num_nextn_predict_layers` is deprecated and remapped into `max_draft_len`; an explicit
+  `use_rejection_sampling: true` raises for NGram and SA (TorchLlmArgs.validate_speculative_config).
 The 1.4 release candidates were not reachable in the source index, so no 1.4 table is written (a line is added
 here only from its own llm_args.py).
 `BaseLlmArgs` fields specbuild sets (both lines): model, tensor_parallel_size, pipeline_parallel_size,
@@ -29,7 +33,7 @@ max_batch_size, max_seq_len, max_num_tokens (default 8192), speculative_config, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -80,6 +84,20 @@ _EAGLE_FIELDS = frozenset({
 _NGRAM_FIELDS = frozenset({"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"})
 
 
+Settings = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validator of a line's llm_args.py (`Line.source`) on the speculative settings, as data: `check(args,
+    config)` says why the line's LLM(...) would raise for these settings (None: it would not); `validator` names the
+    llm_args.py validator that raises, `field` the spec field a spec's problem is reported at."""
+
+    validator: str
+    field: Loc
+    check: Callable[[Settings, Settings], str | None]
+
+
 @dataclass(frozen=True)
 class Line:
     """One TensorRT-LLM release line's LLM API as data: what `build`/`deploy` write and check for a spec naming it.
@@ -100,6 +118,12 @@ class Line:
     writes_eagle3_one_model: bool
     exclusive_schedule: bool
     missing_modes: dict[str, str] = field(default_factory=dict)
+    field_aliases: dict[str, tuple[str, frozenset[str] | None]] = field(default_factory=dict)
+    """speculative_config key -> (the field it sets, the decoding types it applies to; None: every type): a pydantic
+    validation alias, or a deprecated key the line remaps. A reader of model.yaml takes either spelling; both given
+    with different values is a problem (the line reads the field and drops the alias)."""
+    rules: tuple[Rule, ...] = ()
+    """The line's LlmArgs validators on speculative settings beyond field names and backends (`Rule`)."""
 
     @property
     def label(self) -> str:
@@ -134,15 +158,54 @@ LINE_1_2 = Line(
     missing_modes={"sa": "TensorRT-LLM 1.2 has no SA (no SADecodingConfig in its llm_args.py): set build.trtllm: "
                          "'1.3', or use speculative.mode: ngram"},
     acceptance_fields=("acceptance_window", "acceptance_length_threshold"),
+    field_aliases={"speculative_model_dir": ("speculative_model", None)},  # its DecodingBaseConfig's alias too
     engine_flow=True,
     writes_eagle3_one_model=True,
     exclusive_schedule=False,
 )
 
+_REJECTION_SAMPLING_TYPES = frozenset({"Eagle", "Eagle3", "MTP", "PARD", "DFlash", "DSpark", "Draft_Target"})
+"""1.3's TorchLlmArgs.validate_speculative_config: the decoding types with a rejection-sampling path (Eagle3
+one-model, vanilla MTP and MTP-Eagle one-model, PARD, DFlash, DSpark, DraftTarget one-model; Eagle is turned into
+Eagle3 there first). Every other type (NGram, SA, SaveState, User_Provided, AUTO) drafts token ids with no proposal
+distribution q to form min(1, p/q) from, and an explicit `use_rejection_sampling: true` raises for it."""
+
+
+def _sa_pool_problem(args: Settings, config: Settings) -> str | None:
+    pool, batch = config.get("global_pool_size"), args.get("max_batch_size")
+    if config.get("decoding_type") == "SA" and pool is not None and batch is not None and int(pool) < int(batch):
+        return (f"global_pool_size ({pool}) must be >= max_batch_size ({batch}): every active request keeps its SA "
+                "state in the pool; raise speculative.sa.global_pool_size or leave it unset (max(64, "
+                "max_batch_size))")
+    return None
+
+
+def _rejection_problem(args: Settings, config: Settings) -> str | None:
+    if config.get("use_rejection_sampling") is not True:
+        return None
+    kind = str(config.get("decoding_type"))
+    if kind not in _REJECTION_SAMPLING_TYPES:
+        return (f"use_rejection_sampling: true is refused for {kind}: its drafts carry no proposal distribution to "
+                f"accept by p/q (rejection sampling runs with {', '.join(sorted(_REJECTION_SAMPLING_TYPES))})")
+    if config.get("sa_config") is not None:
+        return "use_rejection_sampling: true is refused with sa_config (SA drafts carry no proposal distribution)"
+    return None
+
+
+_RULES_1_3 = (
+    Rule("TorchLlmArgs.validate_speculative_config (SADecodingConfig)",
+         ("speculative", "sa", "global_pool_size"), _sa_pool_problem),
+    Rule("TorchLlmArgs.validate_speculative_config (use_rejection_sampling)",
+         ("speculative", "mode"), _rejection_problem),
+)
+"""1.3's validators beyond field names and backends (AutoDecodingConfig.supports_backend, pytorch only, is its
+table entry; the speculative_model_dir alias and MTP's deprecated num_nextn_predict_layers are its field_aliases)."""
+
 _SA_ENHANCED = frozenset({"sa_config"})
 LINE_1_3 = Line(
     name="1.3",
     source="NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py @0004396720054fd8e205cbf616f21f0b57c6b412 (1.3 line)",
+    # every 1.3 fact below (tables, field_aliases, rules) is read at this commit
     base_fields=frozenset({
         "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
         "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
@@ -160,7 +223,7 @@ LINE_1_3 = Line(
         DecodingType("MTPDecodingConfig", "MTP", frozenset({
             "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "use_mtp_vanilla",
             "mtp_eagle_one_model", "use_dynamic_tree", "dynamic_tree_max_topK", "sa_config",
-            "num_nextn_predict_layers", "begin_thinking_phase_token", "end_thinking_phase_token"}),
+            "begin_thinking_phase_token", "end_thinking_phase_token"}),
             _TORCH_OR_AUTODEPLOY),
         DecodingType("PARDDecodingConfig", "PARD", frozenset({"mask_token_id"}) | _SA_ENHANCED, _PYTORCH_ONLY),
         DecodingType("DFlashDecodingConfig", "DFlash", frozenset({
@@ -168,13 +231,22 @@ LINE_1_3 = Line(
         DecodingType("DSparkDecodingConfig", "DSpark", frozenset({
             "mask_token_id", "target_layer_ids", "block_size", "markov_rank", "markov_head_type",
             "attention_backend"}), _PYTORCH_ONLY),
-        DecodingType("AutoDecodingConfig", "AUTO", frozenset(), None),
+        DecodingType("AutoDecodingConfig", "AUTO", frozenset(), _PYTORCH_ONLY),  # supports_backend: pytorch
     ),
     mode_types={"draft_target": "Draft_Target", "eagle3": "Eagle3", "ngram": "NGram", "sa": "SA"},
     acceptance_fields=("acceptance_rate_window_size", "acceptance_rate_threshold"),
     engine_flow=False,
     writes_eagle3_one_model=False,  # deprecated there: False "is ignored and falls back to True"
     exclusive_schedule=True,
+    field_aliases={
+        # DecodingBaseConfig.speculative_model: validation_alias AliasChoices("speculative_model",
+        # "speculative_model_dir")
+        "speculative_model_dir": ("speculative_model", None),
+        # MTPDecodingConfig._remap_deprecated_num_nextn_predict_layers: moved into max_draft_len when that is
+        # absent, dropped (with a deprecation warning) when it is given
+        "num_nextn_predict_layers": ("max_draft_len", frozenset({"MTP"})),
+    },
+    rules=_RULES_1_3,
     missing_modes={
         "medusa": "TensorRT-LLM 1.3 has no Medusa (no MedusaDecodingConfig in its llm_args.py): train an EAGLE-3 "
                   "draft with `specbuild eagle train` and use speculative.mode: eagle3 (`specbuild migrate SPEC "
@@ -378,6 +450,9 @@ def settings_problems(args: Mapping[str, Any], line: Line | None = None) -> Iter
         yield ("speculative", "mode"), (f"decoding_type {config.get('decoding_type')!r} is not one of {line.label}'s "
                                         f"{', '.join(sorted(line.decoding_types))}")
         return
+    config, alias_problems = _resolve_aliases(line, decoding, config)
+    for problem in alias_problems:
+        yield ("speculative",), problem
     for key in sorted(set(config) - {"decoding_type"} - line.fields_of(decoding)):
         yield ("speculative",), f"{key!r} is not a field of {line.label}'s {decoding.config_class}"
     backend = str(args.get("backend", PYTORCH))
@@ -387,6 +462,26 @@ def settings_problems(args: Mapping[str, Any], line: Line | None = None) -> Iter
     if line.exclusive_schedule:
         for problem in _schedule_problems(config):
             yield ("speculative", "draft_len_schedule"), f"{problem} ({line.label}'s DecodingBaseConfig)"
+    for rule in line.rules:
+        problem = rule.check(args, config)
+        if problem is not None:
+            yield rule.field, f"{problem} ({line.label}'s {rule.validator})"
+
+
+def _resolve_aliases(line: Line, decoding: DecodingType, config: Settings) -> tuple[dict[str, Any], list[str]]:
+    """`config` with the line's aliases turned into the fields they set (as its LLM API reads them), and a problem
+    for each alias given beside its field with another value (the line keeps the field and drops the alias)."""
+    resolved, problems = dict(config), []
+    for alias, (name, types) in line.field_aliases.items():
+        if alias not in resolved or (types is not None and decoding.decoding_type not in types):
+            continue
+        value = resolved.pop(alias)
+        if name not in resolved:
+            resolved[name] = value
+        elif resolved[name] != value:
+            problems.append(f"{alias!r} ({value}) and {name!r} ({resolved[name]}) both given: {line.label}'s "
+                            f"{decoding.config_class} reads {name!r} and drops {alias!r} (give {name!r} only)")
+    return resolved, problems
 
 
 QUANTIZED_DRAFT_DIR = "draft-hf"
@@ -435,7 +530,7 @@ def pytorch_flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
     problems = flow_problems(spec)
     if problems:
         return problems
-    problems += list(settings_problems(llm_args(spec)))
+    problems += list(settings_problems(llm_args(spec), line_of(spec)))
     unused = "is an engine-flow setting; build.flow: pytorch builds no engine"
     if spec.build.gather_context_logits:
         problems.append((("build", "gather_context_logits"), f"{unused} (remove it)"))
