@@ -1,10 +1,10 @@
 """Names Dynamo's operator reads, judged on the DynamoGraphDeployments `specbuild deploy` writes.
 
-The operator runs a DGD as a Grove PodCliqueSet named as the DGD, with a PodClique per service named as the
-service lower-cased (ai-dynamo/dynamo deploy/operator/internal/dynamo/graph.go @d4872d7e), and Grove refuses a
-PodCliqueSet whose name plus a PodClique's exceed 45 characters (ai-dynamo/grove
+The operator runs a DGD as a Grove PodCliqueSet named as the DGD, with a PodClique per service (v1beta1: per
+`spec.components` entry) named as it, lower-cased (ai-dynamo/dynamo deploy/operator/internal/dynamo/graph.go
+@d4872d7e), and Grove refuses a PodCliqueSet whose name plus a PodClique's exceed 45 characters (ai-dynamo/grove
 operator/internal/webhook/admission/pcs/validation/podcliqueset.go @4d416a5c, validatePodNameConstraints). The
-sums below are that arithmetic on the written manifest; the service names come from the manifest, not from
+sums below are that arithmetic on the written manifest; the component names come from the manifest, not from
 specbuild's tables. Tiny model directories (a config.json) are enough, as in tests/test_dynamo_deploy.py.
 """
 
@@ -54,16 +54,21 @@ def _manifest(spec: PipelineSpec) -> dict[str, Any]:
     return yaml.safe_load((deploy_dynamo(spec).directory / MANIFEST).read_text(encoding="utf-8"))
 
 
+def _component_names(manifest: dict[str, Any]) -> list[str]:
+    """The v1beta1 manifest's component names (`spec.components[].name`): Grove's PodCliques, lower-cased."""
+    return [component["name"] for component in manifest["spec"]["components"]]
+
+
 def _pod_name_parts(manifest: dict[str, Any]) -> int:
     """Grove's sum for the manifest's longest service: the PodCliqueSet's name plus the PodClique's."""
-    return len(manifest["metadata"]["name"]) + max(len(service.lower()) for service in manifest["spec"]["services"])
+    return len(manifest["metadata"]["name"]) + max(len(name.lower()) for name in _component_names(manifest))
 
 
 @pytest.mark.parametrize("dynamo", CASES.values(), ids=CASES.keys())
 def test_the_longest_name_accepted_fits_grove_and_one_more_character_is_refused(tmp_path: Path,
                                                                                 dynamo: dict[str, Any]) -> None:
     short = _manifest(_spec(tmp_path / "short", "d", dynamo))
-    room = GROVE_LIMIT - max(len(service) for service in short["spec"]["services"])
+    room = GROVE_LIMIT - max(len(name) for name in _component_names(short))
     longest = _spec(tmp_path / "longest", "n" * room, dynamo)
     assert dynamo_name_problem(longest.name, longest.deploy.dynamo) is None
     assert _pod_name_parts(_manifest(longest)) == GROVE_LIMIT

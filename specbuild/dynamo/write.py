@@ -13,10 +13,13 @@ Writes `<output_dir>/dynamo/` atomically:
   `python -m dynamo.sglang`.
 - `reference.json` on build.backend: reference (engine trtllm): the converted checkpoints specbuild's reference
   serving engine loads when `specbuild serve` runs the workers on CPU.
-- `k8s/dynamographdeployment.yaml`: a `nvidia.com/v1alpha1` DynamoGraphDeployment (the shape of ai-dynamo/dynamo
-  examples/backends/trtllm/deploy/disagg.yaml @04521f47, validated against the CRD's schema at 29a131e8 in the
-  tests): a Frontend service and the worker services (aggregated, or prefill and decode) with their replicas, GPUs
-  per worker = tp x pp, the models' PVC mounted at /models, and the engine settings inline
+- `k8s/dynamographdeployment.yaml`: a `nvidia.com/v1beta1` DynamoGraphDeployment (the storage version since Dynamo
+  1.5; v1alpha1 is deprecated) in the shape of the ai-dynamo 1.6.1 wheel's own templates
+  (dynamo/profiler/templates/dgd/{trtllm,vllm,sglang}/{agg,disagg}.yaml), validated against the CRD's v1beta1 schema
+  in the tests (specbuild/data/dynamo/dynamographdeployment-v1beta1.schema.json, its sources in its header):
+  `spec.components`, a frontend and the worker components (aggregated, or prefill and decode) with their
+  replicas, each a podTemplate whose `main` container runs it; GPUs per worker = tp x pp as the container's
+  `nvidia.com/gpu`, the models' PVC a pod volume mounted read-only at /models, and the engine settings inline
   (`--override-engine-args` JSON for trtllm) with the models' paths moved to the mount.
 """
 
@@ -195,30 +198,45 @@ def launch_script(plan: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+MAIN_CONTAINER = "main"
+"""The container the operator injects its defaults into; every v1beta1 component's podTemplate must hold it, with
+an image (ai-dynamo/dynamo deploy/operator/api/v1beta1/dynamocomponentdeployment_types.go @006b6e10,
+MainContainerName)."""
+MODELS_VOLUME = "models"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _component(name: str, kind: str, replicas: int, container: dict[str, Any],
+               volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One v1beta1 component, in the key order of the wheel's templates."""
+    pod: dict[str, Any] = {"containers": [{"name": MAIN_CONTAINER, **container}]}
+    if volumes:
+        pod["volumes"] = volumes
+    return {"name": name, "type": kind, "replicas": replicas, "podTemplate": {"spec": pod}}
+
+
 def manifest(spec: PipelineSpec) -> dict[str, Any]:
-    """The DynamoGraphDeployment (nvidia.com/v1alpha1) for this spec."""
+    """The DynamoGraphDeployment (nvidia.com/v1beta1) for this spec: `spec.components`, each with a podTemplate
+    whose `main` container runs the frontend or a worker, the models' PVC as a pod volume mounted at /models and
+    the worker's GPUs as the container's `nvidia.com/gpu` limit (the wheel's dgd/*/agg.yaml and disagg.yaml)."""
     dynamo = spec.deploy.dynamo
     paths = _container_paths(spec)
     image = dynamo.container_image
     gpus = str(spec.build.world_size)
-    services: dict[str, Any] = {
-        FRONTEND_SERVICE: {"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {
-            "image": image, "command": ["python3", "-m", "dynamo.frontend"], "args": frontend_args(spec)}}}}
+    components = [_component(FRONTEND_SERVICE, "frontend", 1, {
+        "image": image, "command": ["python3"], "args": ["-m", "dynamo.frontend", *frontend_args(spec)]})]
+    volumes = [{"name": MODELS_VOLUME, "persistentVolumeClaim": {"claimName": dynamo.models_pvc}}]
     for role, count in dynamo.worker_counts().items():
         name = WORKER_SERVICES[dynamo.engine] if role == "worker" else role
-        service: dict[str, Any] = {"componentType": "worker", "replicas": count,
-                                   "resources": {"limits": {"gpu": gpus}, "requests": {"gpu": gpus}},
-                                   "volumeMounts": [{"name": dynamo.models_pvc, "mountPoint": MODEL_MOUNT}]}
-        if role != "worker":
-            service["subComponentType"] = role
-        args = [_moved(arg, paths) for arg in worker_args(spec, role, None)]
-        service["extraPodSpec"] = {"mainContainer": {"image": image, "workingDir": "/workspace",
-                                                     "command": ["python3", "-m", WORKER_MODULES[dynamo.engine]],
-                                                     "args": args}}
-        services[name] = service
-    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+        container = {"image": image, "workingDir": "/workspace",
+                     "command": ["python3", "-m", WORKER_MODULES[dynamo.engine]],
+                     "args": [_moved(arg, paths) for arg in worker_args(spec, role, None)],
+                     "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+                     "volumeMounts": [{"name": MODELS_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": True}]}
+        components.append(_component(name, role, count, container, volumes))
+    return {"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
             "metadata": {"name": object_name(spec.name)},
-            "spec": {"backendFramework": dynamo.engine, "pvcs": [{"name": dynamo.models_pvc}], "services": services}}
+            "spec": {"backendFramework": dynamo.engine, "components": components}}
 
 
 def deployment_files(spec: PipelineSpec) -> dict[str, str]:

@@ -31,9 +31,11 @@ IMAGES: dict[str, str] = {engine: f"nvcr.io/nvidia/ai-dynamo/{name}-runtime:{DYN
                           for engine, name in (("trtllm", "tensorrtllm"), ("vllm", "vllm"), ("sglang", "sglang"))}
 """The NGC runtime images Dynamo 1.6.1's own DGD templates use (wheel: dynamo/profiler/templates/dgd/*/agg.yaml)."""
 FRONTEND_SERVICE = "Frontend"
-WORKER_SERVICES: dict[str, str] = {"trtllm": "TRTLLMWorker", "vllm": "VllmWorker", "sglang": "SGLangWorker"}
-"""The DynamoGraphDeployment's services: the frontend, and an aggregated worker's by engine (disaggregated workers'
-are their roles, `prefill` and `decode`)."""
+WORKER_SERVICES: dict[str, str] = {"trtllm": "TRTLLMWorker", "vllm": "worker", "sglang": "decode"}
+"""The DynamoGraphDeployment's components: the frontend, and an aggregated worker's by engine (disaggregated
+workers' are their roles, `prefill` and `decode`), named as the 1.6.1 wheel's own DGD templates name them
+(dynamo/profiler/templates/dgd/{trtllm,vllm,sglang}/agg.yaml: `TRTLLMWorker`; `worker`, Dynamo 1.6.0 having renamed
+the vLLM workers; SGLang's aggregated worker `decode`, of type worker)."""
 
 
 class DynamoSpec(BaseModel):
@@ -78,6 +80,6 @@ class DynamoSpec(BaseModel):
         return {"prefill": self.prefill_workers, "decode": self.decode_workers}
 
     def service_names(self) -> list[str]:
-        """The DynamoGraphDeployment's services: the frontend, then one per worker role."""
+        """The DynamoGraphDeployment's components: the frontend, then one per worker role."""
         workers = [WORKER_SERVICES[self.engine] if role == "worker" else role for role in self.worker_counts()]
         return [FRONTEND_SERVICE, *workers]

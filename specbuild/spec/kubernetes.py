@@ -4,8 +4,10 @@ specbuild writes: `object_name` for the objects, `dynamo_name_problem` for the p
 
 Dynamo's operator runs a DynamoGraphDeployment as one Grove PodCliqueSet named as the DGD, with a PodClique per
 service named as the service lower-cased (ai-dynamo/dynamo deploy/operator/internal/dynamo/graph.go @d4872d7e,
-GenerateGrovePodCliqueSet); Grove refuses a PodCliqueSet whose name plus a PodClique's pass 45 characters, the rest
-of a pod's name being indices, hyphens and a random suffix (ai-dynamo/grove
+GenerateGrovePodCliqueSet; in v1beta1 a service is a `spec.components` entry and its clique is
+`strings.ToLower(component.ComponentName)`, as the operator's Grove provider overrides look cliques up); Grove
+refuses a PodCliqueSet whose name plus a PodClique's pass 45 characters, the rest of a pod's name being indices,
+hyphens and a random suffix (ai-dynamo/grove
 operator/internal/webhook/admission/pcs/validation/podcliqueset.go @4d416a5c, validatePodNameConstraints; the same
 45 in ai-dynamo/dynamo deploy/operator/internal/consts/consts.go @0367e404, MaxCombinedGroveResourceNameLength).
 """
@@ -22,7 +24,7 @@ from specbuild.spec.dynamo import DynamoSpec
 NAME_PREFIX = "specbuild"
 """What an object name starts with when the spec's name cannot (it starts with a digit, or has no letter or digit)."""
 POD_NAME_PARTS = 45
-"""Grove's limit on a PodCliqueSet's name plus a PodClique's: a DGD's name plus a service's (module docstring)."""
+"""Grove's limit on a PodCliqueSet's name plus a PodClique's: a DGD's name plus a component's (module docstring)."""
 
 
 def object_name(spec_name: str) -> str:
@@ -46,7 +48,7 @@ def dynamo_name_problem(spec_name: str, dynamo: DynamoSpec) -> str | None:
     if len(name) <= room:
         return None
     return (f"too long for a Dynamo deployment: Grove names its pods from the DynamoGraphDeployment's name "
-            f"({name!r}, {len(name)} characters) and the service's ({service.lower()!r}), together at most "
+            f"({name!r}, {len(name)} characters) and the component's ({service.lower()!r}), together at most "
             f"{POD_NAME_PARTS} characters, so the name may have {room} (e.g. {name[:room].rstrip('-')!r})")
 
 
