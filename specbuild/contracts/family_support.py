@@ -272,6 +272,45 @@ def architecture_of(directory: Path | None) -> str | None:
     return None
 
 
+MTP_LAYER_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+"""The config.json fields that count the multi-token-prediction layers a checkpoint ships (top level, or in a
+multimodal checkpoint's text_config), as the engines read them: vLLM 0.33.0 vllm/config/speculative.py
+SpeculativeConfig.hf_config_override takes `n_predict` from num_nextn_predict_layers for deepseek_v3/deepseek_v32
+(DeepSeek-V3/R1), glm4_moe (GLM-4.5), MiMoForCausalLM (MiMo) and qwen3_next, and from mtp_num_hidden_layers for
+qwen3_5; TensorRT-LLM 1.3 MTPDecodingConfig.num_nextn_predict_layers is "auto-populated from the target pretrained
+config" (tensorrt_llm/llmapi/llm_args.py @0004396720054fd8e205cbf616f21f0b57c6b412); transformers 5.14's
+DeepseekV3Config and Glm4MoeConfig map num_mtp_layers to num_nextn_predict_layers. A checkpoint with none of them
+above 0 has no MTP layers to draft with."""
+MTP_MODELS = "DeepSeek-V3/R1, GLM-4.5, MiMo or Qwen3-Next"
+
+
+def mtp_layers(directory: Path | None) -> int | None:
+    """How many MTP layers the checkpoint's config.json declares (0: none); None where there is no config.json to
+    read (the model checks name a missing or broken directory themselves)."""
+    if directory is None:
+        return None
+    try:
+        data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    configs = [data, data.get("text_config")]
+    counts = [config.get(name) for config in configs if isinstance(config, dict) for name in MTP_LAYER_FIELDS]
+    return max([count for count in counts if isinstance(count, int) and not isinstance(count, bool)] + [0])
+
+
+def mtp_problem(directory: Path | None) -> str | None:
+    """Why `speculative.mode: mtp` cannot draft with this target (None: it declares MTP layers, or has no readable
+    config.json)."""
+    if mtp_layers(directory) != 0:
+        return None
+    return (f"{directory} carries no multi-token-prediction layers: its config.json sets none of "
+            f"{', '.join(MTP_LAYER_FIELDS)} above 0, which is where every engine reads them from; speculative.mode "
+            f"mtp drafts with the target's own MTP layers (as {MTP_MODELS} ship them): use eagle3, draft_target, "
+            "ngram or sa for this model")
+
+
 def spec_engines(spec: PipelineSpec) -> tuple[str, ...]:
     """The engines a spec's deployment runs on: the build flow's TensorRT-LLM, or a Dynamo deployment's workers
     (vLLM, SGLang, or TensorRT-LLM's PyTorch flow)."""
@@ -298,6 +337,10 @@ def family_problems(spec: PipelineSpec, engines: tuple[str, ...] | None = None) 
         source = draft.model if draft.model is not None else spec.target.model
         asks.append((("draft", "quantization"), architecture_of(source), "quantized_draft", source))
     problems: list[tuple[Loc, str]] = []
+    if mode == "mtp":
+        no_layers = mtp_problem(spec.target.model)
+        if no_layers is not None:
+            problems.append((("target", "model"), no_layers))
     for loc, arch, method, where in asks:
         for engine in engines:
             message = refusal_message(arch, method, engine, where) if arch is not None else None

@@ -156,7 +156,10 @@ LINE_1_2 = Line(
     mode_types={"draft_target": "DraftTarget", "eagle3": "Eagle", "ngram": "NGram", "medusa": "Medusa",
                 "lookahead": "Lookahead"},
     missing_modes={"sa": "TensorRT-LLM 1.2 has no SA (no SADecodingConfig in its llm_args.py): set build.trtllm: "
-                         "'1.3', or use speculative.mode: ngram"},
+                         "'1.3', or use speculative.mode: ngram",
+                   "mtp": "specbuild writes MTP in TensorRT-LLM 1.3's spelling only (MTPDecodingConfig with "
+                          "max_draft_len; 1.2's K field, num_nextn_predict_layers, is deprecated there): set "
+                          "build.trtllm: '1.3'"},
     acceptance_fields=("acceptance_window", "acceptance_length_threshold"),
     field_aliases={"speculative_model_dir": ("speculative_model", None)},  # its DecodingBaseConfig's alias too
     engine_flow=True,
@@ -233,7 +236,7 @@ LINE_1_3 = Line(
             "attention_backend"}), _PYTORCH_ONLY),
         DecodingType("AutoDecodingConfig", "AUTO", frozenset(), _PYTORCH_ONLY),  # supports_backend: pytorch
     ),
-    mode_types={"draft_target": "Draft_Target", "eagle3": "Eagle3", "ngram": "NGram", "sa": "SA"},
+    mode_types={"draft_target": "Draft_Target", "eagle3": "Eagle3", "ngram": "NGram", "sa": "SA", "mtp": "MTP"},
     acceptance_fields=("acceptance_rate_window_size", "acceptance_rate_threshold"),
     engine_flow=False,
     writes_eagle3_one_model=False,  # deprecated there: False "is ignored and falls back to True"
@@ -289,6 +292,9 @@ PYTORCH_ONLY_REASON = {
              "supports_backend: backend == 'pytorch')",
     "sa": "sa runs only on the PyTorch backend (SADecodingConfig.supports_backend: backend == 'pytorch'; TensorRT-LLM "
           "1.3 and later)",
+    "mtp": "mtp runs only on the PyTorch backend: TensorRT-LLM 1.2's engine flow builds no MTP layers "
+           "(MTPDecodingConfig.supports_backend: 'pytorch' only in 1.2's llm_args.py; 1.3, which has no engine "
+           "flow, adds '_autodeploy')",
 }
 """Why a mode is refused on the engine flow."""
 
@@ -543,6 +549,10 @@ def pytorch_flow_problems(spec: PipelineSpec) -> list[tuple[Loc, str]]:
         problems.append((("deploy", "exclude_input_in_output"), "the llmapi model has no such parameter; a request "
                          "sets sampling_param_exclude_input_from_output instead (remove it)"))
     problems += quantized_draft_problems(spec)
+    if spec.speculative.mode == "mtp" and llmapi_backend(spec) == "reference":
+        problems.append((("build", "backend"), "the reference llmapi model runs no MTP layers (specbuild's runtime "
+                         "has no MTP drafter): set build.backend: tensorrt to write the spec for TensorRT-LLM's own "
+                         "llmapi model"))
     return problems
 
 

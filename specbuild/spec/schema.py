@@ -53,12 +53,13 @@ MAX_DRAFT_TOKENS = 64
 """Upper bound for `speculative.num_draft_tokens` (K); TensorRT-LLM examples use 4-10."""
 ROLES = ("target", "draft", "medusa")
 
-SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "sa", "eagle3", "lookahead"]
-"""`ngram` (prompt lookup, no draft model), `sa` (suffix-automaton drafting, no draft model; TensorRT-LLM 1.3 on)
-and `eagle3` (an EAGLE-3 draft checkpoint in `draft.model`) run only on `build.flow: pytorch`; `specbuild
-validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason.
+SpeculativeMode = Literal["none", "draft_target", "medusa", "ngram", "sa", "eagle3", "mtp", "lookahead"]
+"""`ngram` (prompt lookup, no draft model), `sa` (suffix-automaton drafting, no draft model; TensorRT-LLM 1.3 on),
+`eagle3` (an EAGLE-3 draft checkpoint in `draft.model`) and `mtp` (the multi-token-prediction layers the target
+checkpoint itself ships, as DeepSeek-V3/R1, GLM-4.5, MiMo and Qwen3-Next do; no draft model) run only on
+`build.flow: pytorch`; `specbuild validate`/`build` refuse them on the engine flow with TensorRT-LLM's reason.
 `lookahead` (Lookahead decoding, no draft model; `speculative.lookahead`) runs only on the engine flow."""
-K_MODES = ("draft_target", "ngram", "sa", "eagle3")
+K_MODES = ("draft_target", "ngram", "sa", "eagle3", "mtp")
 """Modes whose draft length is `speculative.num_draft_tokens` (K)."""
 DRAFT_MODES = ("draft_target", "eagle3")
 """Modes that read a `draft:` checkpoint (a draft model, or an EAGLE-3 draft head)."""
@@ -355,8 +356,8 @@ class SpeculativeSpec(_Section):
 
     mode: SpeculativeMode = "none"
     num_draft_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_DRAFT_TOKENS)] = 4
-    """K, the tokens the draft proposes per step (draft_target, ngram, eagle3; the target engine's max_draft_len,
-    or the LLM API's `max_draft_len` on the PyTorch flow)."""
+    """K, the tokens the draft proposes per step (draft_target, ngram, sa, eagle3, mtp; the target engine's
+    max_draft_len, or the LLM API's `max_draft_len` on the PyTorch flow; for mtp the MTP steps per round)."""
     ngram: NGramSpec | None = None
     """Settings of `mode: ngram`; default NGramDecodingConfig's defaults."""
     sa: SASpec | None = None
