@@ -2,12 +2,25 @@
 frontend (the URL `specbuild serve` prints for a Dynamo deployment, `http://HOST:PORT/v1`), trtllm-serve, vLLM and
 SGLang all speak it. `OpenAIClient` has LLMClient's face (`model`, `generate`, `close`), so the same load drives it.
 
-Acceptance is read only where the answer carries it: `usage.completion_tokens_details` (`accepted_prediction_tokens`,
-`rejected_prediction_tokens`) on the non-streamed answer or, streamed with `stream_options.include_usage`, on the
-last chunk — where specbuild's Dynamo workers put it (specbuild.dynamo.worker.acceptance_usage). vLLM reports its
-acceptance in a root-level `metrics` object only when started with `--per-request-spec-decode-metrics` (and Dynamo's
-frontend strips it), SGLang in its native API's `meta_info`, trtllm-serve behind a request header: there the
-acceptance is not reported, and the bench says so rather than guess it.
+Acceptance is read only where the answer carries it, on the non-streamed answer or, streamed with
+`stream_options.include_usage`, on the chunks up to the last:
+- `usage.completion_tokens_details` (`accepted_prediction_tokens`, `rejected_prediction_tokens`): where specbuild's
+  Dynamo workers put it (specbuild.dynamo.worker.acceptance_usage), the one usage field Dynamo's frontend carries;
+- vLLM's per-request `metrics.speculative_decoding` (`num_accepted_draft_tokens`, `num_draft_tokens`; vLLM 0.33.0
+  vllm/entrypoints/generate/base/protocol.py SpeculativeDecodingMetrics, on the final usage chunk when streamed,
+  vllm/entrypoints/openai/completion/serving.py), which vLLM adds when started with
+  `--per-request-spec-decode-metrics`;
+- Dynamo's engine data: to a Dynamo frontend (its /v1/models lists the model `owned_by: nvidia`) the client sends
+  `nvext: {"extra_fields": ["engine_data"]}`, and the frontend answers with each worker chunk's `engine_data` under
+  the response's `nvext.engine_data` (checked against the real ai-dynamo 1.6.1 frontend in
+  tests/test_dynamo_engine_data.py; it passes the request's nvext to the worker as `extra_args.nvext`, and strips a
+  root-level `metrics`); a `speculative_decoding` object there, in vLLM's shape, is read. Dynamo 1.6.1's own vLLM,
+  SGLang and TensorRT-LLM workers put no acceptance in their engine data (the wheel's dynamo/vllm/handlers.py:
+  prompt token ids, KV-cache hits, prompt logprobs, routed experts; dynamo/sglang/request_handlers/llm/
+  decode_handler.py and dynamo/trtllm/request_handlers/handler_base.py the same kinds), so behind those workers
+  acceptance is not reported.
+SGLang reports its acceptance in its native API's `meta_info` only, trtllm-serve behind a request header: there too
+the acceptance is not reported, and the bench says so rather than guess it.
 
 The one OpenAI client in specbuild: `specbuild bench`, `specbuild serve --prompt` on a Dynamo deployment and its
 readiness probe (specbuild.dynamo.launch) and bench/dynamo_bench.py all use it.
@@ -26,6 +39,12 @@ OPENAI_PATH = "/v1"
 PROBE_TIMEOUT_S = 5.0
 USAGE_TOKENS = "usage.completion_tokens"
 """What the output tokens are counted by when the server's usage counts them (its own tokenizer)."""
+DYNAMO_OWNER = "nvidia"
+"""`owned_by` of the models Dynamo's frontend lists in /v1/models (ai-dynamo 1.6.1; vLLM says `vllm`, SGLang
+`sglang`, trtllm-serve `tensorrt_llm`): the frontend the client asks for engine data."""
+ENGINE_DATA = {"extra_fields": ["engine_data"]}
+"""The request's `nvext` that asks Dynamo's frontend for the workers' engine data (ai-dynamo/dynamo PR #8099)."""
+SPEC_METRICS = "speculative_decoding"
 
 
 def base_url(url: str) -> str:
@@ -53,11 +72,17 @@ class ServerRefused(SpecbuildError):
         self.status = status
 
 
-def _listed(http: Any, url: str, timeout_s: float) -> list[str]:
-    """The model ids GET /v1/models lists; raises (anything) when the answer is no OpenAI model list."""
+def _listing(http: Any, url: str, timeout_s: float) -> list[dict[str, Any]]:
+    """The entries GET /v1/models lists; raises (anything) when the answer is no OpenAI model list."""
     response = http.get(f"{url}{OPENAI_PATH}/models", timeout=timeout_s)
     response.raise_for_status()
-    return [str(entry["id"]) for entry in response.json()["data"]]
+    entries = response.json()["data"]
+    return [{"id": str(entry["id"]), "owned_by": entry.get("owned_by")} for entry in entries]
+
+
+def _listed(http: Any, url: str, timeout_s: float) -> list[str]:
+    """The model ids GET /v1/models lists; raises (anything) when the answer is no OpenAI model list."""
+    return [entry["id"] for entry in _listing(http, url, timeout_s)]
 
 
 def listed_models(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[str] | None:
@@ -86,6 +111,8 @@ class OpenAIClient:
         except SpecbuildError:
             self.close()
             raise
+        self.engine_data = self._is_dynamo(name)
+        """Whether requests ask for Dynamo's engine data (the server is Dynamo's frontend; module docstring)."""
         # An OpenAI server streams on request: treated as decoupled, so the bench streams unless told not to.
         self.model = ModelInterface(name, {}, batched=False, decoupled=True)
 
@@ -102,6 +129,15 @@ class OpenAIClient:
             raise SpecbuildError(f"{where} lists {', '.join(listed) or 'no model'}",
                                  hint="name the model to measure with --model-name")
         return listed[0]
+
+    def _is_dynamo(self, name: str) -> bool:
+        """Whether /v1/models lists `name` as Dynamo's frontend lists its models; False when it cannot be read (the
+        request then goes without nvext, which every OpenAI server takes)."""
+        try:
+            listing = _listing(self._http, self.url, PROBE_TIMEOUT_S)
+        except Exception:  # not up yet, or no listing: the plain request
+            return False
+        return any(entry["id"] == name and entry["owned_by"] == DYNAMO_OWNER for entry in listing)
 
     def close(self, cancel: bool = False) -> None:
         """Close the connection (a request in flight on it then fails: `cancel` is LLMClient's, for the same call)."""
@@ -126,6 +162,8 @@ class OpenAIClient:
                                 "temperature": 0.0, "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True}
+        if self.engine_data:
+            body["nvext"] = ENGINE_DATA
         where = f"{self.model.name} (OpenAI {self.url}{OPENAI_PATH}/completions)"
         result = Generation(reported_as=USAGE_TOKENS)
         start = time.perf_counter()
@@ -180,7 +218,17 @@ def _absorb(result: Generation, event: dict[str, Any], when: float, where: str) 
     details = usage.get("completion_tokens_details") or {}
     if details.get("accepted_prediction_tokens") is not None:
         accepted = int(details["accepted_prediction_tokens"])
-        drafted = accepted + int(details.get("rejected_prediction_tokens") or 0)
-        result.accepted_draft_tokens, result.draft_tokens = accepted, drafted
-        result.acceptance_rate = accepted / drafted if drafted else None
+        _accepted(result, accepted, accepted + int(details.get("rejected_prediction_tokens") or 0))
+        return
+    nvext = event.get("nvext")
+    for source in (event.get("metrics"), nvext.get("engine_data") if isinstance(nvext, dict) else None):
+        spec = source.get(SPEC_METRICS) if isinstance(source, dict) else None
+        if isinstance(spec, dict) and spec.get("num_draft_tokens") is not None:
+            _accepted(result, int(spec.get("num_accepted_draft_tokens") or 0), int(spec["num_draft_tokens"]))
+
+
+def _accepted(result: Generation, accepted: int, drafted: int) -> None:
+    """The request's acceptance, as totals over the whole answer (a later report replaces an earlier one)."""
+    result.accepted_draft_tokens, result.draft_tokens = accepted, drafted
+    result.acceptance_rate = accepted / drafted if drafted else None
 
