@@ -116,6 +116,16 @@ def build_specs(root: Path, models: Path, extra: Callable[[str], Path]) -> dict[
     paths["medusa-pytorch"] = _spec(root, "medusa-pytorch", {
         "target": {"model": target}, "medusa": {"heads": str(models / "medusa-heads"), "choices": "mc_sim_7b_top8"},
         "build": {**build, "flow": "pytorch"}, "speculative": {"mode": "medusa"}})
+    paths["draft-by-load"] = _spec(root, "draft-by-load", {  # load-aware K (issue 51): a schedule and a cutoff
+        "target": {"model": target}, "draft": {"model": draft}, "build": {**build, "flow": "pytorch"},
+        "speculative": {"mode": "draft_target", "num_draft_tokens": 4, "draft_len_schedule": {1: 4, 3: 2, 5: 1},
+                        "max_concurrency": 6}})
+    paths["eagle3-by-load"] = _spec(root, "eagle3-by-load", {  # SGLang's adaptive tiers, the draft's own KV dtype
+        "target": {"model": target},
+        "draft": {"model": str(models / "eagle3-draft"), "quantization": {"kv_cache": "fp8"}},
+        "build": {**build, "flow": "pytorch", "trtllm": "1.3"},
+        "speculative": {"mode": "eagle3", "num_draft_tokens": 3, "draft_len_schedule": {1: 3, 3: 1},
+                        "max_concurrency": 5}})
     qwen3 = _qwen3_pair(root / "qwen3")  # a family of issue 49 with a draft of its own family
     paths["qwen3-draft"] = _spec(root, "qwen3-draft", {
         "target": {"model": str(qwen3["target"])}, "draft": {"model": str(qwen3["draft"])},
@@ -266,7 +276,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory, demo_models: dict[str, Path
 
 
 WRITTEN = ("demo-dynamo", "demo-eagle3", "demo-plain", "demo-pytorch", "demo-qwen3", "ngram", "draft-tp2",
-           "fp8-pytorch", "fp8-engine", "qwen3-draft")
+           "fp8-pytorch", "fp8-engine", "qwen3-draft", "draft-by-load", "eagle3-by-load")
 """What specbuild writes for both engines (each engine must accept it); the rest it refuses, for both."""
 REFUSED = ("demo", "demo-lookahead", "demo-medusa", "demo-medusa2", "demo-self-draft", "medusa-pytorch")
 ALL_SPECS = (*WRITTEN, *REFUSED)
@@ -303,6 +313,20 @@ def _expected_draft(spec: PipelineSpec) -> tuple[str | None, str | None]:
     return str(spec.draft.model), fmt
 
 
+def _k_by_load(spec: PipelineSpec) -> list[int] | None:
+    """K at each batch size 1..max_batch_size as the spec means it: specbuild's one load rule (runtime.schedule, the
+    served models' and the BLS's, held to TensorRT-LLM's drafter there); None without draft_len_schedule and
+    max_concurrency, where the engine must run one K at any load."""
+    from specbuild.runtime.schedule import DraftSchedule
+
+    speculative = spec.speculative
+    if speculative.draft_len_schedule is None and speculative.max_concurrency is None:
+        return None
+    rule = DraftSchedule(dict(speculative.draft_len_schedule or {}), speculative.num_draft_tokens,
+                         speculative.max_concurrency)
+    return [rule.draft_len(batch) for batch in range(1, spec.build.max_batch_size + 1)]
+
+
 def vllm_accepts(judged: Judged, name: str) -> None:
     """vLLM accepted the export, and its engine config is the spec's: limits, method, K, draft, quantization."""
     spec = judged.specs[name]
@@ -315,12 +339,15 @@ def vllm_accepts(judged: Judged, name: str) -> None:
         spec.build.max_batch_size, spec.build.dtype)
     speculative = got["speculative"]
     mode = spec.speculative.mode
+    # each response's acceptance (metrics.speculative_decoding), wherever there is speculation to report
+    assert got["per_request_spec_decode_metrics"] == ("none" if mode == "none" else "summary")
     if mode == "none":
         assert speculative is None
         return
     k = spec.speculative.num_draft_tokens
     method = {"draft_target": "draft_model", "eagle3": "eagle3", "ngram": "ngram"}[mode]
     assert (speculative["method"], speculative["num_speculative_tokens"]) == (method, k)
+    assert speculative["k_by_batch_size"] == _k_by_load(spec)
     if mode == "ngram":
         assert (speculative["prompt_lookup_min"], speculative["prompt_lookup_max"]) == (
             1, spec.speculative.ngram.max_matching_ngram_size)
@@ -343,14 +370,25 @@ def _sglang_expected(spec: PipelineSpec) -> dict[str, Any]:
         return {**expected, "speculative_algorithm": None}
     if mode == "ngram":
         n = spec.speculative.ngram.max_matching_ngram_size
-        return {**expected, "speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": k + 1,
+        return {**expected, "speculative_algorithm": "NGRAM", "steps_by_batch_size": None,
+                "speculative_num_draft_tokens": k + 1,
                 "speculative_eagle_topk": 1, "speculative_ngram_max_bfs_breadth": 1,
                 "speculative_ngram_max_trie_depth": n + k}
     draft, quantization = _expected_draft(spec)
     return {**expected, "speculative_algorithm": {"draft_target": "STANDALONE", "eagle3": "EAGLE3"}[mode],
             "speculative_draft_model_path": draft, "speculative_num_steps": k, "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": k + 1, "speculative_draft_model_quantization": quantization,
-            "draft_quant_config": QUANT_CONFIG.get(("sglang", quantization or ""))}
+            "draft_quant_config": QUANT_CONFIG.get(("sglang", quantization or "")),
+            # the draft's KV pool alone (the target's stays auto); the spec's fp8 is E4M3
+            "kv_cache_dtype": "auto", "speculative_draft_kv_cache_dtype": _SGLANG_DRAFT_KV.get(
+                spec.draft.quantization.kv_cache),
+            # SGLang's adaptive tiers run the spec's K at each batch size; EAGLE3 only (SGLang turns them off for
+            # STANDALONE), where the spec has a load setting
+            "steps_by_batch_size": _k_by_load(spec) if mode == "eagle3" else None}
+
+
+_SGLANG_DRAFT_KV = {"fp8": "fp8_e4m3"}
+"""draft.quantization.kv_cache -> the dtype SGLang's draft pool must resolve to (fp8: E4M3, as TensorRT-LLM's)."""
 
 
 def sglang_accepts(judged: Judged, name: str) -> None:

@@ -198,12 +198,53 @@ def test_a_kv_cache_format_vllm_lacks_is_one_refusal_not_a_key_error(tmp_path: P
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_load_dependent_speculation_is_a_note_on_either_engine(tmp_path: Path, engine: str) -> None:
+@pytest.mark.parametrize(("mode", "metrics"), [("draft_target", "summary"), ("none", None)])
+def test_vllm_reports_each_responses_acceptance_where_it_speculates(tmp_path: Path, mode: str,
+                                                                     metrics: str | None) -> None:
+    """--per-request-spec-decode-metrics summary puts each response's acceptance under metrics.speculative_decoding
+    (vllm 0.33.0 config/observability.py); vLLM refuses the flag without a speculative config, so a plain export
+    leaves it out (the engine tier judges both)."""
+    spec = _spec(tmp_path, mode)
+    flags, _ = _vllm(export_spec(spec, "vllm", dry_run=True).plan.argv, spec)
+    assert flags.get("--per-request-spec-decode-metrics") == metrics
+
+
+def test_vllm_gets_the_load_aware_k_as_draft_lengths_by_batch_size(tmp_path: Path) -> None:
+    """draft_len_schedule {1: 5, 4: 2} (each K from that many sequences on) and max_concurrency 8 (none above 8), at
+    max_batch_size 12, are vLLM's num_speculative_tokens_per_batch_size ranges [1, 3] -> 5, [4, 8] -> 2, [9, 12] -> 0
+    (inclusive ranges from 1, vllm/v1/spec_decode/dynamic/utils.py in 0.33.0); vLLM's own expansion of them is held
+    to the spec at every batch size in tests/test_engines_judge.py. Nothing about the load is a note any more; the
+    BLS's plain_round_tokens still is."""
+    spec = _spec(tmp_path, "draft_target", speculative={"draft_len_schedule": {1: 5, 4: 2}, "max_concurrency": 8,
+                                                        "plain_round_tokens": 2})
+    plan = export_spec(spec, "vllm", dry_run=True).plan
+    _, config = _vllm(plan.argv, spec)
+    assert config is not None
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 8, 2], [9, 12, 0]]
+    assert not [note for note in plan.notes if "draft_len_schedule" in note or "max_concurrency" in note], plan.notes
+    assert any(note.startswith("speculative.plain_round_tokens: not exported;") for note in plan.notes)
+    assert any("dynamic/utils.py" in str(source) for source in plan.sources)
+
+
+@pytest.mark.parametrize(("speculative", "ranges"), [
+    ({"max_concurrency": 4}, [[1, 4, 5], [5, 12, 0]]),
+    ({"draft_len_schedule": {1: 5, 2: 5, 6: 3}}, [[1, 5, 5], [6, 12, 3]]),
+    ({}, None),
+])
+def test_vllm_load_ranges_merge_equal_lengths_and_need_a_load_setting(tmp_path: Path, speculative: dict[str, Any],
+                                                                      ranges: list[list[int]] | None) -> None:
+    """A cutoff alone is K up to it and 0 above; equal neighbouring lengths are one range; without either setting
+    vLLM gets no schedule and runs K at any load."""
+    spec = _spec(tmp_path, "draft_target", speculative=speculative)
+    _, config = _vllm(export_spec(spec, "vllm", dry_run=True).plan.argv, spec)
+    assert config is not None and config.get("num_speculative_tokens_per_batch_size") == ranges
+
+
+def test_load_dependent_speculation_is_a_note_on_sglang_standalone(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "draft_target", speculative={"draft_len_schedule": {1: 5, 4: 0}, "max_concurrency": 8,
                                                         "plain_round_tokens": 2})
-    notes = export_spec(spec, engine, dry_run=True).plan.notes
-    name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+    notes = export_spec(spec, "sglang", dry_run=True).plan.notes
+    name = "SGLang"
     assert f"speculative.draft_len_schedule: not exported; {name} speculates the same length at any load" in notes
     assert f"speculative.max_concurrency: not exported; {name} has no load above which it stops speculating" in notes
     assert any(n.startswith("speculative.plain_round_tokens: not exported;") and name in n for n in notes), notes
@@ -248,17 +289,46 @@ def test_sglang_plain_has_no_speculative_flags(tmp_path: Path) -> None:
     assert not (spec.output_dir / "export").exists()  # a dry run writes nothing
 
 
-def test_sglang_fp8_draft_is_passed_and_a_draft_kv_cache_is_refused(tmp_path: Path) -> None:
+def test_sglang_fp8_draft_and_its_own_kv_cache_dtype_are_passed(tmp_path: Path) -> None:
+    """draft.quantization.kv_cache fp8 is --speculative-draft-kv-cache-dtype fp8_e4m3, the draft's KV pool alone
+    (sglang 0.5.23 mem_cache/kv_cache_dtype.py); the server-wide --kv-cache-dtype is not written, so the target's
+    KV cache stays unquantized as the spec keeps it. The engine tier holds SGLang's resolution to this."""
     spec = _spec(tmp_path, "draft_target")
     data = yaml.safe_load(spec.path.read_text(encoding="utf-8"))
     data["draft"]["quantization"] = {"format": "fp8"}
     spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
     flags = _sglang(export_spec(load_spec(spec.path), "sglang", dry_run=True).plan.argv, spec)
     assert flags["--speculative-draft-model-quantization"] == "fp8"
+    assert "--speculative-draft-kv-cache-dtype" not in flags
     data["draft"]["quantization"]["kv_cache"] = "fp8"
     spec.path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    with pytest.raises(ExportRefused, match=r"kv_cache fp8.*whole server's"):
-        export_spec(load_spec(spec.path), "sglang", dry_run=True)
+    flags = _sglang(export_spec(load_spec(spec.path), "sglang", dry_run=True).plan.argv, spec)
+    assert flags["--speculative-draft-kv-cache-dtype"] == "fp8_e4m3" and "--kv-cache-dtype" not in flags
+
+
+def test_sglang_eagle3_runs_the_load_aware_k_as_adaptive_tiers(tmp_path: Path) -> None:
+    """EAGLE3 with draft_len_schedule {1: 3, 4: 1} and max_concurrency 8 (max_batch_size 12): SGLang's adaptive
+    speculation with one tier per length's first batch size, each a single candidate step count ({"1": [3], "4": [1],
+    "9": [0]}), so it cannot move off the spec's K; the file is written beside serve.sh and named by absolute path.
+    The engine tier holds SGLang's own tier lookup to the spec at every batch size."""
+    spec = _mode_spec(tmp_path, "eagle3", draft_len_schedule={1: 3, 4: 1}, max_concurrency=8)
+    result = export_spec(spec, "sglang", tmp_path / "out")
+    flags = _sglang(result.plan.argv, spec)
+    assert flags["--speculative-adaptive"] is True and flags["--speculative-num-steps"] == "3"
+    assert flags["--speculative-adaptive-config"] == str(tmp_path / "out" / "speculative_adaptive.json")
+    tiers = json.loads((tmp_path / "out" / "speculative_adaptive.json").read_text(encoding="utf-8"))
+    assert tiers == {"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [1]}, "9": {"candidate_steps": [0]}}
+    assert not [note for note in result.plan.notes if "not exported" in note and "draft_len_schedule" in note]
+
+
+def test_sglang_standalone_says_adaptive_is_eagle_only(tmp_path: Path) -> None:
+    """SGLang 0.5.23 turns --speculative-adaptive off for any algorithm but EAGLE/EAGLE3
+    (adaptive_spec_params.py `adaptive_unsupported_reason`), so a draft-target schedule is a note naming that, and
+    no adaptive flag is written."""
+    spec = _spec(tmp_path, "draft_target", speculative={"draft_len_schedule": {1: 5, 4: 2}})
+    plan = export_spec(spec, "sglang", dry_run=True).plan
+    assert "--speculative-adaptive" not in plan.argv
+    assert any("EAGLE and EAGLE3 alone; STANDALONE keeps one K" in note for note in plan.notes), plan.notes
 
 
 def test_sglang_refuses_medusa_with_the_reason(tmp_path: Path) -> None:

@@ -87,13 +87,37 @@ def ngram_notes(spec: PipelineSpec, proposer: str) -> list[str]:
     return [f"speculative.ngram {', '.join(given)}: not exported; {proposer} has no such setting"] if given else []
 
 
-def load_notes(spec: PipelineSpec, engine: str) -> list[str]:
-    """The load-dependent speculation settings (TensorRT-LLM's), which neither engine has: it speculates the same
-    length at any load."""
+def batch_schedule(spec: PipelineSpec) -> list[tuple[int, int, int]] | None:
+    """The spec's load-aware draft lengths (draft_len_schedule and max_concurrency) as inclusive batch-size ranges
+    `(first, last, K)` covering 1..build.max_batch_size, equal neighbours merged; None when the spec has neither.
+    The lengths are `runtime.schedule.DraftSchedule`'s, the one rule the served models and the BLS run (each key from
+    that many active sequences on, none above max_concurrency), so an engine given these ranges drafts what
+    TensorRT-LLM would at every load."""
+    speculative = spec.speculative
+    if speculative.draft_len_schedule is None and speculative.max_concurrency is None:
+        return None
+    from specbuild.runtime.schedule import DraftSchedule
+
+    rule = DraftSchedule(dict(speculative.draft_len_schedule or {}), speculative.num_draft_tokens,
+                         speculative.max_concurrency)
+    ranges: list[tuple[int, int, int]] = []
+    for batch in range(1, spec.build.max_batch_size + 1):
+        length = rule.draft_len(batch)
+        if ranges and ranges[-1][2] == length:
+            ranges[-1] = (ranges[-1][0], batch, length)
+        else:
+            ranges.append((batch, batch, length))
+    return ranges
+
+
+def load_notes(spec: PipelineSpec, engine: str, *, by_load: bool = False) -> list[str]:
+    """The load-dependent speculation settings the engine has no counterpart for: draft_len_schedule and
+    max_concurrency unless `by_load` (the engine was given them as draft lengths by batch size), and always the
+    BLS's plain_round_tokens."""
     notes = []
-    if spec.speculative.draft_len_schedule is not None:
+    if not by_load and spec.speculative.draft_len_schedule is not None:
         notes.append(f"speculative.draft_len_schedule: not exported; {engine} speculates the same length at any load")
-    if spec.speculative.max_concurrency is not None:
+    if not by_load and spec.speculative.max_concurrency is not None:
         notes.append(f"speculative.max_concurrency: not exported; {engine} has no load above which it stops "
                      "speculating")
     if spec.speculative.plain_round_tokens is not None:

@@ -8,10 +8,16 @@ has no Medusa. A quantized draft is convert's ModelOpt export on build.flow:
 pytorch (`--speculative-draft-model-quantization modelopt`), or fp8 applied while loading on build.flow: engine
 (`draft.ENGINE_QUANTIZATION`). The same flags are written as the YAML file
 `launch_server --config` reads (keys without the leading dashes, `sources.SGLANG_SERVER_ARGS_DOCS`).
+
+A draft KV cache format is `--speculative-draft-kv-cache-dtype`, the draft's pool alone (the target's keeps
+--kv-cache-dtype's default). Load-aware speculation (draft_len_schedule, max_concurrency) is SGLang's adaptive
+speculation with one candidate step count per batch-size tier (`--speculative-adaptive`, `adaptive_config`): EAGLE3
+only, since SGLang 0.5.23 switches adaptive speculation off for every other algorithm (`sources.SGLANG_ADAPTIVE`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from specbuild.contracts.quant_formats import NONE
@@ -20,6 +26,7 @@ from specbuild.export.plan import (
     MEDUSA_INSTEAD,
     ExportPlan,
     Option,
+    batch_schedule,
     command_line,
     load_notes,
     longest_ngram,
@@ -27,6 +34,8 @@ from specbuild.export.plan import (
     refuse,
 )
 from specbuild.export.sources import (
+    SGLANG_ADAPTIVE,
+    SGLANG_DRAFT_KV,
     SGLANG_NGRAM_PARAM,
     SGLANG_SERVER_ARGS_DOCS,
     SGLANG_SPEC_FIELDS,
@@ -38,6 +47,7 @@ ENGINE = "sglang"
 DISPLAY = "SGLang"
 PROGRAM = ("python", "-m", "sglang.launch_server")
 CONFIG_FILE = "config.yaml"
+ADAPTIVE_FILE = "speculative_adaptive.json"
 
 OPTIONS = (
     Option("--model-path", SGLANG_SERVER_ARGS_DOCS, lambda s: s.target.model),
@@ -59,6 +69,36 @@ ALGORITHM = {"draft_target": "STANDALONE", "eagle3": "EAGLE3", "ngram": "NGRAM"}
 """speculative.mode -> --speculative-algorithm."""
 
 
+DRAFT_KV_CACHE: dict[str, str] = {"fp8": "fp8_e4m3"}
+"""draft.quantization.kv_cache -> --speculative-draft-kv-cache-dtype (choices auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16
+in the 0.5.23 wheel, SGLANG_DRAFT_KV): the spec's fp8 is E4M3, as TensorRT-LLM's FP8 KV cache and ModelOpt's."""
+
+
+def _draft_kv_cache(spec: PipelineSpec) -> str | None:
+    assert spec.draft is not None
+    kv = spec.draft.quantization.kv_cache
+    if kv == NONE:
+        return None
+    if kv not in DRAFT_KV_CACHE:
+        raise refuse(spec, DISPLAY, f"draft.quantization.kv_cache {kv}",
+                     f"--speculative-draft-kv-cache-dtype has no {kv} (auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16; "
+                     f"{SGLANG_DRAFT_KV})",
+                     hint=f"set draft.quantization.kv_cache to one of {', '.join([NONE, *DRAFT_KV_CACHE])} for "
+                          "this export")
+    return DRAFT_KV_CACHE[kv]
+
+
+def adaptive_config(spec: PipelineSpec) -> dict[str, dict[str, list[int]]] | None:
+    """The spec's draft lengths by load as SGLang's adaptive config: one tier per batch size a length starts at
+    (`plan.batch_schedule`), each with that one step count, so SGLang runs exactly the spec's K there (a tier's
+    slot is the largest key <= the running batch size, after SGLang pads it up to a CUDA-graph batch size;
+    SGLANG_ADAPTIVE). None without draft_len_schedule and max_concurrency."""
+    ranges = batch_schedule(spec)
+    if ranges is None:
+        return None
+    return {str(first): {"candidate_steps": [length]} for first, _, length in ranges}
+
+
 def drafted(load: DraftLoad) -> tuple[Option, ...]:
     """STANDALONE and EAGLE3: K steps of one candidate each, K + 1 tokens verified, from the draft `load` names."""
     return (
@@ -68,6 +108,7 @@ def drafted(load: DraftLoad) -> tuple[Option, ...]:
         Option("--speculative-eagle-topk", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
         Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, lambda s: _k(s) + 1),
         Option("--speculative-draft-model-quantization", SGLANG_SPECULATIVE_DOCS, lambda s: load.quantization),
+        Option("--speculative-draft-kv-cache-dtype", SGLANG_DRAFT_KV, _draft_kv_cache),
     )
 
 
@@ -91,14 +132,7 @@ NGRAM = (
 
 def _check_draft(spec: PipelineSpec) -> list[str]:
     assert spec.draft is not None
-    quant = spec.draft.quantization
-    if quant.kv_cache != NONE:
-        raise refuse(
-            spec, DISPLAY, f"draft.quantization.kv_cache {quant.kv_cache}",
-            "SGLang's --kv-cache-dtype is the whole server's, so it would quantize the target's KV cache too, "
-            "which the spec keeps unquantized",
-            hint="set draft.quantization.kv_cache: none for this export",
-        )
+    _draft_kv_cache(spec)  # refused before anything is written
     notes = []
     if spec.speculative.use_draft_logits:
         notes.append("speculative.use_draft_logits: not exported; SGLang has no option for how a draft is accepted")
@@ -110,17 +144,31 @@ def _check_draft(spec: PipelineSpec) -> list[str]:
 
 
 def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
-    """The command and config for `spec` (`directory` is unused: SGLang needs no files of ours beyond the command
-    and its YAML)."""
+    """The command and config for `spec`; `directory` is where the export goes, which the command names the adaptive
+    config in (EAGLE3 with a load setting)."""
     mode = spec.speculative.mode
     notes: list[str] = []
     options = list(OPTIONS)
     sources = [SGLANG_SERVER_ARGS_DOCS] + ([SGLANG_SPECULATIVE_DOCS] if mode != "none" else [])
+    files: dict[str, str] = {}
+    by_load = False
     if mode in ("draft_target", "eagle3"):
         load = draft_load(spec, ENGINE)  # refused before the KV cache, as vLLM does
         notes += [*load.notes, *_check_draft(spec)]
         sources += [source for source in load.sources if source not in sources]
+        sources += [SGLANG_DRAFT_KV] if spec.draft is not None and spec.draft.quantization.kv_cache != NONE else []
         options += drafted(load)
+        tiers = adaptive_config(spec) if mode == "eagle3" else None
+        if tiers is not None:
+            by_load = True
+            files[ADAPTIVE_FILE] = json.dumps(tiers, indent=2) + "\n"
+            path = directory / ADAPTIVE_FILE
+            options += [Option("--speculative-adaptive", SGLANG_ADAPTIVE, lambda s: True),
+                        Option("--speculative-adaptive-config", SGLANG_ADAPTIVE, lambda s: path)]
+            sources.append(SGLANG_ADAPTIVE)
+            notes.append("speculative.draft_len_schedule / max_concurrency: SGLang looks the running batch size up "
+                         "after padding it to a CUDA-graph batch size, so a batch between two graph sizes drafts "
+                         "the larger one's length")
     elif mode == "ngram":
         notes += ngram_notes(spec, "SGLang's NGRAM")
         notes.append(f"speculative.ngram.max_matching_ngram_size {longest_ngram(spec)}: SGLang has no separate limit "
@@ -147,9 +195,14 @@ def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
     elif mode != "none":
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to SGLang yet")
     if mode != "none":
-        notes += load_notes(spec, DISPLAY)
+        notes += load_notes(spec, DISPLAY, by_load=by_load)
+        if not by_load and (spec.speculative.draft_len_schedule is not None
+                            or spec.speculative.max_concurrency is not None):
+            notes.append(f"SGLang's only load lever, --speculative-adaptive (step counts by batch size), runs with "
+                         f"EAGLE and EAGLE3 alone; {ALGORITHM[mode]} keeps one K ({SGLANG_ADAPTIVE})")
     argv = command_line(PROGRAM, options, spec)
-    return ExportPlan(ENGINE, argv, {CONFIG_FILE: config_yaml(argv[len(PROGRAM):])}, sources, notes)
+    files[CONFIG_FILE] = config_yaml(argv[len(PROGRAM):])
+    return ExportPlan(ENGINE, argv, files, sources, notes)
 
 
 def config_yaml(flags: list[str]) -> str:

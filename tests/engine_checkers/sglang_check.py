@@ -92,7 +92,8 @@ FIELDS = ("model_path", "served_model_name", "tp_size", "pp_size", "context_leng
           "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
           "speculative_draft_model_quantization", "speculative_ngram_min_bfs_breadth",
           "speculative_ngram_max_bfs_breadth", "speculative_ngram_max_trie_depth", "speculative_ngram_match_type",
-          "device")
+          "device", "kv_cache_dtype", "speculative_draft_kv_cache_dtype", "speculative_adaptive",
+          "speculative_adaptive_config")
 
 
 def _facts() -> dict[str, Any]:
@@ -136,6 +137,19 @@ def _draft_quant_config(server_args: Any, view: Any) -> str | None:
     return type(get_quant_config(draft, LoadConfig(), {})).__name__
 
 
+def _steps_by_batch_size(view: Any) -> list[int] | None:
+    """Draft steps per running batch size 1..max_running_requests as SGLang's adaptive speculation starts them
+    (sglang/srt/speculative/adaptive_spec_params.py `AdaptiveSpeculativeParams`, built from the resolved
+    --speculative-num-steps and --speculative-adaptive-config as the EAGLE worker builds it; the batch size is not
+    padded to a CUDA-graph size here, which the worker does); None when resolution left adaptive speculation off."""
+    if not view.speculative_adaptive:
+        return None
+    from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
+
+    params = AdaptiveSpeculativeParams(view.speculative_num_steps, view.speculative_adaptive_config)
+    return [params.get_steps_for_batch(batch) for batch in range(1, view.max_running_requests + 1)]
+
+
 def _argparse_error(text: str) -> str:
     """argparse's own `prog: error: ...` line, without the usage text before it."""
     errors = [line for line in text.splitlines() if ": error: " in line]
@@ -157,6 +171,7 @@ def judge(argv: list[str]) -> dict[str, Any]:
         view = resolving_view(server_args)
         resolved = {name: getattr(view, name) for name in FIELDS}
         resolved["draft_quant_config"] = _draft_quant_config(server_args, view)
+        resolved["steps_by_batch_size"] = _steps_by_batch_size(view)
     except SystemExit as exit_:
         return {"accepted": False, "error": f"argparse exit {exit_.code}: {_argparse_error(stderr.getvalue())}"}
     except Exception as err:  # SGLang's refusal

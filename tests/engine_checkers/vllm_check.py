@@ -91,6 +91,7 @@ def _resolved(config: Any) -> dict[str, Any]:
         "pipeline_parallel_size": parallel.pipeline_parallel_size, "max_model_len": model.max_model_len,
         "max_num_seqs": scheduler.max_num_seqs, "max_num_batched_tokens": scheduler.max_num_batched_tokens,
         "dtype": str(model.dtype).removeprefix("torch."), "trust_remote_code": model.trust_remote_code,
+        "per_request_spec_decode_metrics": config.observability_config.per_request_spec_decode_metrics,
         "speculative": None,
     }
     spec = config.speculative_config
@@ -104,8 +105,22 @@ def _resolved(config: Any) -> dict[str, Any]:
             "prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min,
             "kv_cache_dtype": getattr(spec, "kv_cache_dtype", None),
             "draft_sample_method": getattr(spec, "draft_sample_method", None),
+            "k_by_batch_size": _k_by_batch_size(spec, scheduler.max_num_seqs),
         }
     return out
+
+
+def _k_by_batch_size(spec: Any, max_num_seqs: int) -> list[int] | None:
+    """K per running batch size 1..max_num_seqs as vLLM's scheduler looks it up (vllm/v1/core/sched/scheduler.py
+    builds `dynamic_sd_lookup` with build_dynamic_sd_schedule_lookup from num_speculative_tokens_per_batch_size,
+    after VllmConfig may have switched it off); None when vLLM runs one K at any load."""
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not schedule:
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    return build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=max_num_seqs,
+                                            vllm_num_speculative_tokens=spec.num_speculative_tokens)[1:]
 
 
 def _draft_quant_config(config: Any) -> str | None:
