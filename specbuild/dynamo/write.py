@@ -19,7 +19,7 @@ Writes `<output_dir>/dynamo/` atomically:
   in the tests (specbuild/data/dynamo/dynamographdeployment-v1beta1.schema.json, its sources in its header):
   `spec.components`, a frontend and the worker components (aggregated, or prefill and decode) with their
   replicas, each a podTemplate whose `main` container runs it; GPUs per worker = tp x pp as the container's
-  `nvidia.com/gpu`, the models' PVC a pod volume mounted read-only at /models, and the engine settings inline
+  `nvidia.com/gpu`, the models' PVC a pod volume mounted at /models, and the engine settings inline
   (`--override-engine-args` JSON for trtllm) with the models' paths moved to the mount.
 """
 
@@ -232,7 +232,7 @@ def manifest(spec: PipelineSpec) -> dict[str, Any]:
                      "command": ["python3", "-m", WORKER_MODULES[dynamo.engine]],
                      "args": [_moved(arg, paths) for arg in worker_args(spec, role, None)],
                      "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
-                     "volumeMounts": [{"name": MODELS_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": True}]}
+                     "volumeMounts": [{"name": MODELS_VOLUME, "mountPath": MODEL_MOUNT}]}
         components.append(_component(name, role, count, container, volumes))
     return {"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
             "metadata": {"name": object_name(spec.name)},
