@@ -144,6 +144,8 @@ def test_vllm_and_sglang_workers_take_exports_arguments(tmp_path: Path, engine: 
             if item.startswith("--") and index + 1 < len(exported) and not exported[index + 1].startswith("--"):
                 assert command[command.index(item) + 1] == exported[index + 1], item
         assert "--disaggregation-mode" in command
+        assert command.count("--served-model-name") == 1, command  # once: the name clients ask for
+        assert command[command.index("--served-model-name") + 1] == spec.name
     draft = main_container(components(manifest)["decode"])["args"]
     assert not any(str(tmp_path) in arg for arg in draft), "host paths left in a pod's arguments"
     assert shlex.split(" ".join(shlex.quote(a) for a in draft))  # plain strings, as the CRD's args are

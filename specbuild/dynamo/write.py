@@ -122,7 +122,7 @@ def worker_args(spec: PipelineSpec, role: str, engine_file: str | None) -> list[
             args += ["--disaggregation-mode", role]
         return args
     args = export_args(spec, engine, deployment_dir(spec))
-    if engine == "vllm":
+    if "--served-model-name" not in args:  # export names it (the spec's name): once, as clients ask for it
         args += ["--served-model-name", served_name(spec)]
     if disaggregated:
         args += ["--disaggregation-mode", role]
