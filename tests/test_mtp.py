@@ -95,3 +95,24 @@ def test_the_engine_flow_and_1_2_have_no_mtp(tmp_path: Path) -> None:
     assert [loc for loc, _ in old] == [("speculative", "mode")] and "build.trtllm: '1.3'" in old[0][1]
     reference = llm_api.pytorch_flow_problems(_spec(tmp_path, target, backend="reference"))
     assert [loc for loc, _ in reference] == [("build", "backend")]
+
+
+def test_the_exports_name_each_engines_mtp_method(tmp_path: Path) -> None:
+    """vLLM gets `method: mtp` and SGLang `--speculative-algorithm NEXTN`, K as their step count and no draft path
+    (both point the draft at the target themselves); a target without MTP layers is refused by both exports with
+    validate's words (tests/test_engines_mtp.py has the engines' own parsers judge these lines)."""
+    from specbuild.export import ExportRefused, export_spec
+
+    target = _checkpoint(tmp_path / "target", DeepseekV3Config(**_TINY, num_nextn_predict_layers=1))
+    spec = _spec(tmp_path, target, num_draft_tokens=2)
+    vllm = export_spec(spec, "vllm", tmp_path / "vllm").plan.argv
+    config = json.loads(vllm[vllm.index("--speculative-config") + 1])
+    assert config == {"method": "mtp", "num_speculative_tokens": 2}
+    sglang = export_spec(spec, "sglang", tmp_path / "sglang").plan.argv
+    flags = dict(zip(sglang[3::2], sglang[4::2], strict=False))
+    assert flags["--speculative-algorithm"] == "NEXTN" and flags["--speculative-num-steps"] == "2"
+    assert "--speculative-draft-model-path" not in sglang
+    plain = _spec(tmp_path, _checkpoint(tmp_path / "llama", LlamaConfig(**_TINY)))
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(ExportRefused, match="carries no multi-token-prediction layers"):
+            export_spec(plain, engine, tmp_path / f"refused-{engine}")

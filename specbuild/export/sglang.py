@@ -65,7 +65,7 @@ def _k(spec: PipelineSpec) -> int:
     return spec.speculative.num_draft_tokens
 
 
-ALGORITHM = {"draft_target": "STANDALONE", "eagle3": "EAGLE3", "ngram": "NGRAM"}
+ALGORITHM = {"draft_target": "STANDALONE", "eagle3": "EAGLE3", "ngram": "NGRAM", "mtp": "NEXTN"}
 """speculative.mode -> --speculative-algorithm."""
 
 
@@ -130,6 +130,16 @@ NGRAM = (
     Option("--speculative-ngram-max-trie-depth", SGLANG_SPEC_FIELDS, trie_depth),
 )
 
+# NEXTN: the target's own MTP layers; SGLang turns it into EAGLE with the target itself as the draft (no draft path
+# is given), K steps of one candidate, K + 1 tokens verified, as drafted() runs a draft.
+NEXTN = (
+    Option("--speculative-algorithm", SGLANG_SPECULATIVE_DOCS, lambda s: "NEXTN"),
+    Option("--speculative-num-steps", SGLANG_SPECULATIVE_DOCS, _k),
+    Option("--speculative-eagle-topk", SGLANG_SPECULATIVE_DOCS, lambda s: 1),
+    Option("--speculative-num-draft-tokens", SGLANG_SPECULATIVE_DOCS, lambda s: _k(s) + 1),
+)
+
+
 def _check_draft(spec: PipelineSpec) -> list[str]:
     assert spec.draft is not None
     _draft_kv_cache(spec)  # refused before anything is written
@@ -176,6 +186,8 @@ def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
                      f"{trie_depth(spec)} (that length plus K) bounds the match and the proposal together")
         sources += [SGLANG_SPEC_FIELDS, SGLANG_NGRAM_PARAM]
         options += NGRAM
+    elif mode == "mtp":
+        options += NEXTN
     elif mode == "medusa":
         raise refuse(spec, DISPLAY, "speculative.mode medusa",
                      "SGLang has no Medusa: --speculative-algorithm takes EAGLE, EAGLE3, STANDALONE, NGRAM and NEXTN "

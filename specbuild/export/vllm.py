@@ -128,6 +128,12 @@ def _eagle3(spec: PipelineSpec, notes: list[str], sources: list[Source]) -> dict
     return _draft_model(spec, notes, sources, "eagle3")
 
 
+def _mtp(spec: PipelineSpec) -> dict[str, Any]:
+    """The target's own MTP layers (vLLM's `mtp`: SpeculativeConfig.hf_config_override points the draft at the
+    target and reads the layer count from its config.json; no draft model is named)."""
+    return {"method": "mtp", "num_speculative_tokens": spec.speculative.num_draft_tokens}
+
+
 VLLM_METHODS = ("ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3", "extract_hidden_states", "dflash",
                 "ngram_gpu", "dspark", "the MTP model types")
 """SpeculativeMethod of vLLM 0.33.0 (VLLM_SPECULATIVE), said in a refusal: no "medusa" and no "mlp_speculator"
@@ -157,6 +163,8 @@ def build_plan(spec: PipelineSpec, directory: Path) -> ExportPlan:
         speculative = _ngram(spec, notes)
     elif mode == "eagle3":
         speculative = _eagle3(spec, notes, draft_sources)
+    elif mode == "mtp":
+        speculative = _mtp(spec)
     elif mode == "medusa":
         raise _refuse_medusa(spec)
     elif mode == "lookahead":
