@@ -3,11 +3,11 @@ exactly where specbuild's validate does (`contracts.family_support.mtp_problem`)
 
 Each engine's own code resolves a command line asking for its MTP method on three config-only checkpoints (no
 weights: neither engine loads any while it resolves its configuration): a DeepSeek-V3 and a GLM-4.5 (Glm4Moe) config
-declaring one MTP layer, and a Llama config declaring none. vLLM (`--speculative-config {"method": "mtp"}`) accepts
-the first two and raises "Unsupported speculative method: 'mtp'" for Llama; SGLang (`--speculative-algorithm
-NEXTN`) turns NEXTN into EAGLE with the target itself as the draft where it finds MTP layers, and with no draft at
-all for Llama. specbuild must accept and refuse the same checkpoints. The command lines are the engines' documented
-spellings of their MTP method; `specbuild export` does not write them yet (it refuses mode mtp, saying so).
+declaring one MTP layer, and a Llama config declaring none. The lines judged are `specbuild export`'s own where it
+writes one, and for the Llama, which specbuild refuses, the same line as a probe. vLLM (`--speculative-config
+{"method": "mtp"}`) accepts the first two and raises "Unsupported speculative method: 'mtp'" for Llama; SGLang
+(`--speculative-algorithm NEXTN`) turns NEXTN into EAGLE with the target itself as the draft where it finds MTP
+layers, and with no draft at all for Llama. specbuild must accept and refuse the same checkpoints.
 Runs under `make test-engines` (the engine virtualenvs), skipped without them as tests/test_engines_judge.py is.
 """
 
@@ -21,6 +21,8 @@ import pytest
 from transformers import DeepseekV3Config, Glm4MoeConfig, LlamaConfig
 
 from specbuild.contracts.family_support import mtp_problem
+from specbuild.export import ExportRefused, export_spec
+from specbuild.spec import parse_spec
 from tests.test_engines_judge import VENVS, _run_checkers, engine_python
 
 pytestmark = pytest.mark.engines
@@ -50,30 +52,42 @@ def _checkpoint(root: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], dict[str, dict[str, Any]]]:
+def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], dict[str, dict[str, Any]], set[str]]:
     for engine in VENVS:
         engine_python(engine)  # skip before any work when absent
     root = tmp_path_factory.mktemp("mtp")
     models = {name: _checkpoint(root, name) for name in CHECKPOINTS}
     k = 2
-    cases = {
-        "vllm": [{"name": name, "argv": ["vllm", "serve", str(path), "--max-model-len", "128", "--speculative-config",
-                                         json.dumps({"method": "mtp", "num_speculative_tokens": k})]}
-                 for name, path in models.items()],
-        "sglang": [{"name": name, "argv": ["python", "-m", "sglang.launch_server", "--model-path", str(path),
-                                           "--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(k),
-                                           "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
-                                           str(k + 1)]}
-                   for name, path in models.items()],
+    probes = {
+        "vllm": lambda path: ["vllm", "serve", str(path), "--max-model-len", "128", "--speculative-config",
+                              json.dumps({"method": "mtp", "num_speculative_tokens": k})],
+        "sglang": lambda path: ["python", "-m", "sglang.launch_server", "--model-path", str(path),
+                                "--speculative-algorithm", "NEXTN", "--speculative-num-steps", str(k),
+                                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)],
     }
-    return models, _run_checkers(root, cases)
+    cases: dict[str, list[dict[str, Any]]] = {engine: [] for engine in probes}
+    exported: set[str] = set()
+    for name, path in models.items():
+        spec = parse_spec({"name": name, "output_dir": str(root / "out" / name), "target": {"model": str(path)},
+                           "speculative": {"mode": "mtp", "num_draft_tokens": k},
+                           "build": {"flow": "pytorch", "max_batch_size": 8, "max_input_len": 64,
+                                     "max_output_len": 64}}, root / f"{name}.yaml")
+        for engine, probe in probes.items():
+            try:
+                argv = export_spec(spec, engine, root / "exports" / engine / name).plan.argv
+                exported.add(f"{engine}:{name}")
+            except ExportRefused:
+                argv = probe(path)
+            cases[engine].append({"name": name, "argv": argv})
+    return models, _run_checkers(root, cases), exported
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_vllm_finds_mtp_layers_where_specbuild_does(judged: Any, name: str) -> None:
-    models, results = judged
+    models, results, exported = judged
     case = results["vllm"]["cases"][name]
     carries = mtp_problem(models[name]) is None
+    assert (f"vllm:{name}" in exported) is carries  # the export's own line where specbuild writes one
     assert case["accepted"] is carries, case.get("error")
     if carries:
         assert case["resolved"]["speculative"]["method"] == "mtp"
@@ -84,8 +98,9 @@ def test_vllm_finds_mtp_layers_where_specbuild_does(judged: Any, name: str) -> N
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_sglang_finds_mtp_layers_where_specbuild_does(judged: Any, name: str) -> None:
-    models, results = judged
+    models, results, exported = judged
     case = results["sglang"]["cases"][name]
+    assert (f"sglang:{name}" in exported) is (mtp_problem(models[name]) is None)
     assert case["accepted"], case.get("error")
     resolved = case["resolved"]
     assert resolved["speculative_algorithm"] == "EAGLE"  # NEXTN is EAGLE over the target's own MTP layers
