@@ -14,6 +14,7 @@ import os
 import stat
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -89,10 +90,14 @@ def file_digests(root: Path, pattern: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def target_and_draft(demo_models: dict[str, Path]) -> tuple[torch.nn.Module, torch.nn.Module]:
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def target_and_draft(request: pytest.FixtureRequest, demo_models: dict[str, Path],
+                     demo_extra: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Each demo pair: the base build's Llama target and draft, and the demo extra "qwen3"'s Qwen3 pair, trained
+    the same way on the same tokenizer (so every quality test below holds for both)."""
+    root = demo_models["target"].parent if request.param == "llama" else demo_extra(qwen3_extra.NAME)
     load = AutoModelForCausalLM.from_pretrained
-    return load(demo_models["target"]).eval(), load(demo_models["draft"]).eval()
+    return load(root / "target").eval(), load(root / "draft").eval()
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +162,37 @@ def test_architectures_cover_the_converter_paths(demo_models: dict[str, Path]) -
     layer = qwen2.model.layers[0].self_attn
     assert all(proj.bias.abs().min() > 0 for proj in (layer.q_proj, layer.k_proj, layer.v_proj))
     assert not torch.allclose(qwen2.model.norm.weight, torch.ones_like(qwen2.model.norm.weight))
+
+
+def test_the_qwen3_pair_is_shaped_as_small_qwen3s_ship(demo_models: dict[str, Path], demo_extra: Any) -> None:
+    """The second demo pair covers what the Llama pair does not: Qwen3ForCausalLM with q/k norm (trained, so a
+    runtime that skipped or misplaced it gives other logits), a head_dim that is not hidden_size / heads (Qwen3-0.6B:
+    16 x 128 over 1024), GQA and tied embeddings (one embedding tensor on disk), in float32, on the base build's
+    tokenizer and special ids, with a draft smaller than its target."""
+    from safetensors import safe_open
+
+    root = demo_extra(qwen3_extra.NAME)
+    sizes = {}
+    for name in (qwen3_extra.TARGET_DIR, qwen3_extra.DRAFT_DIR):
+        config = AutoConfig.from_pretrained(root / name)
+        assert config.architectures == ["Qwen3ForCausalLM"]
+        assert config.head_dim * config.num_attention_heads != config.hidden_size
+        assert config.num_key_value_heads < config.num_attention_heads
+        assert config.tie_word_embeddings and config.vocab_size == dr.RECIPE.vocab_size
+        with safe_open(str(root / name / "model.safetensors"), "pt") as weights:
+            keys = set(weights.keys())
+            assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys
+            for layer in range(config.num_hidden_layers):
+                for norm in ("q_norm", "k_norm"):
+                    weight = weights.get_tensor(f"model.layers.{layer}.self_attn.{norm}.weight")
+                    assert weight.shape == (config.head_dim,) and weight.dtype == torch.float32
+                    assert not torch.allclose(weight, torch.ones_like(weight)), f"{name} {norm} was not trained"
+            sizes[name] = sum(math.prod(weights.get_slice(key).get_shape()) for key in keys)
+        shared = demo_models["tokenizer"] / "tokenizer.json"
+        assert (root / name / "tokenizer.json").read_bytes() == shared.read_bytes()
+        generation = json.loads((root / name / "generation_config.json").read_text())
+        assert (generation["eos_token_id"], generation["pad_token_id"]) == (EOS_ID, PAD_ID)
+    assert sizes[qwen3_extra.DRAFT_DIR] * 2 < sizes[qwen3_extra.TARGET_DIR]
 
 
 @pytest.mark.parametrize("name", dm.ALL_NAMES)
