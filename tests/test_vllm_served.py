@@ -259,18 +259,22 @@ def test_what_specbuild_refuses_the_engine_refuses(engine: Engine, tmp_path: Pat
 
 @pytest.mark.parametrize("name", [name for name in SERVED if name != PLAIN])
 def test_bench_reads_the_engines_own_acceptance(engine: Engine, name: str) -> None:
-    """`specbuild bench` on a vLLM endpoint: vLLM's answers carry no acceptance, so the bench reports the
-    difference of the engine's /metrics counters over its run. Its run asks the same greedy prompts the served
-    test asked first, on the same server, so it must count exactly what the engine counted for those (a reading
-    of the counters before the bench ran), and its greedy answers are the same text."""
+    """`specbuild bench` on a vLLM endpoint reads the difference of the engine's /metrics counters over its run,
+    and reports it as the acceptance where the answers carry none (the exports ask vLLM for per-request figures,
+    --per-request-spec-decode-metrics, which the answers then carry). Its run asks the same greedy prompts the
+    served test asked first, on the same server, so both its counter reading and its acceptance must be exactly
+    what the engine counted for those (a reading of the counters before the bench ran)."""
     if name not in engine.names:
         pytest.skip(f"configs/{name}.yaml is not in this checkout")
     served = engine.served(name)
     bench, counted = served.bench, served.counters
     assert counted is not None
-    assert bench.acceptance_from == ENGINE_COUNTERS and bench.acceptance_reported
+    engine = bench.extra["engine_spec_decode"]
+    assert (engine["drafts"], engine["draft_tokens"], engine["accepted_tokens"]) == (
+        counted.drafts, counted.draft_tokens, counted.accepted_tokens)
+    assert list(engine["accepted_per_position"]) == list(counted.accepted_per_position)
+    assert bench.acceptance_reported and bench.acceptance_from in ("the answers", ENGINE_COUNTERS)
     assert (bench.accepted_draft_tokens, bench.draft_tokens) == (counted.accepted_tokens, counted.draft_tokens)
-    assert bench.extra["engine_spec_decode"]["drafts"] == counted.drafts
     assert bench.requests == len(PROMPTS) and bench.errors == 0
     assert bench.output_tokens == sum(len(answer["token_ids"]) for answer in served.answers.values())
 

@@ -78,9 +78,11 @@ def parse_counters(text: str, model: str | None = None) -> SpecDecodeCounters | 
                               int(totals["num_accepted_tokens"]), positions)
 
 
-def read_counters(url: str, model: str | None = None, timeout_s: float = 5.0) -> SpecDecodeCounters | None:
+def read_counters(url: str, model: str | None = None, timeout_s: float = 30.0) -> SpecDecodeCounters | None:
     """The spec-decode counters `url` (an OpenAI server's base, with or without /v1) serves at /metrics; None when
-    it serves no /metrics or no such counters (another server: Dynamo's frontend, trtllm-serve, SGLang)."""
+    it serves no /metrics or no such counters (another server: Dynamo's frontend, trtllm-serve, SGLang). The
+    timeout is generous: on 2 cores loaded 10-fold a /metrics answer took over 5 s, and the bench then reported no
+    acceptance for a speculating vLLM."""
     from specbuild.bench.openai import _session, base_url
 
     try:

@@ -224,9 +224,13 @@ ENGINE_COUNTERS = "the engine's /metrics spec-decode counters over the run"
 
 
 def engine_counted(summary: Summary, counted: SpecDecodeCounters) -> None:
-    """Where no answer carried acceptance (vLLM's OpenAI answers), the engine's own counters' difference over the
-    run is the acceptance (`engine_metrics`); answers that carry it keep theirs. A run cut short leaves requests in
-    flight whose drafts the second reading may include: it says so in `acceptance_from`."""
+    """The engine's own counters' difference over the run (`engine_metrics`), kept in `extra` beside what the
+    answers said; where no answer carried acceptance (vLLM without --per-request-spec-decode-metrics) it is the
+    acceptance. A run cut short leaves requests in flight whose drafts the second reading may include: it says so
+    in `acceptance_from`."""
+    summary.extra["engine_spec_decode"] = {"drafts": counted.drafts, "draft_tokens": counted.draft_tokens,
+                                           "accepted_tokens": counted.accepted_tokens,
+                                           "accepted_per_position": list(counted.accepted_per_position)}
     if summary.acceptance_reported:
         return
     summary.accepted_draft_tokens, summary.draft_tokens = counted.accepted_tokens, counted.draft_tokens
@@ -234,9 +238,6 @@ def engine_counted(summary: Summary, counted: SpecDecodeCounters) -> None:
     summary.acceptance_reported = True
     summary.acceptance_from = ENGINE_COUNTERS + (" (cut short: may include requests left in flight)"
                                                  if summary.cut_short else "")
-    summary.extra["engine_spec_decode"] = {"drafts": counted.drafts, "draft_tokens": counted.draft_tokens,
-                                           "accepted_tokens": counted.accepted_tokens,
-                                           "accepted_per_position": list(counted.accepted_per_position)}
 
 
 Outcome = tuple[Generation | None, str | None]
