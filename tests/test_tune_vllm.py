@@ -97,20 +97,27 @@ def test_missing_engine_named(tmp_path: Path) -> None:
 
 
 def test_command_lines_are_the_exports(tmp_path: Path, demo_models: dict[str, Path]) -> None:
-    """Every server runs the export's command line: only num_speculative_tokens differs (and plain leaves the
-    speculative config out), with --enforce-eager appended as one appends it to serve.sh."""
+    """Every server runs the export's command line: a K server with only num_speculative_tokens set and the load-aware
+    schedule left out (vLLM caps K at it), the plain server without the speculative config and the flag
+    vLLM refuses without one; --enforce-eager appended as one appends it to serve.sh."""
+    from specbuild.export.vllm import PER_BATCH_SIZE
+    from specbuild.tune.vllm_engine import SPECULATION_ONLY
+
     spec = load_spec(_demo_spec("demo-pytorch.yaml", tmp_path, demo_models["target"].parent))
     argv = build_plan(spec, "vllm", tmp_path).argv
     at = argv.index("--speculative-config")
     exported = json.loads(argv[at + 1])
+    assert PER_BATCH_SIZE in exported  # demo-pytorch has a draft_len_schedule: the case that matters
     for k in (1, 3):
         args = serve_args(argv, k, enforce_eager=True)
         assert args[-1] == "--enforce-eager"
         config = json.loads(args[args.index("--speculative-config") + 1])
-        assert config == {**exported, "num_speculative_tokens": k}
+        assert config == {**{n: v for n, v in exported.items() if n != PER_BATCH_SIZE}, "num_speculative_tokens": k}
         assert [a for i, a in enumerate(args[:-1]) if i != at] == [a for i, a in enumerate(argv[1:]) if i != at]
     plain = serve_args(argv, 0, enforce_eager=False)
-    assert plain == argv[1:at] + argv[at + 2:]
+    assert "--speculative-config" not in plain and not set(SPECULATION_ONLY) & set(plain)
+    assert [a for a in plain if a in argv] == plain and len(plain) == len(argv) - 3 - 2 * sum(
+        flag in argv for flag in SPECULATION_ONLY)
 
 
 # -- on the real engine ------------------------------------------------------------------------------------------

@@ -67,9 +67,9 @@ WAVE_KS = 2
 measured on the demo pair, eager), so a wave of three fits beside other work on a 24 GiB machine."""
 PASSES_PER_REPEAT = 3
 """Passes of every prompt per --repeats: K is chosen within the spread of the passes, which needs several."""
-SCHEDULE_LEVER = ("vLLM 0.32 has a batch-size schedule (SpeculativeConfig.num_speculative_tokens_per_batch_size, "
-                  "vllm/config/speculative.py), but `specbuild export vllm` does not write it, so a schedule measured "
-                  "here would not be served")
+SCHEDULE_LEVER = ("tune --engine vllm measures K at one client only; the export's load-aware K "
+                  "(SpeculativeConfig.num_speculative_tokens_per_batch_size, from draft_len_schedule) is not measured "
+                  "on vLLM yet")
 
 
 # -- the engine ------------------------------------------------------------------------------------------------
@@ -118,9 +118,16 @@ def find_vllm(given: Path | None = None) -> VllmInstall:
 # -- the command lines -------------------------------------------------------------------------------------------
 
 
+SPECULATION_ONLY = ("--per-request-spec-decode-metrics",)
+"""Export flags (with a value each) that vLLM refuses without a speculative config: left out of the plain server."""
+
+
 def serve_args(argv: Sequence[str], k: int, enforce_eager: bool) -> list[str]:
-    """The export's `vllm serve ...` argv (its program word left out) with K drafted, or plain at K 0."""
-    from specbuild.export.vllm import SPECULATIVE_FLAG
+    """The export's `vllm serve ...` argv (its program word left out) with K drafted at every batch size, or plain at
+    K 0. The export's load-aware schedule (`num_speculative_tokens_per_batch_size`, the spec's draft_len_schedule) is
+    left out of a K server: vLLM caps each step's K at the schedule's (vllm/v1/spec_decode/dynamic/utils.py
+    build_dynamic_sd_schedule_lookup takes the smaller), so a K above the spec's would never be measured."""
+    from specbuild.export.vllm import PER_BATCH_SIZE, SPECULATIVE_FLAG
 
     args = list(argv[1:])
     if SPECULATIVE_FLAG.flag not in args:
@@ -129,9 +136,13 @@ def serve_args(argv: Sequence[str], k: int, enforce_eager: bool) -> list[str]:
     config = json.loads(args[at + 1])
     if k:
         config["num_speculative_tokens"] = k
+        config.pop(PER_BATCH_SIZE, None)
         args[at + 1] = json.dumps(config, separators=(",", ":"))
     else:
         del args[at: at + 2]
+        for flag in SPECULATION_ONLY:
+            if flag in args:
+                del args[args.index(flag): args.index(flag) + 2]
     return args + (["--enforce-eager"] if enforce_eager else [])
 
 
