@@ -167,7 +167,7 @@ def markdown(report: dict[str, Any]) -> str:
              "bench/vllm_bench.py.", "",
              f"Load average at the end: {', '.join(str(x) for x in report['machine'].get('loadavg_end', []))} "
              "(other work shares the cores; each round's figure is in the last column).", "",
-             "| method (spec) | tokens/s | plain tokens/s | speedup | acceptance (vLLM's counters) | greedy = plain "
+             "| method (spec) | tokens/s | plain tokens/s | speedup | acceptance (vLLM's own figures) | greedy = plain "
              "| rounds: speculative / plain tokens/s |",
              "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for method, got in report["results"].items():
