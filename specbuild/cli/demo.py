@@ -9,9 +9,9 @@ import typer
 
 from specbuild.cli.errors import console, handled_errors
 
-EXTRAS_HELP = ("Which extras to train on the target: 'all' (the default), 'none', or a comma-separated list "
-               "(eagle3-draft, medusa2, self-draft-adapter). `make demo` needs none; each `make demo-<method>` "
-               "asks for its own.")
+EXTRAS_HELP = ("Which extras to train: 'all' (the default), 'none', or a comma-separated list (eagle3-draft, "
+               "medusa2, self-draft-adapter: on the demo target; qwen3: a Qwen3 target and draft of their own). "
+               "`make demo` needs none; each `make demo-<method>` asks for its own.")
 
 
 def demo_models(
