@@ -9,9 +9,13 @@ Triton tests run it (tests/test_qwen3_demo_served.py), so a family other than Ll
 
 It is an extra, not part of the base build, so that `make demo` does not pay for it, and it is smaller than the
 Llama pair (4 layers of 192 against 8 of 256; fewer steps, fewer generated rows), because every fresh CI machine
-trains it. The settings below decide its bytes (and its cache key); `SPECBUILD_DEMO_SEED_OFFSET` shifts its seeds
-as it shifts the base recipe's (`make test-variant`). Its metrics (losses, draft/target agreement, seconds) are in
-the extra's demo-extra.json.
+trains it. Measured on the 2-core dev machine (AMD EPYC): 300 target + 300 draft steps took 74 s idle, with a
+repetitive target (held-out loss 5.56, agreement 0.96 on its own text); 500 target steps reach the Llama target's
+held-out loss (5.08); the shipped 400 + 250 took 224 s wall (239 s CPU) with the cores shared by other work, and
+gave held-out loss 5.32, draft/target agreement 0.73 on held-out text and 0.90 on the target's own text.
+The settings below decide its bytes (and its cache key); `SPECBUILD_DEMO_SEED_OFFSET` shifts its seeds as it
+shifts the base recipe's (`make test-variant`). Its metrics (losses, draft/target agreement, seconds) are in the
+extra's demo-extra.json.
 """
 
 from __future__ import annotations
