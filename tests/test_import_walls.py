@@ -44,8 +44,13 @@ MAY_IMPORT: dict[str, dict[str, tuple[str, ...]]] = {
     # runtime, medusa and spec are neutral; it writes the spec that build then reads. `tune --served` measures the
     # deployed spec behind tritonserver as serve starts it (and its models' thread count), with bench's load; the
     # deployed BLS's config.pbtxt says whether it drafts and up to which K (the K a served tune measures)
-    "tune": {"serve": ("specbuild.serve.server", "specbuild.serve.triton_env"), "bench": ("specbuild.bench.load",),
-             "deploy": ("specbuild.deploy.layout", "specbuild.deploy.pbtxt")},
+    # `tune --engine vllm` measures the spec's vLLM export (its command line and flags) on the real engine, started,
+    # read and asked as bench does it (one server launcher, one /metrics reader, one OpenAI client)
+    "tune": {"serve": ("specbuild.serve.server", "specbuild.serve.triton_env"),
+             "bench": ("specbuild.bench.load", "specbuild.bench.engine_server", "specbuild.bench.engine_metrics",
+                       "specbuild.bench.openai"),
+             "deploy": ("specbuild.deploy.layout", "specbuild.deploy.pbtxt"),
+             "export": ("specbuild.export", "specbuild.export.vllm")},
     "deploy": {},  # what build wrote, and what a spec asks of an engine, come from contracts/
     "serve": {"deploy": ("specbuild.deploy.pbtxt",  # reads back the config.pbtxt deploy wrote
                          "specbuild.deploy.model_code"),  # and whether the model code deploy wrote is still ours
