@@ -16,10 +16,11 @@ declared ignored with the layers after it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from specbuild.convert.architectures.base import Architecture
-from specbuild.convert.mapping import Target, TensorMapping
+from specbuild.convert.mapping import TensorMapping
 from specbuild.convert.sharding import Rank
 from specbuild.errors import CheckpointError
 from specbuild.self_draft.adapter_format import AdapterInfo, adapter_problem, read_adapter
@@ -104,9 +105,8 @@ class SelfDraftArchitecture(Architecture):
         adapter_sources = set(self.adapter_shapes())
         for name, target in list(mapping.targets.items()):
             if adapter_sources & set(target.sources):
-                mapping.targets[name] = Target(name, target.shape,
-                                               {ADAPTER_PREFIX + s: shape for s, shape in target.sources.items()},
-                                               target.combine)
+                mapping.targets[name] = replace(
+                    target, sources={ADAPTER_PREFIX + s: shape for s, shape in target.sources.items()})
         return mapping
 
     def adapter_shapes(self) -> dict[str, tuple[int, ...]]:
