@@ -131,12 +131,6 @@ class ModelConfig:
             return self.attention_windows[layer % len(self.attention_windows)]
         return self.sliding_window
 
-    def layer_rotary_base(self, layer: int) -> float:
-        """Windowed (local) layers of Gemma 3 use their own rotary base, unscaled; the others `rotary_base`."""
-        if self.rotary_base_local is not None and self.layer_window(layer) is not None:
-            return self.rotary_base_local
-        return self.rotary_base
-
     @property
     def attention_scale(self) -> float:
         """TensorRT-LLM's softmax scale: 1 / (sqrt(head_size) * q_scaling)."""

@@ -236,8 +236,9 @@ class DecoderLayer(nn.Module):
         self.index = index
         window = cfg.layer_window(index)
         self.input_layernorm = Norm(cfg, tensors, prefix + "input_layernorm.")
+        # Gemma 3's windowed (local) layers use their own rotary base, unscaled (GemmaDecoderLayer).
         self.attention = Attention(cfg, tensors, prefix + "attention.", window=window,
-                                   local_rope=cfg.layer_rotary_base(index) != cfg.rotary_base)
+                                   local_rope=cfg.rotary_base_local is not None and window is not None)
         self.post_layernorm = Norm(cfg, tensors, prefix + "post_layernorm.")
         self.mlp: nn.Module = MixtureOfExperts(
             cfg, tensors, prefix + "mlp.", ACTIVATIONS[cfg.hidden_act], gated=cfg.hidden_act in FUSED_GATED
