@@ -107,6 +107,7 @@ def facts_from_config(role: str, directory: Path, config: dict[str, Any], weight
     mapping = config.get("mapping") or {}
     quant = config.get("quantization") or {}
     hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
+    sliding_window, local_window = _windows(config)
     return CheckpointFacts(
         role=role,
         directory=directory,
@@ -124,8 +125,8 @@ def facts_from_config(role: str, directory: Path, config: dict[str, Any], weight
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
         num_medusa_heads=_int(config, "num_medusa_heads", 0),
         max_draft_len=_int(config, "max_draft_len", 0),
-        sliding_window=_windows(config)[0],
-        local_window=_windows(config)[1],
+        sliding_window=sliding_window,
+        local_window=local_window,
         weight_bytes=weight_bytes,
     )
 
