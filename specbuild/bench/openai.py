@@ -106,38 +106,31 @@ class OpenAIClient:
     def __init__(self, url: str, model: str | None = None, timeout_s: float = 300.0) -> None:
         self.url, self.timeout_s = base_url(url), timeout_s
         self._http: Any = _session()
+        listing: list[dict[str, Any]] | None = None
         try:
-            name = model or self._served_model()
+            listing = _listing(self._http, self.url, PROBE_TIMEOUT_S)
+        except Exception as err:  # a named model is asked for as is; an unnamed one needs the listing
+            if model is None:
+                self.close()
+                raise SpecbuildError(f"cannot list the models at {self.url}{OPENAI_PATH}/models: {err}",
+                                     hint="is the server running (`specbuild serve DIR` prints its address), and is "
+                                          "this its OpenAI address?") from None
+        try:
+            name = model or self._served_model([entry["id"] for entry in listing or ()])
         except SpecbuildError:
             self.close()
             raise
-        self.engine_data = self._is_dynamo(name)
+        self.engine_data = any(entry["id"] == name and entry["owned_by"] == DYNAMO_OWNER for entry in listing or ())
         """Whether requests ask for Dynamo's engine data (the server is Dynamo's frontend; module docstring)."""
         # An OpenAI server streams on request: treated as decoupled, so the bench streams unless told not to.
         self.model = ModelInterface(name, {}, batched=False, decoupled=True)
 
-    def _served_model(self) -> str:
-        """The one model /v1/models lists; an error naming them when there are several (or the server is not up)."""
-        where = f"{self.url}{OPENAI_PATH}/models"
-        try:
-            listed = _listed(self._http, self.url, PROBE_TIMEOUT_S)
-        except Exception as err:
-            raise SpecbuildError(f"cannot list the models at {where}: {err}",
-                                 hint="is the server running (`specbuild serve DIR` prints its address), and is "
-                                      "this its OpenAI address?") from None
+    def _served_model(self, listed: list[str]) -> str:
+        """The one model /v1/models lists (`listed`); an error naming them when there are several or none."""
         if len(listed) != 1:
-            raise SpecbuildError(f"{where} lists {', '.join(listed) or 'no model'}",
+            raise SpecbuildError(f"{self.url}{OPENAI_PATH}/models lists {', '.join(listed) or 'no model'}",
                                  hint="name the model to measure with --model-name")
         return listed[0]
-
-    def _is_dynamo(self, name: str) -> bool:
-        """Whether /v1/models lists `name` as Dynamo's frontend lists its models; False when it cannot be read (the
-        request then goes without nvext, which every OpenAI server takes)."""
-        try:
-            listing = _listing(self._http, self.url, PROBE_TIMEOUT_S)
-        except Exception:  # not up yet, or no listing: the plain request
-            return False
-        return any(entry["id"] == name and entry["owned_by"] == DYNAMO_OWNER for entry in listing)
 
     def close(self, cancel: bool = False) -> None:
         """Close the connection (a request in flight on it then fails: `cancel` is LLMClient's, for the same call)."""
