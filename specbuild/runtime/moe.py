@@ -67,9 +67,14 @@ class MixtureOfExperts(nn.Module):
             for weight, e in zip(weights[0].tolist(), experts[0].tolist(), strict=True):
                 out += self.expert(e, flat) * weight
             return out.reshape(shape)
-        for e in torch.unique(experts).tolist():
-            tokens, slot = torch.nonzero(experts == e, as_tuple=True)
-            y = self.expert(e, flat[tokens]) * weights[tokens, slot, None].to(flat.dtype)
-            out.index_add_(0, tokens, y)
+        # The (token, slot) pairs sorted by expert, and each expert's count: one host sync per layer, not one per
+        # expert. A stable sort keeps each expert's tokens in order, so the sums are those of a per-expert scan.
+        order = experts.flatten().argsort(stable=True)
+        counts = torch.bincount(experts.flatten(), minlength=self.fc_t.shape[0]).tolist()
+        flat_weights = weights.flatten().to(flat.dtype)
+        for e, pairs in enumerate(order.split(counts)):
+            if pairs.numel():
+                tokens = pairs // self.top_k
+                out.index_add_(0, tokens, self.expert(e, flat[tokens]) * flat_weights[pairs, None])
         return out.reshape(shape)
 
