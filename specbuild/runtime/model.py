@@ -158,16 +158,17 @@ def softcapped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
                          scale: float, cap: float) -> torch.Tensor:
     """Attention whose scores are soft-capped before the mask and softmax, `cap * tanh(q.k * scale / cap)`
     (HF Gemma 2; TensorRT-LLM's max_attn_value), with the softmax in float32. q [B, H, T, D], keys/values
-    [B, KV, S, D] (GQA: each KV head serves H / KV query heads)."""
-    groups = q.shape[1] // keys.shape[1]
-    if groups > 1:
-        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / cap) * cap
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.matmul(weights, values)
+    [B, KV, S, D] (GQA: each KV head serves H / KV query heads, as rows of one matmul, so that the cache is read as
+    it is rather than copied once per query head at every step)."""
+    b, heads, t, d = q.shape
+    kv, slots = keys.shape[1], keys.shape[2]
+    groups = heads // kv
+    scores = torch.matmul(q.reshape(b, kv, groups * t, d), keys.transpose(-1, -2)) * scale
+    scores = (torch.tanh(scores / cap) * cap).view(b, kv, groups, t, slots)
+    if mask is not None:  # [B, 1, T, S], the same for every head
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(b, kv, groups * t, slots)
+    return torch.matmul(weights, values).view(b, heads, t, d)
 
 
 class MLP(_Weights):
