@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from specbuild.spec import PipelineSpec
@@ -257,16 +257,22 @@ def refusal_message(architecture: str, method: str, engine: str, where: object) 
             f"{found.reason} ({found.source}); {found.instead}")
 
 
-def architecture_of(directory: Path | None) -> str | None:
-    """config.json's `architectures[0]` of a Hugging Face directory; None where there is none to read (the model
-    checks name a missing or broken directory themselves)."""
+def _hf_config(directory: Path | None) -> dict[str, Any] | None:
+    """A Hugging Face directory's config.json as a JSON object; None where there is none to read (the model checks
+    name a missing or broken directory themselves)."""
     if directory is None:
         return None
     try:
         data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    architectures = data.get("architectures") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def architecture_of(directory: Path | None) -> str | None:
+    """config.json's `architectures[0]` of a Hugging Face directory; None where there is none to read."""
+    data = _hf_config(directory)
+    architectures = data.get("architectures") if data is not None else None
     if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
         return architectures[0]
     return None
@@ -287,13 +293,8 @@ MTP_MODELS = "DeepSeek-V3/R1, GLM-4.5, MiMo or Qwen3-Next"
 def mtp_layers(directory: Path | None) -> int | None:
     """How many MTP layers the checkpoint's config.json declares (0: none); None where there is no config.json to
     read (the model checks name a missing or broken directory themselves)."""
-    if directory is None:
-        return None
-    try:
-        data = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
+    data = _hf_config(directory)
+    if data is None:
         return None
     configs = [data, data.get("text_config")]
     counts = [config.get(name) for config in configs if isinstance(config, dict) for name in MTP_LAYER_FIELDS]
