@@ -15,7 +15,7 @@ vocabulary-split embedding: `add_norm`, `add_embedding`, `mlp_norms`); the loop 
 from __future__ import annotations
 
 from functools import partial
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from specbuild.convert.architectures.base import Architecture
 from specbuild.convert.mapping import TensorMapping
@@ -51,6 +51,22 @@ class Decoder(Architecture):
     @property
     def mlp_bias(self) -> bool:
         return False
+
+    # -- config.json ---------------------------------------------------------------------------------------------
+    def shape_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
+        """The head of every decoder's TensorRT-LLM `config.json`: the architecture, the common fields and the sizes
+        (in this key order, which the families' config.json bytes keep)."""
+        return {
+            "architecture": self.hf_architecture,
+            **self.common_config(dtype, tp_size, pp_size),
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_size": self.head_dim,
+            "intermediate_size": self.intermediate,
+        }
 
     # -- tensor parallelism ----------------------------------------------------------------------------------------
     def parallelism_problems(self, tp_size: int, pp_size: int) -> list[str]:

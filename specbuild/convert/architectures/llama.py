@@ -108,15 +108,7 @@ class Llama(Decoder):
     def trtllm_config(self, dtype: str, tp_size: int, pp_size: int) -> dict[str, Any]:
         rotary_base, rotary_scaling = self.rope()
         config = {
-            "architecture": self.hf_architecture,
-            **self.common_config(dtype, tp_size, pp_size),
-            "vocab_size": self.vocab,
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.layers,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_size": self.head_dim,
-            "intermediate_size": self.intermediate,
+            **self.shape_config(dtype, tp_size, pp_size),
             "hidden_act": self.field("hidden_act", default="silu", kind=str),
             "norm_epsilon": self.field("rms_norm_eps", default=1e-6, kind=float),
             "position_embedding_type": "rope_gpt_neox",
