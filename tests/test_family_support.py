@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from specbuild import corpus
@@ -36,14 +35,12 @@ from specbuild.contracts.family_support import (
     support_table,
 )
 from specbuild.eagle.format import (
-    Eagle3DraftConfig,
-    expected_shapes,
     fit_problems,
     read_eagle3_header,
     target_from_config,
-    write_eagle3_draft,
 )
 from specbuild.errors import CheckpointError
+from tests import test_validate_fit as validate_fit
 from tests.tiny_models import FAMILIES, make_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +48,6 @@ runner = CliRunner()
 FAMILY_OF = {spec[1].__name__: name for name, spec in FAMILIES.items()}
 """HF architecture -> tests/tiny_models.py family name."""
 LIMITS = {"max_batch_size": 2, "max_input_len": 32, "max_output_len": 16}
-CAPTURED = (0, 1, 2)
 DEEP = {"num_hidden_layers": 4}
 """Every tiny target has 4 layers, so that an EAGLE-3 draft capturing layers 0-2 fits it (Gemma 3's layer_types
 already list 4)."""
@@ -84,29 +80,17 @@ def _size(config: dict[str, Any], *names: str) -> int:
 
 
 def eagle3_draft(directory: Path, target: Path) -> Path:
-    """An EAGLE-3 draft sized for `target` (zero tensors, the real format)."""
+    """An EAGLE-3 draft sized for `target` (zero tensors, the real format; tests/test_validate_fit.py's writer)."""
     config = _config(target)
-    hidden, vocab = _size(config, "hidden_size", "n_embd"), config["vocab_size"]
-    draft = Eagle3DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
-                              num_key_value_heads=2, vocab_size=vocab, target_layer_ids=CAPTURED)
-    tensors = {name: torch.zeros(shape) for name, shape in expected_shapes(draft).items()
-               if name not in ("d2t", "t2d", "embed_tokens.weight")}
-    return write_eagle3_draft(directory, draft, tensors)
+    hidden = _size(config, "hidden_size", "n_embd")
+    return validate_fit.eagle3_draft(directory, hidden_size=hidden, intermediate_size=2 * hidden,
+                                     vocab_size=config["vocab_size"])
 
 
 def medusa_heads(directory: Path, target: Path, heads: int = 2) -> Path:
-    """FasterDecoding-format heads of `target`'s width and vocabulary."""
+    """FasterDecoding-format heads of `target`'s width and vocabulary (tests/test_validate_fit.py's writer)."""
     config = _config(target)
-    hidden, vocab = _size(config, "hidden_size", "n_embd"), config["vocab_size"]
-    directory.mkdir(parents=True)
-    state: dict[str, torch.Tensor] = {}
-    for h in range(heads):
-        state[f"{h}.0.linear.weight"] = torch.zeros(hidden, hidden, dtype=torch.float16)
-        state[f"{h}.0.linear.bias"] = torch.zeros(hidden, dtype=torch.float16)
-        state[f"{h}.1.weight"] = torch.zeros(vocab, hidden, dtype=torch.float16)
-    save_file(state, directory / "medusa_lm_head.safetensors")
-    (directory / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": 1}))
-    return directory
+    return validate_fit.medusa_heads(directory, _size(config, "hidden_size", "n_embd"), config["vocab_size"], heads)
 
 
 @pytest.fixture(scope="module")
