@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import torch
 
 from specbuild.convert.architectures.base import refuse, register
+from specbuild.convert.architectures.decoder import Decoder
 from specbuild.convert.architectures.llama import Llama, Mistral
 from specbuild.convert.mapping import TensorMapping
 from specbuild.convert.sharding import Rank, RowBlocks, fuse_qkv, fused_qkv_rows, split
@@ -165,17 +166,11 @@ class Phi3(Llama):
                 )
 
     # -- tensors (Decoder's layer loop, with Phi-3's fused projections) ----------------------------------------
-    @property
-    def qkv_bias(self) -> bool:  # no biases: Attention(bias=False), MLP(bias=False), models/phi3/model.py @c4dc529f
-        return False
-
-    @property
-    def dense_bias(self) -> bool:
-        return False
-
-    @property
-    def mlp_bias(self) -> bool:
-        return False
+    # No biases (Attention(bias=False), MLP(bias=False), models/phi3/model.py @c4dc529f): Decoder's defaults, not
+    # LLaMA's config-read ones.
+    qkv_bias = Decoder.qkv_bias
+    dense_bias = Decoder.dense_bias
+    mlp_bias = Decoder.mlp_bias
 
     def add_qkv(self, m: TensorMapping, rank: Rank, src: str, dst: str) -> None:
         """`attention.qkv` from HF's fused `qkv_proj`, q, k and v split as from separate projections."""

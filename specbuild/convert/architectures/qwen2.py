@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from specbuild.convert.architectures.base import register
+from specbuild.convert.architectures.decoder import Decoder
 from specbuild.convert.architectures.llama import Llama
 from specbuild.errors import CheckpointError
 
@@ -47,13 +48,9 @@ class Qwen2(Llama):
     def qkv_bias(self) -> bool:
         return True
 
-    @property
-    def dense_bias(self) -> bool:
-        return False
-
-    @property
-    def mlp_bias(self) -> bool:
-        return False
+    # attention.dense and the MLP have no biases: Decoder's defaults, not LLaMA's config-read ones.
+    dense_bias = Decoder.dense_bias
+    mlp_bias = Decoder.mlp_bias
 
     def family_config(self) -> dict[str, Any]:
         """Fields of TensorRT-LLM's `QWenConfig`."""
