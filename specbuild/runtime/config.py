@@ -113,7 +113,6 @@ class ModelConfig:
     """Per-layer windows repeating over the layers (layer i: entry i % len; None = full attention); empty: every
     layer `sliding_window`."""
     qk_norm: bool = False  # RMSNorm over each head's queries and keys before RoPE (Qwen3, Gemma 3)
-    embedding_scale: float = 1.0  # the embedding is multiplied by this (Gemma: sqrt(hidden_size))
     attn_logit_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
     final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2, 3)
     inter_layernorms: bool = False  # Gemma 2/3: norm the attention output and the MLP's input and output
@@ -124,6 +123,11 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     moe_tp_size: int = 1
     moe_ep_size: int = 1
+
+    @property
+    def embedding_scale(self) -> float:
+        """The embedding is multiplied by this: GemmaModel's sqrt(hidden_size) (models/gemma/model.py), else 1."""
+        return self.hidden_size**0.5 if self.family == "gemma" else 1.0
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of decoder layer `layer` (None: every earlier position)."""
@@ -268,8 +272,6 @@ def _parse_config(config: dict[str, Any], path: Path) -> ModelConfig:
         sliding_window=window,
         attention_windows=windows,
         qk_norm=bool(config.get("qk_layernorm")) or config.get("qwen_type") in QK_NORM_QWEN_TYPES or gemma3,
-        # GemmaModel multiplies the embedding by sqrt(hidden_size) (models/gemma/model.py).
-        embedding_scale=hidden**0.5 if family == "gemma" else 1.0,
         attn_logit_softcap=_softcap(config, path, "attn_logit_softcapping") if gemma2 else None,
         final_logit_softcap=_softcap(config, path, "final_logit_softcapping") if family == "gemma" else None,
         inter_layernorms=family == "gemma" and _field(config, path, "inter_layernorms", bool, True),
@@ -327,11 +329,10 @@ def _moe(config: dict[str, Any], path: Path, architecture: str, tp: int) -> dict
             f"(supported: {', '.join(f'{k} ({v})' for k, v in MOE_NORMALIZATION.items())})",
             hint="these are the routings of Mixtral and Qwen3-MoE; serve other MoE models with TensorRT-LLM, or "
                  "`specbuild export vllm|sglang`")
-    for name in ("shared_expert_intermediate_size",):
-        if moe.get(name):
-            raise RuntimeCheckpointError(f"{path}: field 'moe.{name}' (shared experts) is not supported by the "
-                                         "reference runtime",
-                                         hint="serve this model with TensorRT-LLM, or `specbuild export vllm|sglang`")
+    if moe.get("shared_expert_intermediate_size"):
+        raise RuntimeCheckpointError(f"{path}: field 'moe.shared_expert_intermediate_size' (shared experts) is not "
+                                     "supported by the reference runtime",
+                                     hint="serve this model with TensorRT-LLM, or `specbuild export vllm|sglang`")
     if (config.get("quantization") or {}).get("quant_algo"):
         raise RuntimeCheckpointError(f"{path}: a quantized mixture-of-experts checkpoint (moe with "
                                      "quantization.quant_algo) is not supported by the reference runtime",

@@ -52,7 +52,7 @@ __all__ = ["generate_self_draft", "self_draft_model", "self_draft_proposer", "sh
 # quantization and parallelism, which the loaded tensors no longer depend on).
 _SAME_FIELDS = ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                 "hidden_act", "norm_epsilon", "rotary_base", "rotary_dim", "qkv_bias", "dense_bias", "mlp_bias",
-                "family", "sliding_window", "attention_windows", "qk_norm", "embedding_scale", "attn_logit_softcap",
+                "family", "sliding_window", "attention_windows", "qk_norm", "attn_logit_softcap",
                 "final_logit_softcap", "inter_layernorms", "rotary_base_local", "moe_num_experts", "moe_top_k",
                 "moe_normalization")
 
