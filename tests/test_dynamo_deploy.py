@@ -205,3 +205,28 @@ def test_a_spec_path_holding_a_newline_stays_in_the_manifests_comment(tmp_path: 
     comments = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# "))
     assert "\n" in str(spec.path) and str(spec.path) in comments, text[:400]
     jsonschema.validate(manifest, SCHEMA)
+
+
+def test_sglang_eagle3_by_load_writes_the_adaptive_config_its_workers_name(tmp_path: Path) -> None:
+    """SGLang's --speculative-adaptive-config names a JSON file (sglang 0.5.23 adaptive_spec_params.py opens it):
+    the Dynamo directory holds the same file `specbuild export sglang` writes, where launch.sh's workers look, and a
+    pod's arguments name it on the models' mount (no host path), as the manifest's header says."""
+    from specbuild.dynamo.write import MANIFEST
+    from specbuild.export import build_plan
+    from specbuild.export.sglang import ADAPTIVE_FILE
+    from tests.test_export import _mode_spec
+
+    data = yaml.safe_load(_mode_spec(tmp_path, "eagle3", draft_len_schedule={1: 3, 4: 1},
+                                     max_concurrency=8).path.read_text())
+    data.update(output_dir=str(tmp_path / "out"), deploy={"target": "dynamo", "dynamo": {"engine": "sglang"}})
+    spec, manifest, plan = _deploy(tmp_path, data)
+    jsonschema.validate(manifest, SCHEMA)
+    written = spec.output_dir / "dynamo" / ADAPTIVE_FILE
+    assert written.read_text() == build_plan(spec, "sglang", tmp_path / "x").files[ADAPTIVE_FILE]
+    (role,) = plan["workers"]
+    command = role["command"]
+    assert command[command.index("--speculative-adaptive-config") + 1] == str(written)
+    args = main_container(components(manifest)["decode"])["args"]
+    assert args[args.index("--speculative-adaptive-config") + 1] == f"/models/{ADAPTIVE_FILE}"
+    assert not any(str(tmp_path) in arg for arg in args), "host paths left in a pod's arguments"
+    assert f"/models/{ADAPTIVE_FILE}" in (spec.output_dir / "dynamo" / MANIFEST).read_text().split("apiVersion")[0]

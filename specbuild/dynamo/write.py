@@ -11,6 +11,8 @@ Writes `<output_dir>/dynamo/` atomically:
   examples/backends/trtllm/launch/, 1.6.1 wheel dynamo/trtllm/backend_args.py); vLLM's and SGLang's arguments from
   `specbuild export`'s plan (`specbuild.export.build_plan`), after `python -m dynamo.vllm --model M` /
   `python -m dynamo.sglang`.
+- export's files its SGLang arguments name (`speculative_adaptive.json`, for --speculative-adaptive-config), which
+  a pod reads from the models' PVC at /models/<name> (the manifest's header says so).
 - `reference.json` on build.backend: reference (engine trtllm): the converted checkpoints specbuild's reference
   serving engine loads when `specbuild serve` runs the workers on CPU.
 - `k8s/dynamographdeployment.yaml`: a `nvidia.com/v1beta1` DynamoGraphDeployment (the storage version since Dynamo
@@ -104,6 +106,20 @@ def export_args(spec: PipelineSpec, engine: str, directory: Path) -> list[str]:
     return plan.argv[3:]  # `python -m sglang.launch_server --model-path M ...`: the flags as they are
 
 
+def exported_files(spec: PipelineSpec) -> dict[str, str]:
+    """The files of export's plan that the workers' arguments name by path (SGLang's --speculative-adaptive-config
+    JSON): written into the deployment directory, where those arguments point, and moved to the models' mount in a
+    pod. The engine's own config file export writes beside its command is not named, so not written."""
+    from specbuild.export import build_plan
+
+    engine = spec.deploy.dynamo.engine
+    if engine == "trtllm":
+        return {}
+    directory = deployment_dir(spec)
+    plan = build_plan(spec, engine, directory)
+    return {name: text for name, text in plan.files.items() if str(directory / name) in plan.argv}
+
+
 def worker_args(spec: PipelineSpec, role: str, engine_file: str | None) -> list[str]:
     """One worker role's arguments after `python -m dynamo.<engine>`; `engine_file` names the trtllm settings
     file (None: the settings inline as --override-engine-args JSON, for a pod)."""
@@ -150,6 +166,8 @@ def _container_paths(spec: PipelineSpec) -> dict[str, str]:
         draft = spec.draft.model
     if draft is not None:
         paths[str(draft)] = f"{MODEL_MOUNT}/draft"
+    for name in exported_files(spec):  # a pod reads them from the models' PVC (the manifest's header says so)
+        paths[str(deployment_dir(spec) / name)] = f"{MODEL_MOUNT}/{name}"
     return paths
 
 
@@ -244,11 +262,13 @@ def deployment_files(spec: PipelineSpec) -> dict[str, str]:
     from specbuild.contracts.llm_api import reference_settings
 
     plan = launch_plan(spec)
+    exported = exported_files(spec)
+    also = "".join(f", this directory's {name} at {MODEL_MOUNT}/{name}" for name in exported)
     header = comment(f"DynamoGraphDeployment for {spec.where}, written by specbuild. The models' PVC "
-                     f"({spec.deploy.dynamo.models_pvc}) holds the target at {MODEL_MOUNT}/target and a draft at "
-                     f"{MODEL_MOUNT}/draft.") + "\n"
+                     f"({spec.deploy.dynamo.models_pvc}) holds the target at {MODEL_MOUNT}/target{also} and a draft "
+                     f"at {MODEL_MOUNT}/draft.") + "\n"
     files = {LAUNCH_FILE: json.dumps(plan, indent=2) + "\n", LAUNCH_SCRIPT: launch_script(plan),
-             MANIFEST: header + yaml.safe_dump(manifest(spec), sort_keys=False)}
+             MANIFEST: header + yaml.safe_dump(manifest(spec), sort_keys=False), **exported}
     if plan["engine_file"] is not None:
         files[ENGINE_FILE] = ("# TensorRT-LLM LLM-API settings (python -m dynamo.trtllm --extra-engine-args), as "
                               "`specbuild build` checked them.\n"
