@@ -64,8 +64,8 @@ class MixtureOfExperts(nn.Module):
         weights, experts = self.route(flat)
         out = torch.zeros_like(flat)
         if flat.shape[0] == 1:  # a single token (the common decode step): its k experts, no grouping needed
-            for weight, e in zip(weights[0].tolist(), experts[0].tolist(), strict=True):
-                out += self.expert(e, flat) * weight
+            for slot, e in enumerate(experts[0].tolist()):  # the layer's one host sync; weights stay on the device
+                out += self.expert(e, flat) * weights[0, slot].to(flat.dtype)
             return out.reshape(shape)
         # The (token, slot) pairs sorted by expert, and each expert's count: one host sync per layer, not one per
         # expert. A stable sort keeps each expert's tokens in order, so the sums are those of a per-expert scan.
