@@ -25,9 +25,6 @@ from specbuild.tokenizer import TOKENIZER_MARKERS, has_tokenizer, load_tokenizer
 
 # TensorRT-LLM's group-wise int4 kernels take groups of 128 (ModelOpt's and TensorRT-LLM's default) or 64.
 AWQ_GROUP_SIZES = (128, 64)
-DECODER_TYPES = MODELOPT_DECODER_TYPES
-"""HF architecture -> the `decoder_type` ModelOpt's TensorRT-LLM export takes (contracts.family_support, which also
-says which families that export fails on)."""
 LINEAR = re.compile(r"transformer\.layers\.\d+\.(attention\.(qkv|dense)|mlp\.(fc|gate|proj))\.weight")
 """The TensorRT-LLM linear weights ModelOpt quantizes (embedding, norms and lm_head stay in the export dtype)."""
 
@@ -130,11 +127,11 @@ def check_quantization(request: ConvertRequest, plan: ConversionPlan) -> QuantCh
     if request.medusa_heads is not None:
         raise SpecbuildError(f"{request.source}: quantization applies to the draft, not to a Medusa checkpoint")
     architecture = plan.arch.hf_architecture
-    decoder_type = DECODER_TYPES.get(architecture)
+    decoder_type = MODELOPT_DECODER_TYPES.get(architecture)
     if decoder_type is None:
         raise SpecbuildError(
             f"{request.source}: ModelOpt quantization is not set up for {architecture}",
-            hint=f"supported: {', '.join(DECODER_TYPES)}",
+            hint=f"supported: {', '.join(MODELOPT_DECODER_TYPES)}",
         )
     if settings.export != HF:  # the TensorRT-LLM export; ModelOpt's Hugging Face export is not restricted here
         refused = refusal(architecture, "quantized_draft", "engine")
