@@ -194,3 +194,18 @@ def test_long_rope_without_its_factors_is_refused(build: Builder, tmp_path: Path
     edit_trt_config(ckpt, longrope_scaling_long_factors=None)
     with pytest.raises(RuntimeCheckpointError, match=r"'long_rope' needs field 'longrope_scaling_long_factors'"):
         load_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"sliding_window": "eight"}, r"field 'sliding_window' has an invalid value 'eight'"),
+    ({"sliding_window": 0}, r"field 'sliding_window' must be a positive number of tokens, not 0"),
+    ({"runtime_defaults": {"max_attention_window": [8, None]}},
+     r"required field 'runtime_defaults\.max_attention_window' is missing"),
+])
+def test_bad_attention_windows_are_refused_by_field(build: Builder, tmp_path: Path, changes: dict,
+                                                    message: str) -> None:
+    """A bad window, in specbuild's field or TensorRT-LLM's per-layer list, is refused naming that field."""
+    ckpt = copy_checkpoint(build("qwen3")[1], tmp_path / "c")
+    edit_trt_config(ckpt, **changes)
+    with pytest.raises(RuntimeCheckpointError, match=message):
+        load_checkpoint(ckpt)

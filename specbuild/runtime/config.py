@@ -356,7 +356,7 @@ def _moe(config: dict[str, Any], path: Path, architecture: str, tp: int) -> dict
 
 
 def _window_value(value: Any, path: Path, name: str) -> int:
-    window = _field({"w": value}, path, "w", int)
+    window = _field({name: value}, path, name, int)  # errors name the config field, not a placeholder
     if window < 1:
         raise RuntimeCheckpointError(f"{path}: field {name!r} must be a positive number of tokens, not {window}",
                                      hint=_RECONVERT)
