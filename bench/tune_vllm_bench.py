@@ -19,6 +19,7 @@ tune-vllm.md. Run with `.venv/bin/python bench/tune_vllm_bench.py [--help]`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -108,7 +109,11 @@ def main() -> int:
                               f"{speedups[tuned] / doc - 1:+.1%} ({speedups[tuned]:.3f}x vs {doc:.3f}x plain)"))
     result: dict[str, Any] = {
         "machine": machine_info([]), "engine": sweep.engine, "spec": "configs/demo-pytorch.yaml",
-        "enforce_eager": sweep.enforce_eager, "prompts": args.prompts, "new_tokens": args.new_tokens,
+        "enforce_eager": sweep.enforce_eager,
+        "openmp": ("Intel OpenMP preloaded"
+                   if install.env_file is not None and not os.environ.get("SPECBUILD_VLLM_NO_IOMP")
+                   else "without Intel OpenMP preloaded"),
+        "prompts": args.prompts, "new_tokens": args.new_tokens,
         "tune": {"chosen": tuned, "noise": round(report.engine.noise, 4), "seconds": round(tune_s, 1),
                  "by_k": {str(k): round(report.engine.speedup(k), 4) for k in report.engine.ks}},
         "comparison": {"passes": args.passes, "plain_tokens_per_second": round(sweep.plain.tokens_per_second, 1),
@@ -131,11 +136,14 @@ def markdown(r: dict[str, Any], tune_tables: str) -> str:
     c = r["comparison"]
     lines = ["# tune --engine vllm: tune's K against every K on the real engine", "",
              f"{r['machine'].get('date', '')}; {r['machine'].get('nproc', '?')} CPUs; {r['engine']}"
-             f"{', --enforce-eager' if r['enforce_eager'] else ''}; {r['spec']} (draft_model); {r['prompts']} "
+             f"{', --enforce-eager' if r['enforce_eager'] else ''}{', ' + r['openmp'] if 'openmp' in r else ''}; "
+             f"{r['spec']} (draft_model); {r['prompts']} "
              f"prompts x {r['new_tokens']} new tokens, one client. Tune chose K {r['tune']['chosen']} (its run's "
              f"noise {r['tune']['noise']:.1%}, {r['tune']['seconds']:.0f} s); then a comparison sweep with fresh "
              f"servers, {c['passes']} passes, each K's pass against plain's pass beside it (median). Written by "
              "bench/tune_vllm_bench.py.", "",
+             *([f"Load average at the end: {', '.join(f'{x:.2f}' for x in r['machine']['loadavg_end'])} (other work "
+                "shares the cores).", ""] if r["machine"].get("loadavg_end") else []),
              "| K | vs plain (median) | tokens/s | acceptance (vLLM's counters) | greedy = plain | |",
              "| ---: | ---: | ---: | ---: | --- | --- |"]
     for row in c["by_k"]:
