@@ -37,6 +37,21 @@ from specbuild.errors import CheckpointError
 NORMALIZE_NONE, NORMALIZE_RENORMALIZE = 0, 1
 
 
+def moe_config(num_experts: int, top_k: int, normalization_mode: int) -> dict[str, Any]:
+    """TensorRT-LLM's `moe` dict (MoeConfig.to_dict()), every 1.x field written out (num_experts 0: a dense model)."""
+    return {
+        "num_experts": num_experts,
+        "shared_expert_intermediate_size": 0,
+        "top_k": top_k,
+        "normalization_mode": normalization_mode,
+        "sparse_mixer_epsilon": 0.01,
+        "tp_mode": 0,
+        "device_limited_n_group": 0,
+        "device_limited_topk_group": 0,
+        "device_limited_routed_scaling_factor": 1.0,
+    }
+
+
 class MixtureOfExperts:
     """What Mixtral and Qwen3-MoE share: the router and experts of every layer, the `moe` config dict. A family
     names its HF tensors (`moe_module`, `expert_names`) and its routing normalisation."""
@@ -56,18 +71,7 @@ class MixtureOfExperts:
         raise NotImplementedError
 
     def moe_config(self) -> dict[str, Any]:
-        """TensorRT-LLM's `moe` dict (MoeConfig.to_dict()), every 1.x field written out."""
-        return {
-            "num_experts": self.experts,
-            "shared_expert_intermediate_size": 0,
-            "top_k": self.top_k,
-            "normalization_mode": self.normalization_mode(),
-            "sparse_mixer_epsilon": 0.01,
-            "tp_mode": 0,
-            "device_limited_n_group": 0,
-            "device_limited_topk_group": 0,
-            "device_limited_routed_scaling_factor": 1.0,
-        }
+        return moe_config(self.experts, self.top_k, self.normalization_mode())
 
     @property
     def dense_intermediate(self) -> None:

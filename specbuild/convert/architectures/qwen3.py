@@ -30,7 +30,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from specbuild.convert.architectures.base import register
-from specbuild.convert.architectures.mixtral import NORMALIZE_NONE, NORMALIZE_RENORMALIZE, MixtureOfExperts
+from specbuild.convert.architectures.mixtral import (
+    NORMALIZE_NONE,
+    NORMALIZE_RENORMALIZE,
+    MixtureOfExperts,
+    moe_config,
+)
 from specbuild.convert.architectures.qwen2 import Qwen2
 from specbuild.convert.mapping import EngineLayoutError, TensorMapping
 from specbuild.convert.sharding import Rank
@@ -68,16 +73,9 @@ class Qwen3(Qwen2):
             "qk_layernorm": True,
             "mlp_only_layers": [],
             "decoder_sparse_step": 1,
-            "moe": {**_NO_MOE},
+            "moe": moe_config(0, 0, NORMALIZE_NONE),  # QWenConfig's for a dense model
         }
 
-
-#: QWenConfig's `moe` for a dense model: MoeConfig(num_experts=0, top_k=0, normalization_mode=NONE).to_dict().
-_NO_MOE: dict[str, Any] = {
-    "num_experts": 0, "shared_expert_intermediate_size": 0, "top_k": 0, "normalization_mode": NORMALIZE_NONE,
-    "sparse_mixer_epsilon": 0.01, "tp_mode": 0, "device_limited_n_group": 0, "device_limited_topk_group": 0,
-    "device_limited_routed_scaling_factor": 1.0,
-}
 
 
 @register
