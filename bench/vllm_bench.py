@@ -7,7 +7,7 @@ size, loopback address and Intel OpenMP preloaded, as vLLM's CPU backend asks fo
 stays up; each speculative server is started beside it and the two are measured in interleaved rounds (`specbuild
 bench`'s load, specbuild.bench.load.run_load, over OpenAI /v1/completions streaming; tokens counted by the
 server's usage, acceptance from vLLM's own /metrics counters), the median round by tokens/s kept. Servers run as
-`vllm serve` runs by default, compiled (torch.compile warm-up: 2-4 minutes per start on 2 shared cores); --eager
+`vllm serve` runs by default, compiled (torch.compile warm-up; each server's start is `ready_s` in vllm.json); --eager
 appends --enforce-eager (a third of the start-up; Python's per-step cost then weighs on the draft's steps too, and
 draft-target's speedup is lower: a result written with --eager says so in its header).
 
