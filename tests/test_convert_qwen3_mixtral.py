@@ -323,3 +323,22 @@ def test_qwen3_tensors_equal_modelopt_export(tmp_path: Path) -> None:
     assert "transformer.layers.0.attention.q_layernorm.weight" in ours
     for name in ours:
         assert ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]), name
+
+
+def test_self_draft_adapter_sources_keep_the_float32_router(tmp_path: Path) -> None:
+    """A self-draft whose last layer is read from an adapter renames that layer's sources only: each tensor's own
+    dtype (the float32 router) stays, as in the target's conversion."""
+    from specbuild.convert.architectures import architecture_for
+    from specbuild.convert.self_draft import ADAPTER_PREFIX, SelfDraftArchitecture
+    from specbuild.convert.sharding import Rank
+    from specbuild.self_draft.adapter_format import AdapterInfo
+
+    src = make_checkpoint(tmp_path / "hf", "mixtral")
+    config = json.loads((src / "config.json").read_text())
+    base = architecture_for(config, src / "config.json")
+    adapter = AdapterInfo(tmp_path / "adapter", 1, base.hidden, base.num_layers, "mixtral", {})
+    draft = SelfDraftArchitecture(base, 1, adapter)
+    targets = draft.mapping(Rank(0, 1, 1, draft.num_layers)).targets
+    router = targets["transformer.layers.1.mlp.router.weight"]
+    assert all(name.startswith(ADAPTER_PREFIX) for name in router.sources)
+    assert router.dtype == torch.float32
