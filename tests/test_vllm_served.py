@@ -271,10 +271,10 @@ def test_bench_reads_the_engines_own_acceptance(engine: Engine, name: str) -> No
     served = engine.served(name)
     bench, counted = served.bench, served.counters
     assert counted is not None
-    engine = bench.extra["engine_spec_decode"]
-    assert (engine["drafts"], engine["draft_tokens"], engine["accepted_tokens"]) == (
+    read = bench.extra["engine_spec_decode"]
+    assert (read["drafts"], read["draft_tokens"], read["accepted_tokens"]) == (
         counted.drafts, counted.draft_tokens, counted.accepted_tokens)
-    assert list(engine["accepted_per_position"]) == list(counted.accepted_per_position)
+    assert list(read["accepted_per_position"]) == list(counted.accepted_per_position)
     assert bench.acceptance_reported and bench.acceptance_from in ("the answers", ENGINE_COUNTERS)
     assert (bench.accepted_draft_tokens, bench.draft_tokens) == (counted.accepted_tokens, counted.draft_tokens)
     assert bench.requests == len(PROMPTS) and bench.errors == 0
