@@ -23,7 +23,7 @@ from specbuild.convert.sharding import Rank, decoder_tp_problems, fuse_qkv, fuse
 
 
 class Decoder(Architecture):
-    """A decoder-only transformer in TensorRT-LLM's LLaMA layout. Subclasses set the sizes in `__init__`."""
+    """A decoder-only transformer in TensorRT-LLM's LLaMA layout. Subclasses read the sizes in `__init__`."""
 
     hidden: int
     layers: int
@@ -34,6 +34,16 @@ class Decoder(Architecture):
     vocab: int
     #: The norms between attention and MLP, as (TensorRT-LLM, HF) names under each layer, in write order.
     mlp_norms: ClassVar[tuple[tuple[str, str], ...]] = (("post_layernorm", "post_attention_layernorm"),)
+
+    def read_sizes(self, default_head_dim: int | None = None) -> None:
+        """The sizes from HF config.json (head_dim defaults to hidden / heads unless the family says otherwise)."""
+        self.hidden = self.field("hidden_size")
+        self.layers = self.field("num_hidden_layers")
+        self.heads = self.field("num_attention_heads")
+        self.kv_heads = self.field("num_key_value_heads", default=self.heads)
+        self.head_dim = self.field("head_dim", default=default_head_dim or self.hidden // self.heads)
+        self.intermediate = self.field("intermediate_size")
+        self.vocab = self.field("vocab_size")
 
     @property
     def num_layers(self) -> int:

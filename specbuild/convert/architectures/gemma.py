@@ -64,13 +64,7 @@ class Gemma2(Decoder):
 
     def __init__(self, config: dict[str, Any], config_path: Path) -> None:
         super().__init__(config, config_path)
-        self.hidden = self.field("hidden_size")
-        self.layers = self.field("num_hidden_layers")
-        self.heads = self.field("num_attention_heads")
-        self.kv_heads = self.field("num_key_value_heads", default=self.heads)
-        self.head_dim = self.field("head_dim", default=256)  # HF Gemma2Config/Gemma3TextConfig default
-        self.intermediate = self.field("intermediate_size")
-        self.vocab = self.field("vocab_size")
+        self.read_sizes(default_head_dim=256)  # HF Gemma2Config/Gemma3TextConfig's head_dim default
         self.window = self.sliding_window()
         self.pattern = self.window_pattern()
         self.check_expressible()

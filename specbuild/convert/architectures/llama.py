@@ -28,13 +28,7 @@ class Llama(Decoder):
 
     def __init__(self, config: dict[str, Any], config_path: Any) -> None:
         super().__init__(config, config_path)
-        self.hidden = self.field("hidden_size")
-        self.layers = self.field("num_hidden_layers")
-        self.heads = self.field("num_attention_heads")
-        self.kv_heads = self.field("num_key_value_heads", default=self.heads)
-        self.head_dim = self.field("head_dim", default=self.hidden // self.heads)
-        self.intermediate = self.field("intermediate_size")
-        self.vocab = self.field("vocab_size")
+        self.read_sizes()
         self.tied = bool(config.get("tie_word_embeddings", False))
         self.sliding_window = self.window()
 
