@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specbuild.atomic import MANIFEST, Inputs, atomic_directory
-from specbuild.contracts.family_support import SELF_DRAFT_ADAPTER_FAMILIES, family, refusal
+from specbuild.contracts.family_support import SELF_DRAFT_ADAPTER_FAMILIES, architecture_of, family, refusal
 from specbuild.errors import CheckpointError, SpecbuildError
 from specbuild.manifest import input_name
 from specbuild.self_draft.adapter_format import CONFIG_NAME, FORMAT, WEIGHTS_NAME
@@ -97,6 +97,7 @@ def train_adapter(
     target_dir, output_dir = Path(target_dir), Path(output_dir)
     inputs = trainer_inputs(output_dir, "--output", {"--target": target_dir}, text_files)
     check_weights(target_dir, "--target")
+    _check_family(target_dir, architecture_of(target_dir))  # before the tokenizer, the texts and the model load
     with torch.random.fork_rng(devices=[]), no_transformers_bars():
         torch.manual_seed(seed)
         tokenizer = load_tokenizer(target_dir)
@@ -126,14 +127,21 @@ def train_adapter(
     return metrics
 
 
+def _check_family(target_dir: Path, architecture: str | None) -> None:
+    """Refuse a target of a family adapters are not trained on (`contracts.family_support`, with the reason)."""
+    refused = None if architecture is None else refusal(architecture, "self_draft_adapter", "specbuild")
+    if architecture is not None and refused is not None:
+        raise CheckpointError(f"{target_dir / 'config.json'}: a {family(architecture)} target: {refused.reason}",
+                              hint=refused.instead)
+
+
 def _check_model(model: PreTrainedModel, target_dir: Path, layers: int) -> str:
     """The HF name prefix of the target's layer `layers` (the adapter's tensors take its names)."""
     architecture = type(model).__name__
-    refused = refusal(architecture, "self_draft_adapter", "specbuild")
-    if refused is not None or model.config.model_type not in FAMILIES:
-        reason = refused.reason if refused is not None else f"adapters are trained for {', '.join(FAMILIES)}"
-        raise CheckpointError(f"{target_dir / 'config.json'}: a {family(architecture)} target: {reason}",
-                              hint=refused.instead if refused is not None else _INSTEAD)
+    _check_family(target_dir, architecture)
+    if model.config.model_type not in FAMILIES:
+        raise CheckpointError(f"{target_dir / 'config.json'}: a {family(architecture)} target: adapters are trained "
+                              f"for {', '.join(FAMILIES)}", hint=_INSTEAD)
     total = model.config.num_hidden_layers
     if not 1 <= layers < total:
         raise CheckpointError(f"{target_dir / 'config.json'}: --layers {layers} must be 1 to {total - 1} (the "
