@@ -8,6 +8,10 @@ a draft), `vllm:spec_decode_num_draft_tokens`, `vllm:spec_decode_num_accepted_to
 of positions is the K the engine drafts). Their difference over a run is that run's acceptance, read from the
 engine rather than computed by specbuild; `specbuild bench` uses it for an OpenAI endpoint whose answers carry none,
 and tests/test_vllm_served.py checks each export's method and K by it.
+
+trtllm-serve keeps its own books another way (specbuild.contracts.llm_api.SERVE_PERF_METRICS, which its exports
+switch on): one record per finished request, answered and emptied by GET /perf_metrics. `EngineBooks` reads
+whichever the server keeps, before and after a run.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PREFIX = "vllm:spec_decode_"
+PERF_METRICS_PATH = "/perf_metrics"
+PERF_SPEC = "speculative_decoding"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POSITION = "num_accepted_tokens_per_pos"
 METRICS_PATH = "/metrics"
@@ -29,6 +35,8 @@ class SpecDecodeCounters:
     accepted_tokens: int = 0
     accepted_per_position: tuple[int, ...] = field(default_factory=tuple)
     """Accepted tokens at draft position 0, 1, ...: as many entries as the engine's K."""
+    requests: int | None = None
+    """How many requests' records these figures sum (trtllm-serve's /perf_metrics); None: counters, not records."""
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -96,3 +104,61 @@ def read_counters(url: str, model: str | None = None, timeout_s: float = 30.0) -
         return parse_counters(response.text, model)
     except ValueError:  # not Prometheus text
         return None
+
+
+def parse_perf_metrics(records: object) -> SpecDecodeCounters | None:
+    """The draft and accepted tokens summed over trtllm-serve's /perf_metrics records (a list of {request_id,
+    perf_metrics}; `perf_metrics.speculative_decoding` carries total_draft_tokens and total_accepted_draft_tokens
+    when the request drafted: specbuild.contracts.llm_api.SERVE_PERF_METRICS_SOURCE); None when no record drafted
+    (the list is empty where the server keeps none: return_perf_metrics off or perf_metrics_max_requests 0)."""
+    if not isinstance(records, list):
+        raise ValueError(f"{PERF_METRICS_PATH} answered {type(records).__name__}, not a list of records")
+    drafted = accepted = 0
+    found = False
+    for record in records:
+        spec = (record.get("perf_metrics") or {}).get(PERF_SPEC) if isinstance(record, dict) else None
+        if isinstance(spec, dict) and spec.get("total_draft_tokens") is not None:
+            drafted += int(spec["total_draft_tokens"])
+            accepted += int(spec.get("total_accepted_draft_tokens") or 0)
+            found = True
+    return SpecDecodeCounters(draft_tokens=drafted, accepted_tokens=accepted, requests=len(records)) if found else None
+
+
+def take_perf_metrics(url: str, timeout_s: float = 30.0) -> SpecDecodeCounters | None:
+    """What trtllm-serve's GET /perf_metrics answers at `url` (emptying its store), summed; None from any other
+    server (no such route) or when no record drafted."""
+    from specbuild.bench.openai import _session, base_url
+
+    try:
+        with _session() as session:
+            response = session.get(base_url(url) + PERF_METRICS_PATH, timeout=timeout_s)
+        return parse_perf_metrics(response.json()) if response.status_code == 200 else None
+    except Exception:  # not trtllm-serve (no route, not JSON): no records to read
+        return None
+
+
+ENGINE_COUNTERS = "the engine's /metrics spec-decode counters over the run"
+PERF_RECORDS = "trtllm-serve's /perf_metrics records of the run's requests"
+
+
+class EngineBooks:
+    """The engine's own count of drafted and accepted tokens over one run, read where it keeps one: vLLM's
+    counters (read at `open` and `close`: their difference) or trtllm-serve's per-request records (emptied at
+    `open`, so what `close` takes are the run's). Another client's requests in the same time are counted too."""
+
+    def __init__(self, url: str, model: str | None) -> None:
+        self.url, self.model = url, model
+        self._before: SpecDecodeCounters | None = None
+
+    def open(self) -> None:
+        self._before = read_counters(self.url, self.model)
+        if self._before is None:
+            take_perf_metrics(self.url)  # the warm-up's records (or nothing, from a server that keeps none)
+
+    def close(self) -> tuple[SpecDecodeCounters, str] | None:
+        """The run's figures and where they come from; None where the server keeps neither."""
+        if self._before is not None:
+            after = read_counters(self.url, self.model)
+            return (after - self._before, ENGINE_COUNTERS) if after is not None else None
+        taken = take_perf_metrics(self.url)
+        return (taken, PERF_RECORDS) if taken is not None else None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from specbuild.bench.client import Generation, LLMClient, Protocol
-from specbuild.bench.engine_metrics import SpecDecodeCounters, read_counters
+from specbuild.bench.engine_metrics import ENGINE_COUNTERS, EngineBooks, SpecDecodeCounters
 from specbuild.bench.openai import OpenAIClient
 from specbuild.errors import SpecbuildError
 from specbuild.tokenizer import load_tokenizer
@@ -204,40 +204,36 @@ def run_load(
                            else LLMClient(url, model, protocol, timeout_s))
         load = replace(load, halt=halt, stream=clients[0].model.decoupled if load.stream is None else load.stream)
         name = clients[0].model.name
-        counters: list[SpecDecodeCounters | None] = []
-        on_start = (lambda: counters.append(read_counters(url, name))) if protocol == "openai" else None
+        books = EngineBooks(url, name) if protocol == "openai" else None
         results, wall = closed_loop(load, lambda index, prompt: clients[index].generate(
             prompt, load.max_tokens, stream=load.stream, num_draft_tokens=load.num_draft_tokens), SpecbuildError,
-            on_start=on_start)
-        if counters and counters[0] is not None:
-            counters.append(read_counters(url, name))
+            on_start=books.open if books is not None else None)
+        counted = books.close() if books is not None else None
     finally:
         for client in clients:
             client.close(cancel=halt.reason is not None)  # cut short: its requests in flight are not awaited
     summary = summarise(url, name, protocol, load, results, wall, counter, cut_short=halt.reason)
-    if len(counters) == 2 and counters[0] is not None and counters[1] is not None:
-        engine_counted(summary, counters[1] - counters[0])
+    if counted is not None:
+        engine_counted(summary, *counted)
     return summary
 
 
-ENGINE_COUNTERS = "the engine's /metrics spec-decode counters over the run"
-
-
-def engine_counted(summary: Summary, counted: SpecDecodeCounters) -> None:
-    """The engine's own counters' difference over the run (`engine_metrics`), kept in `extra` beside what the
-    answers said; where no answer carried acceptance (vLLM without --per-request-spec-decode-metrics) it is the
-    acceptance. A run cut short leaves requests in flight whose drafts the second reading may include: it says so
-    in `acceptance_from`."""
+def engine_counted(summary: Summary, counted: SpecDecodeCounters, source: str = ENGINE_COUNTERS) -> None:
+    """The engine's own count over the run (`engine_metrics.EngineBooks`: vLLM's counters, trtllm-serve's
+    records), kept in `extra` beside what the answers said; where no answer carried acceptance it is the
+    acceptance, from `source`. A run cut short leaves requests in flight whose drafts the second reading may
+    include: it says so in `acceptance_from`."""
     summary.extra["engine_spec_decode"] = {"drafts": counted.drafts, "draft_tokens": counted.draft_tokens,
                                            "accepted_tokens": counted.accepted_tokens,
-                                           "accepted_per_position": list(counted.accepted_per_position)}
+                                           "accepted_per_position": list(counted.accepted_per_position),
+                                           "requests": counted.requests, "source": source}
     if summary.acceptance_reported:
         return
     summary.accepted_draft_tokens, summary.draft_tokens = counted.accepted_tokens, counted.draft_tokens
     summary.acceptance_rate = counted.acceptance_rate
     summary.acceptance_reported = True
-    summary.acceptance_from = ENGINE_COUNTERS + (" (cut short: may include requests left in flight)"
-                                                 if summary.cut_short else "")
+    summary.acceptance_from = source + (" (cut short: may include requests left in flight)"
+                                        if summary.cut_short else "")
 
 
 Outcome = tuple[Generation | None, str | None]

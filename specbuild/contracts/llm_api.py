@@ -277,9 +277,27 @@ def line_of(spec: PipelineSpec) -> Line:
     return LINES[spec.build.line]
 
 
+SERVE_PERF_METRICS_SOURCE = (
+    "NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_server.py @00057725d9a6591f033e44f31c219e2426827bb7 "
+    "(OpenAIServer._init_llm, _extract_metrics, get_perf_metrics; route GET /perf_metrics) and llm_args.py "
+    "BaseLlmArgs.return_perf_metrics / perf_metrics_max_requests (status prototype)")
+PERF_METRICS_MAX_REQUESTS = 4096
+"""How many finished requests' metrics trtllm-serve keeps until GET /perf_metrics takes them (its deque's maxlen;
+older ones are dropped): more than one `specbuild bench` run sends by default, a few MB of records at most."""
+SERVE_PERF_METRICS: dict[str, Any] = {"return_perf_metrics": True,
+                                      "perf_metrics_max_requests": PERF_METRICS_MAX_REQUESTS}
+"""What trtllm-serve's options switch on for per-request acceptance (SERVE_PERF_METRICS_SOURCE): with
+return_perf_metrics every finished request's RequestPerfMetrics is kept (only when perf_metrics_max_requests > 0),
+and GET /perf_metrics answers them and empties the store: one record per request, its `perf_metrics.
+speculative_decoding` = {acceptance_rate, total_accepted_draft_tokens, total_draft_tokens} when it drafted.
+`specbuild bench` reads it (specbuild.bench.engine_metrics). The `X-TRTLLM-return-metrics: 1` request header of
+later lines adds timing headers only (Server-Timing, X-TRTLLM-Start-End-Time), no acceptance, so it is not sent.
+Written into trtllm-serve's options only: Triton's llmapi model asks per request (sampling_param_return_perf_metrics)
+and answers in its outputs."""
+
 LLM_ARGS_FIELDS = frozenset({
     "model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_seq_len",
-    "max_num_tokens", "speculative_config", "trust_remote_code", "dtype",
+    "max_num_tokens", "speculative_config", "trust_remote_code", "dtype", *SERVE_PERF_METRICS,
 })
 """The `BaseLlmArgs`/`TorchLlmArgs` fields specbuild writes (llm_args.py of both lines; trust_remote_code is the LLM
 constructor's)."""
@@ -686,7 +704,7 @@ def serve_command(spec: PipelineSpec, args: dict[str, Any], options_path: str) -
     command += ["--extra_llm_api_options", options_path]
     options = {key: value for key, value in args.items()
                if key not in SERVE_FLAGS and key not in ("model", "trust_remote_code")}
-    return command, options
+    return command, {**options, **SERVE_PERF_METRICS}
 
 
 # -- what the llmapi model does with a request (its model.py and helpers.py) -------------------------------------
