@@ -19,8 +19,16 @@ Acceptance is read only where the answer carries it, on the non-streamed answer 
   prompt token ids, KV-cache hits, prompt logprobs, routed experts; dynamo/sglang/request_handlers/llm/
   decode_handler.py and dynamo/trtllm/request_handlers/handler_base.py the same kinds), so behind those workers
   acceptance is not reported.
-SGLang reports its acceptance in its native API's `meta_info` only, trtllm-serve behind a request header: there too
-the acceptance is not reported, and the bench says so rather than guess it.
+- SGLang's `sglext.spec_tokens_details`: to SGLang (its /v1/models lists the model `owned_by: sglang`, sglang 0.5.23
+  sglang/srt/entrypoints/openai/protocol.py ModelCard) the client sends `return_spec_tokens_details: true`
+  (CompletionRequest there), and SGLang answers with the request's SpecTokensDetails under the response-level
+  `sglext` (sglang 0.5.23 sglang/srt/entrypoints/openai/serving_completions.py: on the answer, or streamed in a chunk
+  of no choices before the final usage chunk), built from the finished request's meta_info (sglang 0.5.23
+  sglang/srt/managers/tokenizer_manager.py `_calculate_spec_decoding_metrics`): `spec_num_correct_drafts` accepted
+  of `spec_num_proposed_drafts` drafted (verify steps x (draft tokens - 1)); none proposed is not reported.
+trtllm-serve's answers carry no acceptance (its X-TRTLLM-return-metrics header returns timings only): per request it
+is not reported, and the bench says so rather than guess it (the run's totals come from its GET /perf_metrics,
+specbuild.bench.engine_metrics).
 
 The one OpenAI client in specbuild: `specbuild bench`, `specbuild serve --prompt` on a Dynamo deployment and its
 readiness probe (specbuild.dynamo.launch) and bench/dynamo_bench.py all use it.
@@ -45,6 +53,11 @@ DYNAMO_OWNER = "nvidia"
 ENGINE_DATA = {"extra_fields": ["engine_data"]}
 """The request's `nvext` that asks Dynamo's frontend for the workers' engine data (ai-dynamo/dynamo PR #8099)."""
 SPEC_METRICS = "speculative_decoding"
+SGLANG_OWNER = "sglang"
+"""`owned_by` of the models SGLang lists in /v1/models (sglang 0.5.23 sglang/srt/entrypoints/openai/protocol.py
+ModelCard's default, which http_server.py's /v1/models keeps): the server the client asks for spec_tokens_details."""
+SPEC_DETAILS = "return_spec_tokens_details"
+"""The CompletionRequest field that asks SGLang for the request's `sglext.spec_tokens_details` (sglang 0.5.23)."""
 
 
 def base_url(url: str) -> str:
@@ -120,8 +133,11 @@ class OpenAIClient:
         except SpecbuildError:
             self.close()
             raise
-        self.engine_data = any(entry["id"] == name and entry["owned_by"] == DYNAMO_OWNER for entry in listing or ())
+        owner = next((entry["owned_by"] for entry in listing or () if entry["id"] == name), None)
+        self.engine_data = owner == DYNAMO_OWNER
         """Whether requests ask for Dynamo's engine data (the server is Dynamo's frontend; module docstring)."""
+        self.spec_details = owner == SGLANG_OWNER
+        """Whether requests ask for SGLang's spec_tokens_details (the server is SGLang; module docstring)."""
         # An OpenAI server streams on request: treated as decoupled, so the bench streams unless told not to.
         self.model = ModelInterface(name, {}, batched=False, decoupled=True)
 
@@ -157,6 +173,8 @@ class OpenAIClient:
             body["stream_options"] = {"include_usage": True}
         if self.engine_data:
             body["nvext"] = ENGINE_DATA
+        if self.spec_details:
+            body[SPEC_DETAILS] = True
         where = f"{self.model.name} (OpenAI {self.url}{OPENAI_PATH}/completions)"
         result = Generation(reported_as=USAGE_TOKENS)
         start = time.perf_counter()
@@ -218,6 +236,20 @@ def _absorb(result: Generation, event: dict[str, Any], when: float, where: str) 
         spec = source.get(SPEC_METRICS) if isinstance(source, dict) else None
         if isinstance(spec, dict) and spec.get("num_draft_tokens") is not None:
             _accepted(result, int(spec.get("num_accepted_draft_tokens") or 0), int(spec["num_draft_tokens"]))
+    sglext = event.get("sglext")
+    if isinstance(sglext, dict):
+        _absorb_spec_details(result, sglext.get("spec_tokens_details"))
+
+
+def _absorb_spec_details(result: Generation, details: Any) -> None:
+    """SGLang's `sglext.spec_tokens_details`: one SpecTokensDetails, or one per choice when the request asked n > 1
+    (the bench asks one), summed then: the request's drafts over all its choices, as the other sources count them.
+    Reported only where drafts were proposed (SGLang leaves the counts 0 when it has none to report)."""
+    listed = details if isinstance(details, list) else [details]
+    choices = [choice for choice in listed if isinstance(choice, dict)]
+    drafted = sum(int(choice.get("spec_num_proposed_drafts") or 0) for choice in choices)
+    if drafted > 0:
+        _accepted(result, sum(int(choice.get("spec_num_correct_drafts") or 0) for choice in choices), drafted)
 
 
 def _accepted(result: Generation, accepted: int, drafted: int) -> None:
