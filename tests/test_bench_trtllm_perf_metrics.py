@@ -73,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path == "/v1/models":
             self._json({"object": "list", "data": [{"id": "target", "object": "model", "created": 0,
                                                     "owned_by": "tensorrt_llm"}]})
@@ -84,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_error(404)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = " ok" * int(body["max_tokens"])
         usage = {"prompt_tokens": 3, "completion_tokens": int(body["max_tokens"]), "total_tokens": 0}
