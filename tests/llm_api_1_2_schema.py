@@ -28,8 +28,10 @@ LLM_ARGS: dict[str, type | tuple[type, ...]] = {
     "trust_remote_code": BOOL,
     "dtype": STR,  # default "auto": the checkpoint's dtype
     # BaseLlmArgs fields (status prototype) that trtllm-serve's openai_server.py reads (@00057725: keep each finished
-    # request's perf metrics, serve them at GET /perf_metrics). Read in llm_args.py of the 1.3 line; not read at the
-    # v1.2.0 tag itself: NVIDIA's Dynamo 0.7 docs already describe TensorRT-LLM 1.1.0rc5's RequestPerfMetrics.
+    # request's perf metrics, serve them at GET /perf_metrics). Not read at the v1.2.0 tag itself: read in two
+    # llm_args.py versions that still have MedusaDecodingConfig (so before 1.3; search-index ids 1090804222 and
+    # 7019226376, which name no commit), and NVIDIA's Dynamo 0.7 docs describe TensorRT-LLM 1.1.0rc5's
+    # RequestPerfMetrics.
     "return_perf_metrics": BOOL,
     "perf_metrics_max_requests": INT,
 }
