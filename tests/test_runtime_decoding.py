@@ -289,6 +289,15 @@ def test_sampling_is_reproducible_with_a_seed(models: dict[str, CausalLM], promp
 # -- CLI ----------------------------------------------------------------------------------------------------
 
 
+def test_generate_without_tokenizer_files_says_where_to_point(demo_checkpoints: dict[str, Path],
+                                                               tmp_path: Path) -> None:
+    """A --tokenizer directory without tokenizer files is one message naming it, and a hint, before any model loads."""
+    result = CliRunner().invoke(app, ["generate", str(demo_checkpoints["target"]), "--tokenizer", str(tmp_path),
+                                      "--prompt", "x", "--json"])
+    assert result.exit_code == 1 and f"{tmp_path}: no tokenizer files" in " ".join(result.output.split())
+    assert "give --tokenizer a directory that holds them" in " ".join(result.output.split())
+
+
 def test_generate_cli_json(demo_checkpoints: dict[str, Path]) -> None:
     runner = CliRunner()
     base = ["generate", str(demo_checkpoints["target"]), "--tokenizer", str(demo_checkpoints["tokenizer"]),
@@ -332,6 +341,7 @@ def test_generate_cli_every_method_gives_plain_greedy_text(demo_checkpoints: dic
         assert report["target_forwards"] <= expected["target_forwards"], extra
     both = runner.invoke(app, [*base, "--lookahead", "4,3,4", "--self-draft", "2"])
     assert both.exit_code != 0 and "choose one speculative method" in both.output
+    assert "keep one of --lookahead, --self-draft" in both.output  # the hint says what to change
     bad = runner.invoke(app, [*base, "--lookahead", "4,3"])
     assert bad.exit_code != 0 and "W,N,G" in bad.output
     for extra, says in ((["--max-matching-ngram-size", "2"], "without a speculative method: it belongs to --ngram"),

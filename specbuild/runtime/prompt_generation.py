@@ -57,7 +57,9 @@ def _tokenizer(directory: Path) -> Any:
     """The checkpoint's tokenizer (local files only); a directory without tokenizer files is said as such, not as a
     transformers error."""
     if not (directory / "tokenizer_config.json").is_file() and not (directory / "tokenizer.json").is_file():
-        raise SpecbuildError(f"{directory}: no tokenizer files (tokenizer.json / tokenizer_config.json) here")
+        raise SpecbuildError(f"{directory}: no tokenizer files (tokenizer.json / tokenizer_config.json) here",
+                             hint="give --tokenizer a directory that holds them: the Hugging Face model directory "
+                                  "the checkpoint came from")
     return load_tokenizer(directory)
 
 
@@ -83,7 +85,8 @@ def check_options(options: GenerateOptions) -> None:
     """One method at most, and no option of a method not chosen (it would be ignored), before anything loads."""
     methods = _methods(options)
     if len(methods) > 1:
-        raise SpecbuildError(f"choose one speculative method, not {' and '.join(methods)}")
+        raise SpecbuildError(f"choose one speculative method, not {' and '.join(methods)}",
+                             hint=f"keep one of {', '.join(methods)} and leave out the others")
     given = {"--num-draft-tokens": options.num_draft_tokens is not None, "--adaptive-k": options.adaptive,
              "--medusa-choices": options.medusa_choices is not None, "--typical": options.typical,
              "--eagle3-choices": options.eagle3_choices is not None,
