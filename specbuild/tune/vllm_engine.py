@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbuild.bench.engine_metrics import SpecDecodeCounters, read_counters
+from specbuild.bench.engine_metrics import EngineBooks, SpecDecodeCounters
 from specbuild.errors import SpecbuildError
 from specbuild.tune.schedule import median_passes, shortest_within_noise, spread
 
@@ -245,7 +245,9 @@ def _measure_wave(servers: dict[int, EngineServer], rows: dict[int, EngineK], te
     try:
         for client in clients.values():  # the first request of a server is slower (allocation, warm-up)
             client.generate(texts[0], new_tokens, stream=False)
-        before = {k: read_counters(server.url) or SpecDecodeCounters() for k, server in servers.items()}
+        books = {k: EngineBooks(server.url, None) for k, server in servers.items()}  # bench's one rule
+        for book in books.values():
+            book.open()
         for number, order in enumerate(orders):
             for k in order:
                 time.sleep(SETTLE_S)
@@ -260,8 +262,9 @@ def _measure_wave(servers: dict[int, EngineServer], rows: dict[int, EngineK], te
                 tick()
             for k in rows:
                 rows[k].ratios.append(rows[k].passes[-1] / rows[0].passes[-1] if rows[0].passes[-1] else 0.0)
-        for k, server in servers.items():
-            rows[k].counters = (read_counters(server.url) or SpecDecodeCounters()) - before[k]
+        for k, book in books.items():
+            counted = book.close()  # None: a plain server, which counts no drafts
+            rows[k].counters = counted[0] if counted is not None else SpecDecodeCounters()
     finally:
         for client in clients.values():
             client.close()
